@@ -1,0 +1,97 @@
+"""The evidence file (changelog/evidence/<stem>.json): one A/B result, schema version 1.
+
+One JSON object:
+
+    schema      "knobkeeper.evidence/1"
+    id          8 hex digits; the file is changelog/evidence/<UTC stamp>-<id>.json
+                (raw files it came from, if kept, sit in changelog/evidence/<stem>/)
+    created     "2026-11-29T16:47:37.123456Z" (UTC)
+    knob        the knob under test, e.g. "SGLANG_SM120_MMA_TARGET_CTAS"
+    role        the role it applies to, e.g. "decode"
+    metric      the primary metric judged, a key of every run: "output_tokens_per_s"
+    arms        {"A": {"label": "baseline", "knobs": {KNOB: value | null}},
+                 "B": {"label": "candidate", "knobs": {KNOB: value}}}
+                A is always the baseline, B the candidate; null = the knob unset.
+    setup       {"inventory": str|null, "git_sha": str|null, "engine": str, "engine_version": str|null,
+                 "model": str|null, "device": str|null,
+                 "workload": {"api": "chat"|"completions"|"generate"|"kernel"|null,
+                              "input_len": int|null, "output_len": int|null,
+                              "requests_per_run": int|null, "duration_s": number|null}}
+    runs        [{"arm": "A"|"B", "repeat": int, "concurrency": int,
+                  "output_tokens_per_s": number, "requests_per_s": number|null,
+                  "ttft_ms": {"mean","p50","p90","p99"} | null, "itl_ms": {...} | null,
+                  "e2e_ms": {...} | null, "completed": int|null, "errors": int,
+                  ... tool-specific extra numbers are allowed ...}]
+                `concurrency` is the configured level (max_concurrency), never a measured one;
+                for kernel evidence it is the decode batch size (one token per sequence per call).
+    judgement   {"method": str, "alpha": 0.05,
+                 "levels": [{"concurrency", "n_a", "n_b", "mean_a", "mean_b", "effect",
+                             "ci_low", "ci_high", "p_value", "verdict", "repeats_needed",
+                             "outliers_dropped"}]}
+                effect/ci are relative (0.128 = +12.8% of B over A);
+                verdict: "better" | "worse" | "no detectable change" | "inconclusive"
+    anomalies   [{"arm", "from_concurrency", "to_concurrency", "change", "p_value", "confidence"}]
+                throughput falling as concurrency rises, per arm
+    source      {"tool": str, "raw_files": [relative paths], "format": str|null}
+
+`validate(doc)` returns a list of problems (empty when valid); `check` and `ab import` use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA = "knobkeeper.evidence/1"
+VERDICTS = ("better", "worse", "no detectable change", "inconclusive")
+_NUM = (int, float)
+
+
+def validate(doc: Any) -> list[str]:
+    """Every way `doc` departs from schema 1, each as 'field: what is wrong'."""
+    problems: list[str] = []
+    if not isinstance(doc, dict):
+        return ["(top level): expected a JSON object"]
+    if doc.get("schema") != SCHEMA:
+        problems.append(f"schema: expected {SCHEMA!r}, got {doc.get('schema')!r}")
+    for key in ("id", "created", "knob", "role", "metric"):
+        if not isinstance(doc.get(key), str) or not doc.get(key):
+            problems.append(f"{key}: expected a non-empty string")
+    arms = doc.get("arms")
+    if not isinstance(arms, dict) or set(arms) != {"A", "B"}:
+        problems.append("arms: expected an object with exactly the arms A (baseline) and B (candidate)")
+    else:
+        for name, arm in arms.items():
+            if not isinstance(arm, dict) or not isinstance(arm.get("knobs"), dict):
+                problems.append(f"arms.{name}.knobs: expected an object of knob values")
+    if not isinstance(doc.get("setup"), dict):
+        problems.append("setup: expected an object")
+    metric = doc.get("metric")
+    runs = doc.get("runs")
+    if not isinstance(runs, list) or not runs:
+        problems.append("runs: expected a non-empty list")
+    else:
+        for i, run in enumerate(runs):
+            where = f"runs[{i}]"
+            if not isinstance(run, dict):
+                problems.append(f"{where}: expected an object")
+                continue
+            if run.get("arm") not in ("A", "B"):
+                problems.append(f"{where}.arm: expected 'A' or 'B'")
+            for key in ("repeat", "concurrency", "errors"):
+                if isinstance(run.get(key), bool) or not isinstance(run.get(key), int):
+                    problems.append(f"{where}.{key}: expected an integer")
+            if isinstance(metric, str) and not isinstance(run.get(metric), _NUM):
+                problems.append(f"{where}.{metric}: expected a number")
+    judgement = doc.get("judgement")
+    if not isinstance(judgement, dict) or not isinstance(judgement.get("levels"), list):
+        problems.append("judgement.levels: expected a list")
+    else:
+        for i, level in enumerate(judgement["levels"]):
+            if not isinstance(level, dict) or level.get("verdict") not in VERDICTS:
+                problems.append(f"judgement.levels[{i}].verdict: expected one of {', '.join(VERDICTS)}")
+    if not isinstance(doc.get("anomalies"), list):
+        problems.append("anomalies: expected a list")
+    source = doc.get("source")
+    if not isinstance(source, dict) or not isinstance(source.get("tool"), str):
+        problems.append("source.tool: expected a string")
+    return problems

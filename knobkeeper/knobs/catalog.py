@@ -1,0 +1,237 @@
+"""The knob catalog (inventory/catalog.toml): what may be set, with which type, range and roles.
+
+Every other part asks the catalog; knob types live nowhere else.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from knobkeeper.errors import UserError
+
+TYPES = ("int", "float", "bool", "enum", "string", "secret")
+RISKS = ("perf", "numerics", "behaviour")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+Value = int | float | bool | str
+
+
+def fingerprint(secret: str) -> str:
+    """What the changelog and knobs.toml hold instead of a secret's value."""
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:16]
+
+
+def is_fingerprint(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("sha256:") and len(value) == 23
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    type: str
+    roles: tuple[str, ...]
+    risk: str
+    doc: str
+    source: str
+    unset: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] = ()
+    default: Value | None = None
+
+    @property
+    def secret(self) -> bool:
+        return self.type == "secret"
+
+    def accepted(self) -> str:
+        """Words for what this knob accepts, for error messages."""
+        if self.type in ("int", "float"):
+            lo = "-inf" if self.min is None else _fmt_num(self.min)
+            hi = "inf" if self.max is None else _fmt_num(self.max)
+            return f"{'an integer' if self.type == 'int' else 'a number'} in [{lo}, {hi}]"
+        if self.type == "bool":
+            return "true or false"
+        if self.type == "enum":
+            return "one of " + ", ".join(self.choices)
+        if self.type == "secret":
+            return "a secret string (stored outside git)"
+        return "a string (no NUL bytes)"
+
+    def parse(self, raw: str) -> Value:
+        """A command-line value (always text) to this knob's type, or UserError."""
+        bad = UserError(f"{self.name}={raw!r}: expected {self.accepted()}")
+        if self.type == "int":
+            try:
+                value: Value = int(raw.strip(), 0)
+            except ValueError:
+                raise bad from None
+        elif self.type == "float":
+            try:
+                value = float(raw.strip())
+            except ValueError:
+                raise bad from None
+        elif self.type == "bool":
+            low = raw.strip().lower()
+            if low not in _TRUE | _FALSE:
+                raise bad
+            value = low in _TRUE
+        else:
+            value = raw
+        return self.check(value)
+
+    def check(self, value: Any) -> Value:
+        """A typed value (from TOML or parse) checked against type, range and choices."""
+        bad = UserError(f"{self.name}={value!r}: expected {self.accepted()}")
+        if self.type == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise bad
+        elif self.type == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad
+            value = float(value)
+            if not math.isfinite(value):
+                raise bad
+        elif self.type == "bool":
+            if not isinstance(value, bool):
+                raise bad
+        elif self.type == "enum":
+            if value not in self.choices:
+                raise bad
+        elif not isinstance(value, str) or "\x00" in value:
+            raise bad
+        if self.type in ("int", "float"):
+            if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+                raise bad
+        return value
+
+    def render_value(self, value: Value) -> str:
+        """The text the process sees in its environment."""
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        return str(value)
+
+    def display(self, value: Value | None) -> str:
+        """How a value is shown to people and written to commit messages (secrets: fingerprint only)."""
+        if value is None:
+            return "(unset)"
+        if self.secret:
+            return value if is_fingerprint(value) else fingerprint(str(value))
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+
+def _fmt_num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+@dataclass
+class Catalog:
+    knobs: dict[str, Knob] = field(default_factory=dict)
+    path: Path | None = None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.knobs
+
+    def get(self, name: str) -> Knob:
+        """The knob, or a UserError that suggests close names."""
+        try:
+            return self.knobs[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, self.knobs, n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; see `knobkeeper catalog`"
+            where = f" ({self.path})" if self.path else ""
+            raise UserError(f"unknown knob {name!r}: not in the catalog{where}{hint}") from None
+
+    def for_role(self, name: str, role: str) -> Knob:
+        knob = self.get(name)
+        if role not in knob.roles:
+            raise UserError(f"{name} does not apply to role {role!r}: it applies to {', '.join(knob.roles)}")
+        return knob
+
+    def roles(self) -> list[str]:
+        seen: list[str] = []
+        for knob in self.knobs.values():
+            seen.extend(r for r in knob.roles if r not in seen)
+        return seen
+
+
+def load_catalog(path: Path) -> Catalog:
+    """Parse and validate catalog.toml; every problem names the file and the knob's field."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise UserError(f"{path}: catalog not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: malformed TOML: {exc}") from None
+    table = data.get("knobs")
+    if not isinstance(table, dict) or not table:
+        raise UserError(f"{path}: needs a [knobs.NAME] table per knob")
+    catalog = Catalog(path=path)
+    for name, spec in table.items():
+        catalog.knobs[name] = _knob_from_toml(path, name, spec)
+    return catalog
+
+
+def _knob_from_toml(path: Path, name: str, spec: Any) -> Knob:
+    def bad(fieldname: str, accepted: str) -> UserError:
+        return UserError(f"{path}: knobs.{name}.{fieldname}: expected {accepted}")
+
+    if not isinstance(spec, dict):
+        raise bad("", "a table")
+    known = {"type", "roles", "risk", "doc", "source", "unset", "min", "max", "choices", "default"}
+    for key in spec:
+        if key not in known:
+            raise bad(key, "no such field (fields: " + ", ".join(sorted(known)) + ")")
+    kind = spec.get("type")
+    if kind not in TYPES:
+        raise bad("type", "one of " + ", ".join(TYPES))
+    roles = spec.get("roles")
+    if not isinstance(roles, list) or not roles or not all(isinstance(r, str) and r for r in roles):
+        raise bad("roles", "a non-empty list of role names")
+    if spec.get("risk") not in RISKS:
+        raise bad("risk", "one of " + ", ".join(RISKS))
+    for text_field in ("doc", "source", "unset"):
+        if not isinstance(spec.get(text_field), str) or not spec[text_field].strip():
+            raise bad(text_field, "a non-empty string")
+    for bound in ("min", "max"):
+        if bound in spec:
+            if kind not in ("int", "float"):
+                raise bad(bound, f"no {bound} on a {kind} knob")
+            if isinstance(spec[bound], bool) or not isinstance(spec[bound], (int, float)):
+                raise bad(bound, "a number")
+    if "min" in spec and "max" in spec and spec["min"] > spec["max"]:
+        raise bad("max", f"a number >= min ({spec['min']})")
+    choices = spec.get("choices", [])
+    if kind == "enum":
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
+            raise bad("choices", "a non-empty list of strings")
+    elif "choices" in spec:
+        raise bad("choices", "choices only on an enum knob")
+    knob = Knob(
+        name=name,
+        type=kind,
+        roles=tuple(roles),
+        risk=spec["risk"],
+        doc=spec["doc"],
+        source=spec["source"],
+        unset=spec["unset"],
+        min=spec.get("min"),
+        max=spec.get("max"),
+        choices=tuple(choices),
+    )
+    if "default" in spec:
+        try:
+            default = knob.check(spec["default"])
+        except UserError:
+            raise bad("default", knob.accepted()) from None
+        knob = Knob(**{**knob.__dict__, "default": default})
+    return knob

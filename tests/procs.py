@@ -1,0 +1,83 @@
+"""Start real processes for tests on loopback and stop them by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.Popen:
+    """Popen in its own process group, output to `log`; stop it with stop(proc)."""
+    handle = open(log, "ab")
+    return subprocess.Popen(
+        cmd, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        cwd=cwd, start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM the process group by PID, SIGKILL after `timeout`."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def stop_pid(pid: int, timeout: float = 10.0) -> None:
+    """Stop a process we did not Popen ourselves (e.g. a daemon's pidfile)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def wait_http(url: str, timeout: float = 30.0, status: int = 200, proc: subprocess.Popen | None = None) -> None:
+    """Poll `url` until it answers `status`; fail early if `proc` died."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before {url} was up")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == status:
+                    return
+                last = str(resp.status)
+        except urllib.error.HTTPError as exc:
+            last = str(exc.code)
+            if exc.code == status:
+                return
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer {status} within {timeout}s (last: {last})")
