@@ -1,0 +1,90 @@
+"""Compile both split-KV kernels for NVIDIA targets without a GPU (ahead of time).
+
+    python -m knobkeeper_kernels.compile_check --arch 90,120 [--dtype bf16,fp16,fp32]
+
+Prints one JSON line per (kernel, arch, dtype) with the sizes of the PTX and cubin produced,
+and exits 1 if any compile fails. Must run WITHOUT TRITON_INTERPRET (the interpreter replaces
+the compiler); ptxas ships inside the triton wheel, so no CUDA toolkit or driver is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+
+def _signatures(dtype: str, group: int = 4, head_dim: int = 128, page_size: int = 16, block_n: int = 64):
+    """(kernel, signature, constexprs) for stage 1 and the combine, one decode configuration."""
+    from .splitkv import _splitkv_combine, _splitkv_stage1
+
+    stage1_sig = {
+        "Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}",
+        "BlockTable": "*i32", "SeqLens": "*i32", "MidO": "*fp32", "MidLse": "*fp32",
+        "sm_scale_log2e": "fp32",
+    }
+    for name in ("stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs",
+                 "stride_vh", "stride_btb", "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh",
+                 "NUM_SPLITS"):
+        stage1_sig[name] = "i32"
+    stage1_const = {"GROUP": group, "HEAD_DIM": head_dim, "PAGE_SIZE": page_size,
+                    "BLOCK_H": max(16, group), "BLOCK_D": head_dim, "BLOCK_N": block_n}
+    stage1_sig.update({name: "constexpr" for name in stage1_const})
+
+    combine_sig = {"MidO": "*fp32", "MidLse": "*fp32", "SeqLens": "*i32", "Out": f"*{dtype}", "Lse": "*fp32"}
+    for name in ("stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh",
+                 "NUM_SPLITS", "num_q_heads"):
+        combine_sig[name] = "i32"
+    combine_const = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "BLOCK_S": 16, "BLOCK_D": head_dim, "UNIFORM": False}
+    combine_sig.update({name: "constexpr" for name in combine_const})
+    return [(_splitkv_stage1, stage1_sig, stage1_const), (_splitkv_combine, combine_sig, combine_const)]
+
+
+def compile_for(arch: int, dtype: str = "bf16") -> list[dict]:
+    """Compile both kernels for sm_<arch>; one record per kernel with the artefact sizes."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("compile_check: unset TRITON_INTERPRET (the interpreter does not compile)")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    records = []
+    for fn, signature, constexprs in _signatures(dtype):
+        start = time.perf_counter()
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", arch, 32))
+        records.append({
+            "kernel": fn.__name__, "arch": f"sm_{arch}", "dtype": dtype,
+            "ptx_bytes": len(compiled.asm.get("ptx", "")), "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+            "shared_bytes": compiled.metadata.shared, "num_warps": compiled.metadata.num_warps,
+            "seconds": round(time.perf_counter() - start, 2),
+        })
+    return records
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m knobkeeper_kernels.compile_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="90,120", help="comma-separated SM versions (default 90,120)")
+    parser.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32 (default bf16)")
+    args = parser.parse_args(argv)
+    failed = False
+    for arch in (int(a) for a in args.arch.split(",")):
+        for dtype in args.dtype.split(","):
+            if dtype not in _DTYPES:
+                print(f"--dtype: {dtype!r} is not one of {', '.join(_DTYPES)}", file=sys.stderr)
+                return 2
+            try:
+                for record in compile_for(arch, _DTYPES[dtype]):
+                    print(json.dumps(record), flush=True)
+            except Exception as exc:  # report every target, then fail
+                failed = True
+                print(json.dumps({"arch": f"sm_{arch}", "dtype": dtype, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

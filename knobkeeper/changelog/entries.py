@@ -1,0 +1,183 @@
+"""Changelog entries (changelog/entries/<stamp>-<id>.toml): one TOML file per knob change.
+
+An entry is immutable once committed. Fields: id, time (UTC), author, action
+(set | unset | revert | restore | record), knob, role, old, new (absent = unset; a secret's
+values are fingerprints), reason, and links: reverts, restores, incident, hypothesis, evidence.
+
+Reading 10,000 TOML files costs over a second, so parsed entries are cached in
+.git/knobkeeper/entries.json keyed by file name, size and mtime; the files stay the truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+import tomlkit
+
+from knobkeeper.errors import UserError
+from knobkeeper.knobs.catalog import Value
+from knobkeeper.project import Project
+from knobkeeper.timeutil import file_stem, id_from_stem, iso, parse_time
+
+ACTIONS = ("set", "unset", "revert", "restore", "record")
+CACHE_VERSION = 1
+
+
+@dataclass
+class Entry:
+    id: str
+    time: str
+    author: str
+    action: str
+    knob: str
+    role: str
+    reason: str
+    old: Value | None = None
+    new: Value | None = None
+    reverts: str | None = None
+    restores: str | None = None
+    incident: str | None = None
+    hypothesis: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    refutes: str | None = None  # a restore that records the revert it restores was refuted
+
+    @property
+    def moment(self) -> datetime:
+        return parse_time(self.time)
+
+    @property
+    def stem(self) -> str:
+        return file_stem(self.moment, self.id)
+
+    def to_toml(self) -> str:
+        doc = tomlkit.document()
+        for key, value in asdict(self).items():
+            if value is None or value == []:
+                continue
+            doc[key] = value
+        return tomlkit.dumps(doc)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != []}
+
+
+def entry_path(project: Project, entry: Entry) -> Path:
+    return project.entries_dir / f"{entry.stem}.toml"
+
+
+def _from_dict(path: Path, data: dict[str, Any]) -> Entry:
+    missing = [k for k in ("id", "time", "author", "action", "knob", "role", "reason") if k not in data]
+    if missing:
+        raise UserError(f"{path}: missing field {missing[0]!r} (an entry needs id, time, author, action, knob, role, reason)")
+    if data["action"] not in ACTIONS:
+        raise UserError(f"{path}: action = {data['action']!r}: expected one of {', '.join(ACTIONS)}")
+    known = set(Entry.__dataclass_fields__)
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        raise UserError(f"{path}: unknown field {unknown[0]!r}")
+    if id_from_stem(path.stem) != data["id"]:
+        raise UserError(f"{path}: id = {data['id']!r} does not match the file name")
+    return Entry(**data)
+
+
+def parse_entry_file(path: Path) -> Entry:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: malformed TOML: {exc}") from None
+    return _from_dict(path, data)
+
+
+def load_entries(project: Project) -> list[Entry]:
+    """Every entry, oldest first (file names sort by time)."""
+    folder = project.entries_dir
+    if not folder.is_dir():
+        return []
+    cache_path = project.private_dir / "entries.json"
+    cache: dict[str, Any] = {}
+    try:
+        raw = json.loads(cache_path.read_text())
+        if raw.get("version") == CACHE_VERSION:
+            cache = raw["files"]
+    except (OSError, ValueError, KeyError):
+        cache = {}
+    fresh: dict[str, Any] = {}
+    entries: list[Entry] = []
+    dirty = False
+    with os.scandir(folder) as it:
+        items = sorted((e for e in it if e.name.endswith(".toml") and not e.name.startswith(".")), key=lambda e: e.name)
+    for item in items:
+        stat = item.stat()
+        key = [stat.st_size, stat.st_mtime_ns]
+        hit = cache.get(item.name)
+        if hit is not None and hit[0] == key:
+            data = hit[1]
+        else:
+            entry = parse_entry_file(Path(item.path))
+            data = entry.to_json()
+            dirty = True
+        fresh[item.name] = [key, data]
+        entries.append(Entry(**data))
+    if dirty or len(fresh) != len(cache):
+        try:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"version": CACHE_VERSION, "files": fresh}))
+            os.replace(tmp, cache_path)
+        except OSError:
+            pass  # a read-only checkout still works, only slower
+    return entries
+
+
+def find_entry(project: Project, ident: str, entries: Iterable[Entry] | None = None) -> Entry:
+    """By id or unique id prefix (at least 4 characters)."""
+    ident = ident.strip()
+    if len(ident) < 4:
+        raise UserError(f"entry id {ident!r}: give at least 4 characters of the id")
+    if entries is None:
+        matches = sorted(project.entries_dir.glob(f"*-{ident}*.toml")) if project.entries_dir.is_dir() else []
+        found = [parse_entry_file(p) for p in matches if id_from_stem(p.stem).startswith(ident)]
+    else:
+        found = [e for e in entries if e.id.startswith(ident)]
+    if not found:
+        raise UserError(f"entry {ident!r}: no such entry in {project.rel(project.entries_dir)}/ (see `knobkeeper log`)")
+    if len(found) > 1:
+        raise UserError(f"entry {ident!r}: ambiguous ({', '.join(e.id for e in found[:5])}); give more characters")
+    return found[0]
+
+
+def history(entries: Iterable[Entry], role: str, knob: str) -> list[Entry]:
+    return [e for e in entries if e.role == role and e.knob == knob]
+
+
+def replay(entries: Iterable[Entry]) -> dict[str, dict[str, Value]]:
+    """The declared state the entries explain: each entry's `new` in time order."""
+    state: dict[str, dict[str, Value]] = {}
+    for entry in entries:
+        role = state.setdefault(entry.role, {})
+        if entry.new is None:
+            role.pop(entry.knob, None)
+        else:
+            role[entry.knob] = entry.new
+    return state
+
+
+def latest_by_knob(entries: Iterable[Entry]) -> dict[tuple[str, str], Entry]:
+    """(role, knob) -> the entry that last changed it: the provenance a rendered file names."""
+    latest: dict[tuple[str, str], Entry] = {}
+    for entry in entries:
+        latest[(entry.role, entry.knob)] = entry
+    return latest
+
+
+def new_entry_time() -> str:
+    from knobkeeper.timeutil import utcnow
+
+    return iso(utcnow())

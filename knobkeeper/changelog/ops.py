@@ -1,0 +1,275 @@
+"""The knob changes: set, unset, revert, restore, record. Each is one entry (or several for
+record), the new knobs.toml, and exactly one git commit — or nothing at all.
+
+Every function validates under the repo lock before it writes, so a UserError leaves the tree
+and the history as they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from knobkeeper.changelog.entries import Entry, entry_path, history, load_entries, new_entry_time, replay
+from knobkeeper.changelog.store import Message, atomic_write, commit_change, git_author, repo_lock
+from knobkeeper.errors import UserError
+from knobkeeper.knobs.catalog import Catalog, Knob, Value, fingerprint, load_catalog
+from knobkeeper.knobs.state import load_document, read_declared, value_of, with_value
+from knobkeeper.project import Project
+from knobkeeper.timeutil import new_id
+
+# Actions whose value a revert can take back.
+REVERTIBLE = ("set", "restore", "record")
+
+
+@dataclass
+class Change:
+    """What a mutating command did: the entries it wrote and the commit that holds them."""
+
+    entries: list[Entry]
+    commit: str | None
+    branch: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def entry(self) -> Entry:
+        return self.entries[0]
+
+
+@dataclass
+class CommitOptions:
+    no_commit: bool = False
+    branch: str | None = None
+
+
+def _context(project: Project) -> tuple[Catalog, dict]:
+    catalog = load_catalog(project.catalog_path)
+    declared = read_declared(project.knobs_path, catalog)
+    return catalog, declared
+
+
+def _check_evidence(project: Project, ids: list[str]) -> list[str]:
+    """Evidence ids must name files in changelog/evidence/; returns the full ids."""
+    full = []
+    for ident in ids:
+        matches = sorted(project.evidence_dir.glob(f"*-{ident}*.json")) if project.evidence_dir.is_dir() else []
+        if not matches:
+            raise UserError(f"--evidence {ident}: no such evidence in {project.rel(project.evidence_dir)}/ (see `knobkeeper ab show`)")
+        if len(matches) > 1:
+            raise UserError(f"--evidence {ident}: ambiguous; give more characters")
+        full.append(matches[0].stem.rsplit("-", 1)[-1])
+    return full
+
+
+def _check_incident(project: Project, ident: str) -> str:
+    matches = sorted(project.incidents_dir.glob(f"*-{ident}*.toml")) if project.incidents_dir.is_dir() else []
+    if not matches:
+        raise UserError(f"--incident {ident}: no such incident in {project.rel(project.incidents_dir)}/ (see `knobkeeper incident list`)")
+    if len(matches) > 1:
+        raise UserError(f"--incident {ident}: ambiguous; give more characters")
+    return matches[0].stem.rsplit("-", 1)[-1]
+
+
+def _reason(reason: str | None, what: str) -> str:
+    if reason is None or not reason.strip():
+        raise UserError(f"{what}: --reason is required (say why, for whoever audits this later)")
+    return reason.strip()
+
+
+def _summary(entry: Entry, knob: Knob) -> str:
+    if entry.action in ("unset",) or (entry.action == "revert" and entry.new is None):
+        return f"{entry.role}: {entry.action} {entry.knob} (was {knob.display(entry.old)})"
+    return f"{entry.role}: {entry.action} {entry.knob}={knob.display(entry.new)}"
+
+
+def _trailers(entries: list[Entry], catalog: Catalog) -> list[tuple[str, str]]:
+    trailers: list[tuple[str, str]] = []
+    for entry in entries:
+        knob = catalog.get(entry.knob)
+        trailers += [
+            ("Knob", entry.knob), ("Role", entry.role), ("Action", entry.action),
+            ("Old", knob.display(entry.old)), ("New", knob.display(entry.new)), ("Entry", entry.id),
+        ]
+        if entry.reverts:
+            trailers.append(("Reverts", entry.reverts))
+        if entry.restores:
+            trailers.append(("Restores", entry.restores))
+        if entry.refutes:
+            trailers.append(("Refutes", entry.refutes))
+        if entry.incident:
+            trailers.append(("Incident", entry.incident))
+        for ev in entry.evidence:
+            trailers.append(("Evidence", ev))
+    return trailers
+
+
+def _write(project: Project, catalog: Catalog, entries: list[Entry], knobs_text: str,
+           options: CommitOptions, secret_files: dict[Path, str] | None = None) -> Change:
+    files: dict[Path, str] = {project.knobs_path: knobs_text}
+    for entry in entries:
+        files[entry_path(project, entry)] = entry.to_toml()
+    if len(entries) == 1:
+        summary = _summary(entries[0], catalog.get(entries[0].knob))
+        body = entries[0].reason
+    else:
+        summary = f"record: {len(entries)} hand edits of knobs.toml"
+        body = entries[0].reason + "\n\n" + "\n".join(
+            f"- {e.role}: {e.knob} {catalog.get(e.knob).display(e.old)} -> {catalog.get(e.knob).display(e.new)}" for e in entries
+        )
+    if entries[0].hypothesis:
+        body += f"\n\nHypothesis: {entries[0].hypothesis}"
+    message = Message(summary=summary, body=body, trailers=_trailers(entries, catalog))
+    # Secret values go to the git-ignored store, never into a commit.
+    for path, value in (secret_files or {}).items():
+        atomic_write(path, value)
+        path.chmod(0o600)
+    sha = commit_change(project, files, message, no_commit=options.no_commit, branch=options.branch, locked=True)
+    return Change(entries=entries, commit=sha, branch=options.branch)
+
+
+def _new_entry(project: Project, **fields) -> Entry:
+    return Entry(id=new_id(), time=new_entry_time(), author=git_author(project), **fields)
+
+
+def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str | None,
+             evidence: list[str] | None = None, options: CommitOptions | None = None) -> Change:
+    """Declare KNOB=VALUE for ROLE."""
+    options = options or CommitOptions()
+    with repo_lock(project):
+        catalog, declared = _context(project)
+        knob = catalog.for_role(name, role)
+        value = knob.parse(raw_value)
+        reason = _reason(reason, f"set {name}")
+        evidence_ids = _check_evidence(project, evidence or [])
+        stored: Value = fingerprint(value) if knob.secret else value
+        old = value_of(declared, role, name)
+        if old == stored and type(old) is type(stored):
+            raise UserError(f"{name} is already {knob.display(stored)} on {role}; nothing to change")
+        entry = _new_entry(project, action="set", knob=name, role=role, reason=reason,
+                           old=old, new=stored, evidence=evidence_ids)
+        text = with_value(load_document(project.knobs_path), role, name, stored)
+        secrets = {project.secrets_dir / role / name: str(value)} if knob.secret else None
+        return _write(project, catalog, [entry], text, options, secrets)
+
+
+def unset_knob(project: Project, name: str, role: str, reason: str | None,
+               options: CommitOptions | None = None) -> Change:
+    """Remove KNOB from ROLE's declared state (the engine's own default applies)."""
+    options = options or CommitOptions()
+    with repo_lock(project):
+        catalog, declared = _context(project)
+        knob = catalog.for_role(name, role)
+        reason = _reason(reason, f"unset {name}")
+        old = value_of(declared, role, name)
+        if old is None:
+            raise UserError(f"{name} is not set on {role}; nothing to unset")
+        entry = _new_entry(project, action="unset", knob=name, role=role, reason=reason, old=old, new=None)
+        text = with_value(load_document(project.knobs_path), role, name, None)
+        return _write(project, catalog, [entry], text, options)
+
+
+def revert_target(entries: list[Entry], name: str, role: str) -> Entry:
+    """The latest set/restore/record of the knob, which a revert takes back."""
+    past = history(entries, role, name)
+    if not past:
+        raise UserError(f"revert {name} on {role}: nothing to revert (no changelog entry for it)")
+    latest = past[-1]
+    if latest.action not in REVERTIBLE:
+        raise UserError(
+            f"revert {name} on {role}: nothing to revert (its latest change, {latest.id}, is a {latest.action}; "
+            f"revert takes back a set, restore or record)"
+        )
+    return latest
+
+
+def revert_knob(project: Project, name: str, role: str, reason: str | None, incident: str | None = None,
+                hypothesis: str | None = None, options: CommitOptions | None = None) -> Change:
+    """Take back the latest set/restore of KNOB on ROLE; its value returns to what it was before."""
+    options = options or CommitOptions()
+    with repo_lock(project):
+        catalog, declared = _context(project)
+        catalog.for_role(name, role)
+        reason = _reason(reason, f"revert {name}")
+        target = revert_target(load_entries(project), name, role)
+        incident_id = _check_incident(project, incident) if incident else None
+        current = value_of(declared, role, name)
+        entry = _new_entry(project, action="revert", knob=name, role=role, reason=reason,
+                           old=current, new=target.old, reverts=target.id, incident=incident_id,
+                           hypothesis=hypothesis.strip() if hypothesis else None)
+        text = with_value(load_document(project.knobs_path), role, name, target.old)
+        return _write(project, catalog, [entry], text, options)
+
+
+def restore_target(entries: list[Entry], name: str, role: str) -> tuple[Entry, Entry]:
+    """(the latest revert of the knob, the entry it reverted)."""
+    past = history(entries, role, name)
+    if not past or past[-1].action != "revert":
+        latest = f"its latest change is a {past[-1].action} ({past[-1].id})" if past else "it has no changelog entry"
+        raise UserError(f"restore {name} on {role}: nothing reverted to restore ({latest})")
+    revert = past[-1]
+    by_id = {e.id: e for e in entries}
+    if revert.reverts not in by_id:
+        raise UserError(f"restore {name} on {role}: revert {revert.id} names entry {revert.reverts}, which is missing")
+    return revert, by_id[revert.reverts]
+
+
+def restore_knob(project: Project, name: str, role: str, reason: str | None = None,
+                 evidence: list[str] | None = None, refutes: bool = False,
+                 options: CommitOptions | None = None, guard=None) -> Change:
+    """Re-apply the value the latest revert removed, carrying the original entry's evidence.
+
+    `guard(entries, revert)` may raise UserError (the audit refuses a confirmed revert without --force).
+    """
+    options = options or CommitOptions()
+    with repo_lock(project):
+        catalog, declared = _context(project)
+        knob = catalog.for_role(name, role)
+        entries = load_entries(project)
+        revert, original = restore_target(entries, name, role)
+        if guard is not None:
+            guard(entries, revert)
+        if original.new is not None and knob.secret:
+            secret = project.secrets_dir / role / name
+            if not secret.exists() or fingerprint(secret.read_text()) != original.new:
+                raise UserError(f"restore {name}: the secret value {original.new} is no longer in {secret}; set it again")
+        extra = _check_evidence(project, evidence or [])
+        carried = list(dict.fromkeys([*original.evidence, *extra]))
+        why = reason.strip() if reason and reason.strip() else f"restore {original.id}: revert {revert.id} did not hold"
+        entry = _new_entry(project, action="restore", knob=name, role=role, reason=why,
+                           old=value_of(declared, role, name), new=original.new, restores=revert.id,
+                           evidence=carried, incident=revert.incident,
+                           refutes=revert.id if refutes else None)
+        text = with_value(load_document(project.knobs_path), role, name, original.new)
+        return _write(project, catalog, [entry], text, options)
+
+
+def unexplained_edits(project: Project) -> list[tuple[str, str, Value | None, Value | None]]:
+    """(role, knob, explained, declared) for every value knobs.toml holds that the entries don't explain."""
+    catalog, declared = _context(project)
+    explained = replay(load_entries(project))
+    drift = []
+    for role in sorted(set(declared) | set(explained)):
+        names = set(declared.get(role, {})) | set(explained.get(role, {}))
+        for name in sorted(names):
+            want, have = explained.get(role, {}).get(name), declared.get(role, {}).get(name)
+            if want != have or type(want) is not type(have):
+                drift.append((role, name, want, have))
+    return drift
+
+
+def record_edits(project: Project, reason: str | None, options: CommitOptions | None = None) -> Change:
+    """Turn hand edits of knobs.toml into entries, one per changed knob, in one commit."""
+    options = options or CommitOptions()
+    with repo_lock(project):
+        catalog, _ = _context(project)
+        reason = _reason(reason, "record")
+        drift = unexplained_edits(project)
+        if not drift:
+            raise UserError(f"{project.rel(project.knobs_path)}: no hand edits to record (it matches the changelog)")
+        entries = []
+        for role, name, old, new in drift:
+            knob = catalog.for_role(name, role)
+            if knob.secret and new is not None:
+                raise UserError(f"{project.rel(project.knobs_path)}: [{role}] {name} is a secret; use `knobkeeper set` so its value stays out of git")
+            entries.append(_new_entry(project, action="record", knob=name, role=role, reason=reason, old=old, new=new))
+        return _write(project, catalog, entries, project.knobs_path.read_text(), options)

@@ -1,0 +1,28 @@
+"""The `knobkeeper` (alias `kk`) command: a thin click layer over the library.
+
+Each command parses its options, calls one library function, and prints. Submodules hold the
+commands of one part each; this module only assembles them.
+"""
+
+from __future__ import annotations
+
+import click
+
+from knobkeeper import __version__
+from knobkeeper.cli import core
+from knobkeeper.cli.common import KKGroup
+
+
+@click.group(cls=KKGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="knobkeeper")
+def main() -> None:
+    """Deploy a PD-disaggregated serving stack and keep every knob change in git, with its evidence.
+
+    \b
+    Example:
+      knobkeeper set SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --reason "A/B +12.8% @64"
+    """
+
+
+for command in core.COMMANDS:
+    main.add_command(command)

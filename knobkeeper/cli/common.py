@@ -1,0 +1,77 @@
+"""What every command shares: --repo, --json, and turning a UserError into one line and exit 2."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from knobkeeper.errors import UserError
+
+
+class KKGroup(click.Group):
+    """A group whose commands print UserError as one line on stderr and exit 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+def repo_option(fn: Callable) -> Callable:
+    return click.option(
+        "--repo", "repo", default=None, metavar="PATH",
+        help="The infra repo (default: the git root above the current directory).",
+    )(fn)
+
+
+def json_option(fn: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")(fn)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def console():
+    """A rich Console writing to click's stdout (so CliRunner captures it); imported lazily for speed."""
+    from rich.console import Console
+
+    stream = click.get_text_stream("stdout")
+    # Piped or captured output gets a wide fixed width so tables are not cut to 80 columns.
+    width = None if stream.isatty() else 200
+    return Console(file=stream, soft_wrap=True, highlight=False, width=width)
+
+
+def warn(text: str) -> None:
+    click.echo(f"warning: {text}", err=True)
+
+
+def example(text: str) -> Callable:
+    """Append an 'Example' section to a command's --help (every command has one)."""
+
+    def decorate(fn: Callable) -> Callable:
+        doc = (fn.__doc__ or "").rstrip()
+        fn.__doc__ = f"{doc}\n\n\b\nExample:\n  {text}\n"
+        return fn
+
+    return decorate
+
+
+def exit_on_user_error(fn: Callable) -> Callable:
+    """For commands invoked outside KKGroup (kept for library-style entry points)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper

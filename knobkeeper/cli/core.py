@@ -1,0 +1,250 @@
+"""Knob commands: catalog, knobs, set, unset, revert, restore, record, log, show."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import click
+
+from knobkeeper.cli.common import console, emit_json, example, json_option, repo_option, warn
+from knobkeeper.errors import UserError
+from knobkeeper.project import find_project
+
+
+def commit_options(fn: Callable) -> Callable:
+    fn = click.option("--branch", metavar="NAME", default=None,
+                      help="Commit on a new branch NAME (for a change-review PR).")(fn)
+    fn = click.option("--no-commit", is_flag=True, help="Write and stage the files, but do not commit.")(fn)
+    return repo_option(fn)
+
+
+def _options(no_commit: bool, branch: str | None):
+    from knobkeeper.changelog.ops import CommitOptions
+
+    return CommitOptions(no_commit=no_commit, branch=branch)
+
+
+def _split_assignment(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise UserError(f"{text!r}: expected KNOB=VALUE")
+    return name.strip(), value
+
+
+def _report(change, verb: str) -> None:
+    entry = change.entry
+    where = f" on branch {change.branch}" if change.branch else ""
+    committed = f"commit {change.commit[:10]}{where}" if change.commit else "staged, not committed"
+    for extra in change.entries:
+        click.echo(f"{extra.role}: {extra.action} {extra.knob}: {_show(extra.old)} -> {_show(extra.new)}  (entry {extra.id})")
+    click.echo(committed)
+    for text in change.warnings:
+        warn(text)
+    if verb:
+        click.echo(f"next: pyinfra inventory/local.py deploy.py  (or review it first: knobkeeper review)")
+
+
+def _show(value) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@click.command("catalog")
+@click.argument("knob", required=False)
+@repo_option
+@json_option
+@example("knobkeeper catalog SGLANG_SM120_MMA_TARGET_CTAS")
+def catalog_cmd(knob: str | None, repo: str | None, as_json: bool) -> None:
+    """List the knobs that may be set (or describe one KNOB)."""
+    from knobkeeper.knobs.catalog import load_catalog
+
+    catalog = load_catalog(find_project(repo).catalog_path)
+    knobs = [catalog.get(knob)] if knob else list(catalog.knobs.values())
+    if as_json:
+        emit_json([{k: v for k, v in vars(k_).items()} for k_ in knobs])
+        return
+    if knob:
+        k = knobs[0]
+        for label, value in (("knob", k.name), ("type", k.type), ("accepts", k.accepted()), ("roles", ", ".join(k.roles)),
+                             ("risk", k.risk), ("default", _show(k.default) if k.default is not None else "-"),
+                             ("unset means", k.unset), ("source", k.source), ("doc", k.doc)):
+            click.echo(f"{label:>12}: {value}")
+        return
+    from rich.table import Table
+
+    table = Table("knob", "type", "roles", "risk", "accepts", "doc", box=None)
+    for k in knobs:
+        table.add_row(k.name, k.type, ",".join(k.roles), k.risk, k.accepted(), k.doc)
+    console().print(table)
+
+
+@click.command("knobs")
+@click.option("--role", default=None, help="Only this role.")
+@repo_option
+@json_option
+@example("knobkeeper knobs --role decode")
+def knobs_cmd(role: str | None, repo: str | None, as_json: bool) -> None:
+    """Declared knob values, each with the entry that set it and when."""
+    from knobkeeper.changelog.queries import declared_knobs
+
+    rows = declared_knobs(find_project(repo), role)
+    if as_json:
+        emit_json([r.to_json() for r in rows])
+        return
+    if not rows:
+        click.echo("no knobs declared" + (f" for {role}" if role else ""))
+        return
+    from rich.table import Table
+
+    table = Table("role", "knob", "value", "entry", "action", "when", "by", box=None)
+    for r in rows:
+        if r.entry:
+            table.add_row(r.role, r.knob, r.shown, r.entry.id, r.entry.action, r.entry.time[:19] + "Z", r.entry.author)
+        else:
+            table.add_row(r.role, r.knob, r.shown, "-", "[bold]unrecorded[/]", "-", "run `knobkeeper record`")
+    console().print(table)
+
+
+@click.command("set")
+@click.argument("assignment", metavar="KNOB=VALUE")
+@click.option("--role", required=True, help="The role (inventory group) it applies to.")
+@click.option("--reason", required=True, help="Why: kept in the entry and the commit.")
+@click.option("--evidence", multiple=True, metavar="ID", help="Evidence id(s) behind the change (repeatable).")
+@commit_options
+@example('knobkeeper set SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --reason "+12.8% @64" --evidence 1a2b3c4d')
+def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], repo, no_commit, branch) -> None:
+    """Declare KNOB=VALUE for a role: one entry, one commit."""
+    from knobkeeper.changelog.ops import set_knob
+
+    name, value = _split_assignment(assignment)
+    change = set_knob(find_project(repo), name, value, role, reason, list(evidence), _options(no_commit, branch))
+    _report(change, "set")
+
+
+@click.command("unset")
+@click.argument("knob")
+@click.option("--role", required=True, help="The role to remove it from.")
+@click.option("--reason", required=True, help="Why.")
+@commit_options
+@example('knobkeeper unset NCCL_DEBUG --role decode --reason "debug output no longer needed"')
+def unset_cmd(knob: str, role: str, reason: str, repo, no_commit, branch) -> None:
+    """Remove a knob from a role's declared state (the engine default applies)."""
+    from knobkeeper.changelog.ops import unset_knob
+
+    _report(unset_knob(find_project(repo), knob, role, reason, _options(no_commit, branch)), "unset")
+
+
+@click.command("revert")
+@click.argument("knob")
+@click.option("--role", required=True, help="The role.")
+@click.option("--reason", required=True, help="Why it is reverted.")
+@click.option("--incident", default=None, metavar="ID", help="The incident this revert is a suspect for.")
+@click.option("--hypothesis", default=None, help="What the revert is expected to show (e.g. 'the hang stops').")
+@commit_options
+@example('knobkeeper revert SGLANG_SM120_MMA_TARGET_CTAS --role decode --reason "suspect for the hang" --incident 9f8e7d6c')
+def revert_cmd(knob: str, role: str, reason: str, incident, hypothesis, repo, no_commit, branch) -> None:
+    """Take back the latest set/restore of a knob; the entry records which one it reverts."""
+    from knobkeeper import audit
+
+    change = audit.revert(find_project(repo), knob, role, reason, incident, hypothesis, _options(no_commit, branch))
+    _report(change, "revert")
+
+
+@click.command("restore")
+@click.argument("knob")
+@click.option("--role", required=True, help="The role.")
+@click.option("--reason", default=None, help="Why (default: names the revert it takes back).")
+@click.option("--evidence", multiple=True, metavar="ID", help="More evidence, added to the original entry's.")
+@click.option("--force", is_flag=True, help="Restore even though the revert was confirmed as the cause.")
+@commit_options
+@example("knobkeeper restore SGLANG_SM120_MMA_TARGET_CTAS --role decode")
+def restore_cmd(knob: str, role: str, reason, evidence, force: bool, repo, no_commit, branch) -> None:
+    """Re-apply the value a revert removed, carrying over the original evidence."""
+    from knobkeeper import audit
+
+    change = audit.restore(find_project(repo), knob, role, reason, list(evidence), force, _options(no_commit, branch))
+    _report(change, "restore")
+
+
+@click.command("record")
+@click.option("--reason", required=True, help="Why the hand edits were made.")
+@commit_options
+@example('knobkeeper record --reason "hot fix applied by hand during incident 9f8e7d6c"')
+def record_cmd(reason: str, repo, no_commit, branch) -> None:
+    """Record hand edits of knobs.toml as entries, one per changed knob, in one commit."""
+    from knobkeeper.changelog.ops import record_edits
+
+    _report(record_edits(find_project(repo), reason, _options(no_commit, branch)), "record")
+
+
+@click.command("log")
+@click.argument("knob", required=False)
+@click.option("--role", default=None, help="Only this role.")
+@click.option("--since", default=None, metavar="DATE", help="Only entries at or after DATE (ISO 8601).")
+@repo_option
+@json_option
+@example("knobkeeper log SGLANG_SM120_MMA_TARGET_CTAS --role decode --since 2026-11-01")
+def log_cmd(knob, role, since, repo, as_json: bool) -> None:
+    """The changelog, newest first, with each change's evidence judgement."""
+    from knobkeeper.changelog.queries import filter_log
+    from knobkeeper.timeutil import parse_time
+
+    project = find_project(repo)
+    try:
+        moment = parse_time(since) if since else None
+    except ValueError as exc:
+        raise UserError(f"--since: {exc}") from None
+    rows = filter_log(project, knob, role, moment)
+    if as_json:
+        emit_json([e.to_json() | {"evidence_summary": _evidence_lines(project, e)} for e in rows])
+        return
+    for e in rows:
+        links = "".join(f" {k}={v}" for k, v in (("reverts", e.reverts), ("restores", e.restores), ("incident", e.incident)) if v)
+        click.echo(f"{e.time[:19]}Z {e.id} {e.role}: {e.action} {e.knob} {_show(e.old)} -> {_show(e.new)}{links}")
+        click.echo(f"    {e.author}: {e.reason}")
+        for line in _evidence_lines(project, e):
+            click.echo(f"    evidence {line}")
+
+
+def _evidence_lines(project, entry) -> list[str]:
+    if not entry.evidence:
+        return []
+    from knobkeeper.evidence import store
+
+    lines = []
+    for ident in entry.evidence:
+        try:
+            lines.append(f"{ident}: {store.summary_line(store.load(project, ident))}")
+        except UserError as exc:
+            lines.append(f"{ident}: unreadable ({exc})")
+    return lines
+
+
+@click.command("show")
+@click.argument("entry_id", metavar="ID")
+@repo_option
+@json_option
+@example("knobkeeper show 1a2b3c4d")
+def show_cmd(entry_id: str, repo, as_json: bool) -> None:
+    """One changelog entry, its links and its evidence judgement."""
+    from knobkeeper.changelog.entries import find_entry
+
+    project = find_project(repo)
+    entry = find_entry(project, entry_id)
+    if as_json:
+        emit_json(entry.to_json() | {"evidence_summary": _evidence_lines(project, entry)})
+        return
+    for key, value in entry.to_json().items():
+        if key == "evidence":
+            value = ", ".join(value)
+        elif key in ("old", "new"):
+            value = _show(value)
+        click.echo(f"{key:>10}: {value}")
+    for line in _evidence_lines(project, entry):
+        click.echo(f"  evidence {line}")
+
+
+COMMANDS = [catalog_cmd, knobs_cmd, set_cmd, unset_cmd, revert_cmd, restore_cmd, record_cmd, log_cmd, show_cmd]
