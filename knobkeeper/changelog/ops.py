@@ -37,6 +37,15 @@ class Change:
 
 
 @dataclass
+class RestoreVerdict:
+    """What a restore guard decided: record a refutation of the revert, why, and what to warn about."""
+
+    refutes: bool = False
+    reason: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
 class CommitOptions:
     no_commit: bool = False
     branch: str | None = None
@@ -218,7 +227,8 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
                  options: CommitOptions | None = None, guard=None) -> Change:
     """Re-apply the value the latest revert removed, carrying the original entry's evidence.
 
-    `guard(entries, revert)` may raise UserError (the audit refuses a confirmed revert without --force).
+    `guard(entries, revert)` may raise UserError (the audit refuses a confirmed revert without --force)
+    or return a RestoreVerdict (the audit records a refuted revert's refutation and says why).
     """
     options = options or CommitOptions()
     with repo_lock(project):
@@ -226,8 +236,9 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
         knob = catalog.for_role(name, role)
         entries = load_entries(project)
         revert, original = restore_target(entries, name, role)
-        if guard is not None:
-            guard(entries, revert)
+        verdict = guard(entries, revert) if guard is not None else None
+        if verdict is not None:
+            refutes = refutes or verdict.refutes
         if original.new is not None and knob.secret:
             secret = project.secrets_dir / role / name
             if not secret.exists() or fingerprint(secret.read_text()) != original.new:
@@ -235,12 +246,17 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
         extra = _check_evidence(project, evidence or [])
         carried = list(dict.fromkeys([*original.evidence, *extra]))
         why = reason.strip() if reason and reason.strip() else f"restore {original.id}: revert {revert.id} did not hold"
+        if verdict is not None and verdict.reason:
+            why = f"{reason.strip()}; {verdict.reason}" if reason and reason.strip() else verdict.reason
         entry = _new_entry(project, action="restore", knob=name, role=role, reason=why,
                            old=value_of(declared, role, name), new=original.new, restores=revert.id,
                            evidence=carried, incident=revert.incident,
                            refutes=revert.id if refutes else None)
         text = with_value(load_document(project.knobs_path), role, name, original.new)
-        return _write(project, catalog, [entry], text, options)
+        change = _write(project, catalog, [entry], text, options)
+        if verdict is not None:
+            change.warnings += verdict.warnings
+        return change
 
 
 def unexplained_edits(project: Project) -> list[tuple[str, str, Value | None, Value | None]]:

@@ -91,6 +91,7 @@ def repo_lock(project: Project) -> Iterator[None]:
     with open(project.private_dir / "lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            check_repo_state(project)
             recover(project)
             yield
         finally:
@@ -149,8 +150,12 @@ def atomic_write(path: Path, content: str | bytes) -> None:
 
 
 def _fault(point: str) -> None:
-    if os.environ.get(FAULT_ENV) == point:
+    """`KNOBKEEPER_FAULT=after-write` raises there; `after-write:exit` kills the process outright."""
+    wanted = os.environ.get(FAULT_ENV, "")
+    if wanted == point:
         raise RuntimeError(f"injected fault at {point}")
+    if wanted == f"{point}:exit":
+        os._exit(70)
 
 
 def commit_change(

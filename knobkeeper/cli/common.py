@@ -42,7 +42,7 @@ def console():
     """A rich Console writing to click's stdout (so CliRunner captures it); imported lazily for speed."""
     from rich.console import Console
 
-    stream = click.get_text_stream("stdout")
+    stream = sys.stdout  # looked up at call time, so CliRunner captures it
     # Piped or captured output gets a wide fixed width so tables are not cut to 80 columns.
     width = None if stream.isatty() else 200
     return Console(file=stream, soft_wrap=True, highlight=False, width=width)

@@ -1,0 +1,3 @@
+from knobkeeper.cli import main
+
+main()

@@ -1,0 +1,336 @@
+"""The stack an inventory describes: hosts, roles in deploy order, and every (host, service) with its
+ports, paths and engine command. Built from a pyinfra Inventory, so deploy.py (inside pyinfra),
+`status`, `review` and `check` (outside it) see the same services.
+
+Data keys (host data > group data > group_data/all.py; `--data` wins over all):
+
+    prefix            root of everything the stack puts on the host (launch scripts, secrets,
+                      supervisord, venv); each host its own. Local: <repo>/.knobkeeper-state/local
+    service_manager   "supervisord" (local stack) | "systemd" (production)
+    engines           {role: "sim" | "sglang" | "sglang-router"}
+    engine_args       {role: [extra command-line arguments]} appended to the engine command
+    python            interpreter for sim / router ("{prefix}" is expanded); production: the venv's
+    listen_host       address services bind (default 0.0.0.0)
+    advertise_host    address other hosts use to reach this one (default: ssh_hostname or host name)
+    <role>_port       port of the role's first service (the n-th service of a role on a host: +n)
+    prefill_bootstrap_port, router_metrics_port
+    served_model_name, model, transfer_backend, tp_size, sglang_version, router_policy
+    environment       {NAME: value} fixed, non-knob environment of every service
+    service_user      systemd User= (optional); systemd_unit_dir (default /etc/systemd/system)
+    stop_timeout      seconds a stop may take before SIGKILL (default 60)
+    health_timeout    overrides every role's health_timeout (seconds) for this run
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from knobkeeper.deploy.topology import ROLE_PREFIX, Role, deploy_order, role_from_data
+from knobkeeper.errors import UserError
+
+MANAGERS = ("supervisord", "systemd")
+ENGINES = ("sim", "sglang", "sglang-router")
+WORKER_MODES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Service:
+    """One supervised process: (host, service name) is unique in a stack."""
+
+    host: str
+    role: str
+    name: str
+    index: int
+    prefix: str
+    manager: str
+    engine: str
+    listen_host: str
+    address: str
+    port: int
+    bootstrap_port: int | None
+    metrics_port: int | None
+    health_path: str
+    workers_path: str | None
+    health_timeout: float
+    user: str | None
+    stop_timeout: int
+    unit_dir: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}/{self.name}"
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.address in ("@local", "localhost") else self.address
+        return f"http://{host}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.url + self.health_path
+
+    @property
+    def workers_url(self) -> str | None:
+        return self.url + self.workers_path if self.workers_path else None
+
+    @property
+    def service_dir(self) -> str:
+        return f"{self.prefix}/services/{self.name}"
+
+    @property
+    def launch_path(self) -> str:
+        return f"{self.service_dir}/launch.sh"
+
+    @property
+    def started_path(self) -> str:
+        """A copy of the launch script taken when the service was last (re)started: what runs."""
+        return f"{self.service_dir}/started.sh"
+
+    @property
+    def secrets_dir(self) -> str:
+        return f"{self.prefix}/secrets/{self.role}"
+
+    @property
+    def supervisor_conf_path(self) -> str:
+        return f"{self.prefix}/supervisor/conf.d/{self.name}.conf"
+
+    @property
+    def unit_path(self) -> str:
+        return f"{self.unit_dir}/{self.name}.service"
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.prefix}/supervisor/logs/{self.name}.log"
+
+    @property
+    def manager_file(self) -> str:
+        return self.supervisor_conf_path if self.manager == "supervisord" else self.unit_path
+
+
+@dataclass(frozen=True)
+class Supervisor:
+    """Paths of one host's own supervisord (everything under {prefix}/supervisor/)."""
+
+    root: str
+    supervisord: str
+    supervisorctl: str
+
+    @property
+    def conf(self) -> str:
+        return f"{self.root}/supervisord.conf"
+
+    @property
+    def socket(self) -> str:
+        return f"{self.root}/supervisor.sock"
+
+    @property
+    def pidfile(self) -> str:
+        return f"{self.root}/supervisord.pid"
+
+    def ctl(self, *args: str) -> str:
+        return shlex.join([self.supervisorctl, "-c", self.conf, *args])
+
+
+@dataclass
+class HostPlan:
+    name: str
+    prefix: str
+    manager: str
+    data: dict[str, Any]
+    services: list[Service] = field(default_factory=list)
+    supervisor: Supervisor | None = None
+
+    def role_services(self, role: str) -> list[Service]:
+        return [s for s in self.services if s.role == role]
+
+    @property
+    def roles(self) -> list[str]:
+        out: list[str] = []
+        for s in self.services:
+            if s.role not in out:
+                out.append(s.role)
+        return out
+
+
+@dataclass
+class Stack:
+    inventory: str  # the inventory's name (its file stem), e.g. "local"
+    roles: dict[str, Role]
+    order: list[str]
+    hosts: dict[str, HostPlan]
+    commands: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+    @property
+    def services(self) -> list[Service]:
+        return [s for h in self.hosts.values() for s in h.services]
+
+    def service(self, host: str, name: str) -> Service:
+        for s in self.hosts[host].services:
+            if s.name == name:
+                return s
+        raise KeyError((host, name))
+
+    def command(self, service: Service) -> list[str]:
+        return self.commands[(service.host, service.name)]
+
+
+def _get(data: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    value = data.get(key, default)
+    return default if value is None else value
+
+
+def _int(host: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise UserError(f"host {host}: data {key} = {value!r}: expected a port number (1-65535)")
+    return value
+
+
+def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapping[str, Role]) -> HostPlan:
+    prefix = data.get("prefix")
+    if not isinstance(prefix, str) or not prefix.startswith("/") or any(c.isspace() for c in prefix):
+        raise UserError(f"host {name}: data prefix = {prefix!r}: expected an absolute path without spaces")
+    prefix = prefix.rstrip("/") or "/"
+    manager = _get(data, "service_manager", "systemd")
+    if manager not in MANAGERS:
+        raise UserError(f"host {name}: data service_manager = {manager!r}: expected one of {', '.join(MANAGERS)}")
+    engines = _get(data, "engines", {})
+    engine_args = _get(data, "engine_args", {})
+    if not isinstance(engines, Mapping) or not isinstance(engine_args, Mapping):
+        raise UserError(f"host {name}: data engines / engine_args: expected dicts keyed by role")
+    listen = str(_get(data, "listen_host", "0.0.0.0"))
+    address = str(_get(data, "advertise_host", data.get("ssh_hostname") or name))
+    if address == "@local":
+        address = "127.0.0.1"
+    timeout_override = data.get("health_timeout")
+    plan = HostPlan(name=name, prefix=prefix, manager=manager, data=dict(data))
+    if manager == "supervisord":
+        bindir = str(Path(_python(data, prefix)).parent)
+        plan.supervisor = Supervisor(
+            root=f"{prefix}/supervisor",
+            supervisord=str(_get(data, "supervisord", f"{bindir}/supervisord")),
+            supervisorctl=str(_get(data, "supervisorctl", f"{bindir}/supervisorctl")),
+        )
+        if len(plan.supervisor.socket) > 100:
+            raise UserError(f"host {name}: {plan.supervisor.socket}: a unix socket path must be under 100 "
+                            "characters; use a shorter prefix")
+    for role_name in [g for g in groups if g in roles]:
+        role = roles[role_name]
+        engine = engines.get(role_name)
+        if engine not in ENGINES:
+            raise UserError(f"host {name}: data engines[{role_name!r}] = {engine!r}: expected one of {', '.join(ENGINES)}")
+        if engine != "sglang-router" and role_name not in WORKER_MODES:
+            raise UserError(f"host {name}: role {role_name!r} runs engine {engine!r}, which needs the role to be "
+                            f"prefill or decode (its --disaggregation-mode)")
+        base = _int(name, f"{role_name}_port", data.get(f"{role_name}_port"))
+        for index, svc in enumerate(role.services):
+            bootstrap = metrics = None
+            if role_name == "prefill":
+                bootstrap = _int(name, "prefill_bootstrap_port", data.get("prefill_bootstrap_port")) + index
+            if engine == "sglang-router":
+                metrics = _int(name, f"{role_name}_metrics_port", data.get(f"{role_name}_metrics_port")) + index
+            timeout = float(timeout_override) if timeout_override else role.health_timeout
+            plan.services.append(Service(
+                host=name, role=role_name, name=svc, index=index, prefix=prefix, manager=manager,
+                engine=engine, listen_host=listen, address=address, port=base + index,
+                bootstrap_port=bootstrap, metrics_port=metrics, health_path=role.health,
+                workers_path=role.workers, health_timeout=timeout, user=data.get("service_user"),
+                stop_timeout=int(_get(data, "stop_timeout", 60)),
+                unit_dir=str(_get(data, "systemd_unit_dir", "/etc/systemd/system")),
+            ))
+    return plan
+
+
+def _python(data: Mapping[str, Any], prefix: str) -> str:
+    return str(_get(data, "python", sys.executable)).replace("{prefix}", prefix)
+
+
+def stack_from_inventory(inventory: Any, name: str) -> Stack:
+    """A Stack from a pyinfra Inventory (inside deploy.py or from load_inventory)."""
+    roles: dict[str, Role] = {}
+    members: dict[str, list[str]] = {}
+    hosts = list(inventory)
+    for host in hosts:
+        data = _host_data(host)
+        for group in host.groups:
+            spec = data.get(f"{ROLE_PREFIX}{group}")
+            if spec is None:
+                continue
+            role = role_from_data(group, spec, where=f"host {host.name}")
+            if group in roles and roles[group] != role:
+                raise UserError(f"role {group}: hosts disagree on role_{group} (set it in group_data/{group}.py only)")
+            roles[group] = role
+            members.setdefault(host.name, []).append(group)
+    order = deploy_order(roles)
+    plans: dict[str, HostPlan] = {}
+    for host in hosts:
+        data = _host_data(host)
+        groups = sorted(members.get(host.name, []), key=order.index)
+        plans[host.name] = host_plan(host.name, data, groups, roles)
+    seen: dict[tuple[str, int], str] = {}
+    for plan in plans.values():
+        for svc in plan.services:
+            for port in (svc.port, svc.bootstrap_port, svc.metrics_port):
+                if port is None:
+                    continue
+                other = seen.get((svc.address, port))
+                if other:
+                    raise UserError(f"port {port} on {svc.address}: used by both {other} and {svc.key}")
+                seen[(svc.address, port)] = svc.key
+    stack = Stack(inventory=name, roles=roles, order=order, hosts=plans)
+    from knobkeeper.deploy.engines import engine_command
+
+    for svc in stack.services:
+        stack.commands[(svc.host, svc.name)] = engine_command(stack, svc)
+    return stack
+
+
+def _host_data(host: Any) -> dict[str, Any]:
+    """Every datum of a pyinfra host with its precedence applied (override > host > groups > all)."""
+    merged: dict[str, Any] = {}
+    datas = list(host.data.datas)
+    for layer in reversed(datas):
+        if callable(layer):
+            layer = layer()
+        merged.update(layer)
+    return merged
+
+
+@contextmanager
+def _pyinfra_context() -> Iterator[None]:
+    from pyinfra.context import ctx_state
+    from pyinfra.api import State
+
+    if ctx_state.isset():
+        yield
+        return
+    with ctx_state.use(State()):
+        yield
+
+
+def load_inventory(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None):
+    """pyinfra's own inventory loader (group_data included), outside a pyinfra run."""
+    from pyinfra_cli.inventory import make_inventory
+
+    path = Path(inventory_path)
+    if not path.is_absolute():
+        path = project_root / path
+    if not path.is_file():
+        raise UserError(f"inventory {inventory_path}: no such file (e.g. inventory/local.py)")
+    with _pyinfra_context():
+        try:
+            return make_inventory(str(path), override_data=dict(data or {}), cwd=str(project_root))
+        except UserError:
+            raise
+        except Exception as exc:  # pyinfra wraps errors in the inventory's own code
+            raise UserError(f"inventory {inventory_path}: {exc}") from None
+
+
+def load_stack(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None) -> Stack:
+    inventory = load_inventory(project_root, inventory_path, data)
+    return stack_from_inventory(inventory, Path(inventory_path).stem)
