@@ -78,7 +78,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _FULL = {"target_ctas": "128,256,512,1024", "batch": "1,16,64,96", "context": "4096,32768", "baseline_ctas": 256,
          "heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 16, "block_n": 64, "repeats": 5, "iters": 1}
 _SMOKE = {"target_ctas": "2,8", "batch": "1,2", "context": "24,40", "baseline_ctas": 4,
-          "heads": 4, "kv_heads": 2, "head_dim": 16, "page_size": 8, "block_n": 16, "repeats": 2, "iters": 1}
+          "heads": 2, "kv_heads": 1, "head_dim": 16, "page_size": 8, "block_n": 16, "repeats": 2, "iters": 1}
 
 
 def peak_bandwidth(device_name: str) -> float | None:

@@ -16,6 +16,8 @@ import sys
 import time
 
 _DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+_ALIGNED_STRIDES = {"stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs",
+                    "stride_vh", "stride_mob", "stride_moh", "stride_mos", "stride_ob", "stride_oh"}
 
 
 def _signatures(dtype: str, group: int = 4, head_dim: int = 128, page_size: int = 16, block_n: int = 64):
@@ -54,12 +56,17 @@ def compile_for(arch: int, dtype: str = "bf16") -> list[dict]:
 
     records = []
     for fn, signature, constexprs in _signatures(dtype):
+        # What the JIT sees at a real launch: torch's pointers and these strides are multiples of 16
+        # (H*D, D, page_size*H_kv*D, ...), which lets K and V be read in 16-byte vectors.
+        aligned = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name, ty in signature.items()
+                   if ty.startswith("*") or name in _ALIGNED_STRIDES}
         start = time.perf_counter()
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
                                   target=GPUTarget("cuda", arch, 32))
         records.append({
             "kernel": fn.__name__, "arch": f"sm_{arch}", "dtype": dtype,
-            "ptx_bytes": len(compiled.asm.get("ptx", "")), "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+            "ptx_bytes": len(compiled.asm.get("ptx", "")),
+            "mma": "mma.sync" in compiled.asm.get("ptx", "") or "wgmma" in compiled.asm.get("ptx", ""), "cubin_bytes": len(compiled.asm.get("cubin", b"")),
             "shared_bytes": compiled.metadata.shared, "num_warps": compiled.metadata.num_warps,
             "seconds": round(time.perf_counter() - start, 2),
         })

@@ -145,7 +145,8 @@ def _splitkv_stage1(
         for block in range(start_block, end_block):
             tok = block * BLOCK_N + offs_n
             n_mask = tok < seq_len
-            page = tl.load(BlockTable + b * stride_btb + tok // PAGE_SIZE, mask=n_mask, other=0)
+            # int64: page * stride_kp passes 2**31 elements in a large cache (96 x 32k tokens x 8 x 128).
+            page = tl.load(BlockTable + b * stride_btb + tok // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
             slot = tok % PAGE_SIZE
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_ks
