@@ -26,3 +26,13 @@ def main() -> None:
 
 for command in core.COMMANDS:
     main.add_command(command)
+
+from knobkeeper.cli import audit as audit_cli  # noqa: E402
+
+for command in audit_cli.COMMANDS:
+    main.add_command(command)
+
+from knobkeeper.cli import review as review_cli  # noqa: E402
+
+for command in review_cli.COMMANDS:
+    main.add_command(command)

@@ -1,0 +1,147 @@
+"""`knobkeeper check`: the CI / pre-commit gate, on temporary infra repos. Each problem is one line,
+`path: what is wrong; how to fix`; exit 1 on problems, 0 when clean, 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from knobkeeper import lint
+
+from knobkeeper.cli import main
+from tests.infra import make_infra_repo
+from tests.review_fixtures import KNOB, commit_all, write_entry, write_evidence, write_incident
+
+
+@pytest.fixture
+def project():
+    # inventory/local.py puts a unix socket under the repo: keep the path short.
+    with tempfile.TemporaryDirectory(prefix="kkc") as tmp:
+        yield make_infra_repo(Path(tmp))
+
+
+def kk(project, *args):
+    return CliRunner().invoke(main, ["check", *args, "--repo", str(project.root)], catch_exceptions=False)
+
+
+def lines(result) -> list[str]:
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def test_clean_repo_passes_and_says_which_linters_ran(project):
+    result = kk(project)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert out.startswith("check: OK:") and "2 inventories" in out
+    for tool in ("bash -n", "shellcheck", "systemd-analyze verify"):
+        assert (tool in out) if lint.available(tool.split()[0]) else (f"{tool} (not installed)" in out)
+    assert "configparser" in out
+
+
+def test_hand_edit_fails_and_record_makes_it_pass(project):
+    project.knobs_path.write_text(project.knobs_path.read_text().replace("[decode]\n", "[decode]\nNCCL_DEBUG = \"INFO\"\n"))
+    result = kk(project)
+    assert result.exit_code == 1
+    assert lines(result) == ['inventory/knobs.toml: [decode] NCCL_DEBUG = "INFO" is not explained by the changelog '
+                             '(entries say (unset)); run `knobkeeper record --reason ...` to record the hand edit, '
+                             'or undo it with `git checkout inventory/knobs.toml`']
+    record = CliRunner().invoke(main, ["record", "--reason", "debug a hang", "--repo", str(project.root)])
+    assert record.exit_code == 0, record.output
+    assert kk(project).exit_code == 0
+
+
+def test_catalog_violation_and_missing_links_and_bad_evidence(project):
+    write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
+                reason="x", new=512, evidence=["e1e2e3e4", "0badbeef"])
+    write_evidence(project)
+    write_entry(project, id="b2c3d4e5", time="2026-11-29T18:00:00.000000Z", action="revert", knob=KNOB, role="decode",
+                reason="y", old=512, new=None, reverts="a1b2c3d4", incident="9f8e7d6c")
+    bad = project.evidence_dir / "20261129T000000.000000Z-c0c0c0c0.json"
+    bad.write_text(json.dumps({"schema": "knobkeeper.evidence/1", "id": "c0c0c0c0"}))
+    project.knobs_path.write_text(project.knobs_path.read_text().replace("[prefill]\n", "[prefill]\nNCCL_MIN_NCHANNELS = 0\n"))
+    result = kk(project)
+    assert result.exit_code == 1
+    out = result.stdout
+    assert "inventory/knobs.toml: [prefill] NCCL_MIN_NCHANNELS = 0 violates the catalog" in out
+    entry = "changelog/entries/20261129T164737.000000Z-a1b2c3d4.toml"
+    assert f"{entry}: evidence 0badbeef is missing from changelog/evidence/; commit the evidence file" in out
+    assert "e1e2e3e4 is missing" not in out
+    assert "changelog/entries/20261129T180000.000000Z-b2c3d4e5.toml: incident 9f8e7d6c is missing" in out
+    assert f"{bad.relative_to(project.root)}: fails schema knobkeeper.evidence/1: created: expected a non-empty string" in out
+    write_incident(project)
+    assert "incident 9f8e7d6c is missing" not in kk(project).stdout
+
+
+def test_broken_template_names_the_template_and_the_host(project):
+    unit = project.templates_dir / "systemd.service.j2"
+    unit.write_text(unit.read_text().replace("[Service]\n", "[Service]\nNice={{ nice_level }}\n"))
+    result = kk(project)
+    assert result.exit_code == 1
+    out = lines(result)
+    # example_prod.py uses systemd (5 hosts); local.py uses supervisord and still renders.
+    assert len(out) == 5, out
+    assert out[0].startswith("templates/systemd.service.j2: fails to render for host prefill-1 of inventory/example_prod.py:")
+    assert "'nice_level' is undefined" in out[0] and out[0].endswith("fix the template or the host/group data it reads")
+    assert any("host decode-2" in line for line in out) and not any("@local" in line for line in out)
+
+
+@pytest.mark.skipif(not lint.available("shellcheck"), reason="shellcheck not installed")
+def test_launch_script_lint_bash_and_shellcheck(project):
+    launch = project.templates_dir / "launch.sh.j2"
+    launch.write_text(launch.read_text().replace("set -euo pipefail\n", "set -euo pipefail\necho $HOME\n"))
+    result = kk(project)
+    assert result.exit_code == 1
+    assert "fails shellcheck" in result.stdout and "SC2086" in result.stdout
+    assert "templates/launch.sh.j2: rendered /opt/knobkeeper/services/knobkeeper-decode/launch.sh " \
+           "(inventory/example_prod.py hosts decode-1, decode-2 service knobkeeper-decode) fails shellcheck" in result.stdout
+    assert lint.bash_syntax("#!/bin/bash\nif then\n")[0].startswith("launch.sh: line 2: syntax error")
+    assert lint.bash_syntax("#!/bin/bash\necho ok\n") == []
+
+
+@pytest.mark.skipif(not lint.available("systemd-analyze"), reason="systemd-analyze not installed")
+def test_unit_that_systemd_rejects(project):
+    unit = project.templates_dir / "systemd.service.j2"
+    unit.write_text(unit.read_text().replace("Restart=on-failure", "Restart=sometimes"))
+    result = kk(project)
+    assert result.exit_code == 1
+    hits = [line for line in lines(result) if "fails systemd-analyze verify" in line]
+    assert len(hits) == 3, hits  # one per service: hosts whose files differ only in their header are linted once
+    assert hits[0].startswith("templates/systemd.service.j2: rendered unit knobkeeper-prefill.service "
+                              "(inventory/example_prod.py hosts prefill-1, prefill-2) fails systemd-analyze verify:")
+    assert "restart" in hits[0].lower()
+
+
+def test_supervisor_section_must_parse(project):
+    tpl = project.templates_dir / "supervisor.conf.j2"
+    tpl.write_text(tpl.read_text().replace("[program:{{ service }}]", "program {{ service }}"))
+    result = kk(project)
+    assert result.exit_code == 1
+    assert "templates/supervisor.conf.j2: rendered" in result.stdout and "does not parse" in result.stdout
+
+
+def test_base_catches_a_modified_entry_and_rejects_an_unknown_ref(project):
+    write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
+                reason="x", new=512)
+    commit_all(project, "set")
+    path = project.entries_dir / "20261129T164737.000000Z-a1b2c3d4.toml"
+    path.write_text(path.read_text().replace('reason = "x"', 'reason = "rewritten"'))
+    assert kk(project).exit_code == 0
+    result = kk(project, "--base", "main")
+    assert result.exit_code == 1
+    assert "changelog/entries/20261129T164737.000000Z-a1b2c3d4.toml: a committed entry was modified since main" in result.stdout
+    bad = kk(project, "--base", "nope")
+    assert bad.exit_code == 2 and "--base nope: not a commit" in bad.stderr
+
+
+def test_check_json(project):
+    project.knobs_path.write_text(project.knobs_path.read_text().replace("[router]\n", "[router]\nNO_SUCH_KNOB = 1\n"))
+    result = kk(project, "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["ok"] is False and data["counts"]["inventories"] == 2
+    assert [p["path"] for p in data["problems"]][0] == "inventory/knobs.toml"
+    assert "unknown knob 'NO_SUCH_KNOB'" in data["problems"][0]["what"]

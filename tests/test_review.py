@@ -1,0 +1,168 @@
+"""`knobkeeper review`: the PR body of a branch, on temporary infra repos with pinned ids, times and
+git dates. The golden file is tests/data/review/set_with_evidence.md; regenerate it with
+UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_review.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from knobkeeper import review as R
+from knobkeeper.cli import main
+from tests.infra import git, make_infra_repo
+from tests.review_fixtures import KNOB, commit_all, pin_git_dates, write_entry, write_evidence, write_incident
+
+GOLDEN = Path(__file__).parent / "data" / "review" / "set_with_evidence.md"
+
+
+def kk(project, *args):
+    return CliRunner().invoke(main, [*args, "--repo", str(project.root)], catch_exceptions=False)
+
+
+def normalise(text: str, project) -> str:
+    """The machine-dependent strings in a body: the repo's path, this Python's path, and the render
+    digests (local.py's files name the repo's path, so their digests do too).
+    The commit ids are replaced too: they hash the whole tree copied from this repo (inventory/,
+    templates/, deploy.py), so they would change with any edit there, not only one that shows."""
+    text = text.replace(str(project.root), "<repo>").replace(sys.executable, "<python>")
+    for name in ("main", "HEAD"):
+        sha = git(project.root, "rev-parse", name)
+        text = text.replace(sha, f"<{name}>").replace(sha[:10], f"<{name}>")
+    return re.sub(r"sha256:[0-9a-f]{16}", "sha256:<digest>", text)
+
+
+@pytest.fixture
+def short_tmp():
+    """inventory/local.py puts a unix socket under the repo: keep the repo path short (< 100 chars)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kkr") as tmp:
+        yield Path(tmp)
+
+
+@pytest.fixture
+def branch_with_evidence(short_tmp, monkeypatch):
+    """main: the infra repo; branch ctas: evidence + a set of the CTAs knob on decode, two commits."""
+    pin_git_dates(monkeypatch)
+    project = make_infra_repo(short_tmp)
+    git(project.root, "switch", "-q", "-c", "ctas")
+    write_evidence(project)
+    commit_all(project, "evidence: CTAs=512 on decode")
+    write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
+                reason="A/B +12.8% @64, +5.7% @96 | removes the 80->96 scaling dip", new=512, evidence=["e1e2e3e4"])
+    commit_all(project, "decode: set CTAs=512")
+    return project
+
+
+def test_review_of_a_set_with_evidence_matches_the_golden_file(branch_with_evidence):
+    project = branch_with_evidence
+    body = normalise(R.review_body(project, base="main"), project)
+    for section in ("**Summary:**", "### Knob changes", "### Evidence", "### Reverts", "### Rendered files",
+                    "### Restart plan", "### Warnings"):
+        assert section in body
+    assert "| decode | `SGLANG_SM120_MMA_TARGET_CTAS` | (unset) -> 512 | set |" in body
+    assert "+12.8%" in body and "better" in body and "Anomalies:" in body and "arm A" in body
+    assert "+export SGLANG_SM120_MMA_TARGET_CTAS=512" in body          # the rendered diff, both inventories
+    assert "inventory/example_prod.py: decode" in body and "inventory/local.py: decode" in body
+    assert "decode only: prefill and router keep running" in body
+    assert "the router is still gated on the restarted decode workers" in body
+    assert "A decode-only restart suffices." in body
+    assert "evidence e1e2e3e4 is not significant" not in body
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(body)
+    assert body == GOLDEN.read_text(), "review body changed; if intended: UPDATE_GOLDEN=1 pytest tests/test_review.py"
+
+
+def test_review_is_byte_identical_across_runs_and_cli_writes_the_same(branch_with_evidence, tmp_path):
+    project = branch_with_evidence
+    first = R.review_body(project, base="main")
+    out = tmp_path / "pr.md"
+    result = kk(project, "review", "--base", "main", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == first
+    assert kk(project, "review", "--base", "main").output == first
+    # default base: the merge-base with main
+    assert kk(project, "review").output == first
+
+
+def test_review_gh_prints_the_pr_command(branch_with_evidence, tmp_path):
+    project = branch_with_evidence
+    out = tmp_path / "body.md"
+    result = kk(project, "review", "--output", str(out), "--gh")
+    assert result.exit_code == 0, result.output
+    assert f"gh pr create --base main --title 'knobs: set {KNOB} on decode: (unset) -> 512' --body-file {out}" in result.output
+    assert out.read_text().startswith("## Knob change review")
+
+
+def test_review_bad_ref_is_exit_2(branch_with_evidence):
+    result = kk(branch_with_evidence, "review", "--base", "no-such-branch")
+    assert result.exit_code == 2
+    assert "--base no-such-branch: not a commit" in result.output
+
+
+def test_review_of_a_revert_shows_its_incident_and_status(short_tmp, monkeypatch):
+    pin_git_dates(monkeypatch)
+    project = make_infra_repo(short_tmp)
+    write_evidence(project)
+    write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
+                reason="A/B +12.8% @64", new=512, evidence=["e1e2e3e4"])
+    write_incident(project)
+    commit_all(project, "set + incident")
+    git(project.root, "switch", "-q", "-c", "revert")
+    write_entry(project, id="b2c3d4e5", time="2026-11-29T18:10:00.000000Z", action="revert", knob=KNOB, role="decode",
+                reason="last deploy delta before the hang", old=512, new=None, reverts="a1b2c3d4", incident="9f8e7d6c")
+    commit_all(project, "revert CTAs")
+    body = R.review_body(project)
+    assert "### Reverts" in body
+    row = next(line for line in body.splitlines() if line.startswith("| revert `b2c3d4e5`"))
+    assert "`9f8e7d6c` multi-round harness hangs (open)" in row and "**suspected**" in row
+    assert "restart" in body and "512 -> (unset)" in body
+
+    # A note refutes it: the review of the same range now says refuted.
+    write_incident(project, notes='\n[[notes]]\ntime = "2026-11-29T19:00:00.000000Z"\n'
+                   'author = "Test Operator <test.operator@example.com>"\ntext = "hang persisted after the revert"\n'
+                   'refutes = "b2c3d4e5"\n')
+    commit_all(project, "incident note")
+    body = R.review_body(project)
+    row = next(line for line in body.splitlines() if line.startswith("| revert `b2c3d4e5`"))
+    assert "**refuted**" in row and "hang persisted after the revert" in row
+
+
+def test_review_warns_about_a_revert_without_incident_and_a_set_without_evidence(short_tmp, monkeypatch):
+    pin_git_dates(monkeypatch)
+    project = make_infra_repo(short_tmp)
+    write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
+                reason="try it", new=256)
+    commit_all(project, "set")
+    git(project.root, "switch", "-q", "-c", "revert")
+    write_entry(project, id="b2c3d4e5", time="2026-11-29T18:10:00.000000Z", action="revert", knob=KNOB, role="decode",
+                reason="panic", old=256, new=None, reverts="a1b2c3d4")
+    write_evidence(project, ident="c3c3c3c3", value=512)  # unrelated, unlinked
+    commit_all(project, "revert")
+    body = R.review_body(project)
+    assert "revert without an incident" in body
+    row = next(line for line in body.splitlines() if line.startswith("| revert `b2c3d4e5`"))
+    assert "| none |" in row and "**unexplained**" in row
+
+
+def test_review_warns_on_stale_and_insignificant_evidence(short_tmp, monkeypatch):
+    pin_git_dates(monkeypatch)
+    project = make_infra_repo(short_tmp)
+    git(project.root, "switch", "-q", "-c", "weak")
+    flat = [{"arm": arm, "repeat": r, "concurrency": 64, "output_tokens_per_s": 1000.0 + 40 * ((r * 7 + (arm == "B")) % 3),
+             "errors": 0} for arm in "AB" for r in (1, 2, 3)]
+    write_evidence(project, ident="d4d4d4d4", created="2026-09-01T10:00:00.000000Z", value=256, runs=flat)
+    write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
+                reason="looks faster", new=512, evidence=["d4d4d4d4"])
+    commit_all(project, "set")
+    body = R.review_body(project)
+    assert "stale evidence d4d4d4d4: it tested 256, the change sets 512" in body
+    assert "stale evidence d4d4d4d4: 89 days older than the change" in body
+    assert "evidence d4d4d4d4 is not significant at any level" in body
