@@ -1,7 +1,8 @@
 """The `knobkeeper` (alias `kk`) command: a thin click layer over the library.
 
 Each command parses its options, calls one library function, and prints. Submodules hold the
-commands of one part each; this module only assembles them.
+commands of one part each; this module only assembles them. Heavy imports (rich, gitpython,
+pyinfra) happen inside the commands, so read commands start fast.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import click
 
 from knobkeeper import __version__
+from knobkeeper.cli import ab as ab_cli
+from knobkeeper.cli import audit as audit_cli
 from knobkeeper.cli import core
+from knobkeeper.cli import deploy as deploy_cli
+from knobkeeper.cli import review as review_cli
 from knobkeeper.cli.common import KKGroup
 
 
@@ -24,15 +29,5 @@ def main() -> None:
     """
 
 
-for command in core.COMMANDS:
-    main.add_command(command)
-
-from knobkeeper.cli import audit as audit_cli  # noqa: E402
-
-for command in audit_cli.COMMANDS:
-    main.add_command(command)
-
-from knobkeeper.cli import review as review_cli  # noqa: E402
-
-for command in review_cli.COMMANDS:
+for command in [*core.COMMANDS, *audit_cli.COMMANDS, *deploy_cli.COMMANDS, *review_cli.COMMANDS, ab_cli.ab]:
     main.add_command(command)

@@ -257,7 +257,7 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
     hosts = list(inventory)
     for host in hosts:
         data = _host_data(host)
-        for group in host.groups:
+        for group in dict.fromkeys(host.groups):
             spec = data.get(f"{ROLE_PREFIX}{group}")
             if spec is None:
                 continue
@@ -313,10 +313,26 @@ def _pyinfra_context() -> Iterator[None]:
         yield
 
 
-def load_inventory(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None):
-    """pyinfra's own inventory loader (group_data included), outside a pyinfra run."""
+def _make_inventory():
+    """pyinfra_cli's make_inventory, imported WITHOUT its package's gevent monkey.patch_all(): that
+    would patch sockets and threads of whatever process merely reads an inventory (tests, status)."""
+    if "pyinfra_cli" not in sys.modules:
+        import gevent.monkey
+
+        patch_all = gevent.monkey.patch_all
+        gevent.monkey.patch_all = lambda *args, **kwargs: None
+        try:
+            import pyinfra_cli.inventory  # noqa: F401
+        finally:
+            gevent.monkey.patch_all = patch_all
     from pyinfra_cli.inventory import make_inventory
 
+    return make_inventory
+
+
+def load_inventory(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None):
+    """pyinfra's own inventory loader (group_data included), outside a pyinfra run."""
+    make_inventory = _make_inventory()
     path = Path(inventory_path)
     if not path.is_absolute():
         path = project_root / path
@@ -327,8 +343,11 @@ def load_inventory(project_root: Path, inventory_path: str | os.PathLike, data: 
             return make_inventory(str(path), override_data=dict(data or {}), cwd=str(project_root))
         except UserError:
             raise
-        except Exception as exc:  # pyinfra wraps errors in the inventory's own code
-            raise UserError(f"inventory {inventory_path}: {exc}") from None
+        except Exception as exc:  # pyinfra wraps errors raised by the inventory's own code
+            inner = getattr(exc, "exception", None) or exc
+            if isinstance(inner, UserError):
+                raise inner from None
+            raise UserError(f"inventory {inventory_path}: {inner}") from None
 
 
 def load_stack(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None) -> Stack:

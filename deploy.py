@@ -1,0 +1,38 @@
+"""knobkeeper's deploy (pyinfra 3): `pyinfra -y inventory/local.py deploy.py [--data KEY=VALUE ...]`.
+
+--data restart=changed|co|none   what to restart (default changed: files changed or not running)
+--data only=ROLE                 upload and restart this role only (its downstream roles are still gated)
+--data knob_overrides=JSON       {"ROLE": {"KNOB": value}} for this run only, never written to knobs.toml
+--data record=false              do not commit the deploy record (it goes to .knobkeeper-state/deploys/)
+--data allow_dirty=true          deploy uncommitted changes to inventory/ or templates/ (recorded)
+
+The steps live in knobkeeper/deploy/operations.py; read its docstring for the ordering rules.
+"""
+
+import sys
+
+from pyinfra import config, host, inventory
+
+from knobkeeper.deploy import operations as kk
+from knobkeeper.errors import UserError
+
+# Stop the whole run on the first failed host: nothing downstream of a failed gate is touched.
+config.FAIL_PERCENT = 0
+
+try:
+    run = kk.current_run(inventory)
+except UserError as exc:
+    print(f"knobkeeper: error: {exc}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+plan = run.stack.hosts[host.name]
+
+kk.engine(run, plan)
+kk.supervisord(run, plan)
+kk.upload(run, plan)
+
+for role in host.loop(run.order):
+    kk.restart(run, plan, role)
+    kk.gate(run, plan, role)
+
+kk.finish(run)

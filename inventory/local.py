@@ -1,0 +1,69 @@
+"""The local stack, the embedded default: this machine (@local) plays prefill, decode and router,
+under its own supervisord, with the simulated engine (knobkeeper.sim) and the real sglang-router,
+both from this repo's Python environment. Everything lives under <repo>/.knobkeeper-state/local.
+
+    pyinfra -y inventory/local.py deploy.py            # or: knobkeeper deploy / make demo
+
+Ports (defaults: prefill 30000, its bootstrap 8998, decode 30001, router 30080, router metrics
+29080) can be moved with the environment variable
+    KNOBKEEPER_LOCAL_PORTS=prefill=31000,bootstrap=9998,decode=31001,router=31080,router_metrics=30080
+(any subset; ':' works instead of '='), which every knobkeeper command reading this inventory sees,
+or per run with --data prefill_port=31000 (--data wins).
+"""
+
+import os as _os
+import sys as _sys
+from pathlib import Path as _Path
+
+_ROOT = _Path(__file__).resolve().parent.parent
+_PORT_KEYS = {
+    "prefill": "prefill_port",
+    "bootstrap": "prefill_bootstrap_port",
+    "decode": "decode_port",
+    "router": "router_port",
+    "router_metrics": "router_metrics_port",
+}
+
+
+def _ports(text):
+    ports = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.replace(":", "=").partition("=")
+        if not sep or name not in _PORT_KEYS or not value.isdigit():
+            raise ValueError(
+                f"KNOBKEEPER_LOCAL_PORTS: {item!r}: expected NAME=PORT with NAME one of {', '.join(_PORT_KEYS)}"
+            )
+        ports[_PORT_KEYS[name]] = int(value)
+    return ports
+
+
+_local = (
+    "@local",
+    {
+        "prefix": str(_ROOT / ".knobkeeper-state" / "local"),
+        "service_manager": "supervisord",
+        "listen_host": "127.0.0.1",
+        "advertise_host": "127.0.0.1",
+        "python": _sys.executable,
+        "engines": {"prefill": "sim", "decode": "sim", "router": "sglang-router"},
+        "engine_args": {
+            "prefill": ["--time-scale", "0.1"],
+            "decode": ["--time-scale", "0.1"],
+            # Workers are healthy before the router starts; retry registration quickly anyway, check
+            # health every few seconds so that a restarted worker is noticed, keep shutdown short.
+            "router": [
+                "--worker-startup-timeout-secs", "120",
+                "--worker-startup-check-interval", "1",
+                "--health-check-interval-secs", "5",
+                "--shutdown-grace-period-secs", "5",
+                "--log-level", "warn",
+            ],
+        },
+        "stop_timeout": 20,
+        **_ports(_os.environ.get("KNOBKEEPER_LOCAL_PORTS", "")),
+    },
+)
+
+prefill = [_local]
+decode = [_local]
+router = [_local]

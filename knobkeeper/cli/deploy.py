@@ -1,0 +1,110 @@
+"""Deploy commands: `deploy` (pyinfra, ordered and health-gated) and `status` (declared vs running)."""
+
+from __future__ import annotations
+
+
+import click
+
+from knobkeeper.cli.common import emit_json, example, json_option, repo_option
+from knobkeeper.errors import UserError
+
+DEFAULT_INVENTORY = "inventory/local.py"
+
+
+@click.command("deploy")
+@click.argument("inventory", default=DEFAULT_INVENTORY, required=False)
+@click.option("--restart", type=click.Choice(["changed", "co", "none"]), default="changed", show_default=True,
+              help="changed: services whose files changed or that are down; co: all, in order; none: upload only.")
+@click.option("--only", default=None, metavar="ROLE", help="Upload and restart this role only.")
+@click.option("--override", "overrides", multiple=True, metavar="ROLE:KNOB=VALUE",
+              help="A knob value for this run only, never written to knobs.toml (repeatable).")
+@click.option("--no-record", is_flag=True, help="Do not commit the deploy record.")
+@click.option("--allow-dirty", is_flag=True, help="Deploy uncommitted changes to inventory/ or templates/ (recorded).")
+@repo_option
+@json_option
+@example("knobkeeper deploy inventory/local.py --restart co")
+def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[str, ...], no_record: bool,
+               allow_dirty: bool, repo: str | None, as_json: bool) -> None:
+    """Deploy INVENTORY: upload rendered files, restart in dependency order, gate on health, record."""
+    from knobkeeper.deploy.api import run_deploy
+    from knobkeeper.project import find_project
+
+    table: dict[str, dict[str, str]] = {}
+    for item in overrides:
+        role, sep, rest = item.partition(":")
+        name, eq, value = rest.partition("=")
+        if not sep or not eq or not role or not name:
+            raise UserError(f"--override {item!r}: expected ROLE:KNOB=VALUE")
+        table.setdefault(role, {})[name] = value
+    result = run_deploy(find_project(repo), inventory, restart=restart, only=only, knob_overrides=table or None,
+                        record=not no_record, allow_dirty=allow_dirty, echo=not as_json)
+    if as_json:
+        emit_json({"ok": result.ok, "returncode": result.returncode, "error": result.error,
+                   "record": result.record.to_json() if result.record else None})
+    else:
+        click.echo(_summary(result))
+    if not result.ok:
+        raise SystemExit(1)
+
+
+def _summary(result) -> str:
+    if result.record is None:
+        return f"deploy failed before it started: {result.error}"
+    lines = [f"deploy {result.record.id}: {result.record.result} in {result.seconds:.1f} s"]
+    for row in result.record.services:
+        gate = row["gate"]
+        lines.append(f"  {row['host']}/{row['service']}: {row['action']} ({row['reason']}); gate {gate['result']}")
+    if result.error:
+        lines.append(f"error: {result.error}")
+    return "\n".join(lines)
+
+
+@click.command("status")
+@click.argument("inventory", default=DEFAULT_INVENTORY, required=False)
+@click.option("--data", "data", multiple=True, metavar="KEY=VALUE",
+              help="Inventory data as the deploy got it with pyinfra --data (JSON values), e.g. engine_args.")
+@repo_option
+@json_option
+@example("knobkeeper status inventory/local.py")
+def status_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json: bool) -> None:
+    """Per host and service: in sync, drifted (which knobs differ) or down."""
+    from knobkeeper.deploy.status import stack_status
+    from knobkeeper.project import find_project
+
+    rows = stack_status(find_project(repo), inventory, _data(data))
+    if as_json:
+        emit_json([r.to_json() for r in rows])
+        return
+    from rich.table import Table
+
+    from knobkeeper.cli.common import console
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("HOST", "SERVICE", "ROLE", "STATE", "PID", "DETAIL"):
+        table.add_column(col)
+    for r in rows:
+        colour = {"in sync": "green", "drifted": "yellow", "down": "red"}.get(r.state, "")
+        detail = "; ".join(r.differences) if r.differences else (r.manager_state.lower() if r.state == "down" else "")
+        table.add_row(r.host, r.service, r.role, f"[{colour}]{r.state}[/]" if colour else r.state,
+                      str(r.pid or "-"), detail)
+    console().print(table)
+
+
+def _data(items: tuple[str, ...]) -> dict:
+    import json
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--data {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+COMMANDS = [deploy_cmd, status_cmd]
+
+__all__ = ["COMMANDS"]

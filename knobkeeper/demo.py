@@ -1,0 +1,101 @@
+"""`make demo`: deploy the local stack of this repo (inventory/local.py), send a chat completion
+through the real sglang-router with the openai client, print `knobkeeper status`, say how to stop.
+`make stop` (`python -m knobkeeper.demo --stop`) stops the stack's supervisord and its programs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from knobkeeper.errors import UserError
+
+INVENTORY = "inventory/local.py"
+
+
+def _stack(project):
+    from knobkeeper.deploy.stack import load_stack
+
+    return load_stack(project.root, INVENTORY)
+
+
+def stop(project) -> int:
+    from knobkeeper.deploy.local import stop_local
+
+    prefix = _stack(project).hosts["@local"].prefix
+    pids = stop_local(prefix)
+    print(f"stopped the local stack (pids {', '.join(map(str, pids))})" if pids else "the local stack is not running")
+    return 0
+
+
+def demo(project) -> int:
+    from knobkeeper.deploy.api import run_deploy
+    from knobkeeper.deploy.render import dirty_paths
+
+    stack = _stack(project)
+    router = next(s for s in stack.services if s.role == "router")
+    dirty = bool(dirty_paths(project.root))
+    if dirty:
+        print("note: inventory/ or templates/ have uncommitted changes; deploying them (allow_dirty=true, recorded)")
+    print(f"deploying {INVENTORY}: prefill, then decode, then router, each health-gated ...", flush=True)
+    result = run_deploy(project, INVENTORY, allow_dirty=dirty, record=_has_git_identity(project))
+    if not result.ok:
+        print(result.output[-3000:], file=sys.stderr)
+        print(f"deploy failed: {result.error}", file=sys.stderr)
+        return 1
+    for row in result.record.services:
+        print(f"  {row['service']:<20} {row['action']:<10} gate {row['gate']['result']} ({row['gate']['status']})")
+    print(f"deploy {result.record.id} ok in {result.seconds:.1f} s\n")
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{router.url}/v1", api_key="not-needed", max_retries=3, timeout=60)
+    model = str(stack.hosts[router.host].data.get("served_model_name") or "knobkeeper-sim")
+    started = time.monotonic()
+    reply = client.chat.completions.create(
+        model=model, max_tokens=24,
+        messages=[{"role": "user", "content": "Say hello from the disaggregated stack."}],
+    )
+    took = time.monotonic() - started
+    print(f"chat completion through the router ({router.url}, model {model}, {took * 1000:.0f} ms):")
+    print(f"  {reply.choices[0].message.content!r}")
+    if reply.usage:
+        print(f"  tokens: prompt {reply.usage.prompt_tokens}, completion {reply.usage.completion_tokens}")
+    print("\nknobkeeper status:")
+    from knobkeeper.cli.deploy import status_cmd
+
+    status_cmd.main(["--repo", str(project.root), INVENTORY], standalone_mode=False)
+    print("\nstop the stack with: make stop")
+    return 0
+
+
+def _has_git_identity(project) -> bool:
+    import subprocess
+
+    def get(key: str) -> str:
+        return subprocess.run(["git", "-C", str(project.root), "config", key], capture_output=True, text=True).stdout.strip()
+
+    if get("user.name") and get("user.email"):
+        return True
+    print("note: git user.name/user.email are not set: the deploy record is kept in .knobkeeper-state/deploys/")
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m knobkeeper.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--stop", action="store_true", help="stop the local stack")
+    parser.add_argument("--repo", default=None, help="the infra repo (default: the git root above the cwd)")
+    args = parser.parse_args(argv)
+    from knobkeeper.project import find_project
+
+    try:
+        project = find_project(args.repo)
+        return stop(project) if args.stop else demo(project)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,463 @@
+"""The pyinfra side of a knobkeeper deploy: small operations, one intent each, called by deploy.py.
+
+    run = current_run(inventory)        controller, once per pyinfra process: options (--data), the
+                                        dirty check, the topology, every rendered file, the record
+    engine(run, plan)                   production: venv with pinned sglang + this repo's kernels
+    supervisord(run, plan)              local stack: the host's own supervisord, started if down
+    upload(run, plan)                   launch scripts, program sections / units, secrets (0600)
+    for role in host.loop(run.order):   one operation per role (pyinfra matches ops by source line)
+        restart(run, plan, role)        per service: restart | start | leave it (decided at run time)
+        gate(run, plan, role)           every host runs it: the health gate AND the role's barrier
+    finish(run)                         once, after the last role: write and commit the record
+
+Ordering: every host registers the gate of every role, even with no service of that role, so the
+gate is an operation all hosts share; pyinfra runs an operation on all its hosts and finishes it
+before the next one starts, so no restart of role N+1 can begin before role N's gate passed on every
+host. A failed gate raises; with config.FAIL_PERCENT = 0 pyinfra stops and nothing downstream runs.
+
+Restart decision (per service, at execution time, from the host's own state):
+    not running                          -> started   (also with restart=changed: recovers a failed run)
+    restart=co                           -> restarted
+    restart=changed and digest differs   -> restarted (digest of the rendered files without their
+                                                       header, against started.sh: what is running)
+    otherwise, or restart=none           -> unchanged
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import io
+import json
+import os
+import shlex
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host as current_host
+from pyinfra import state as current_state
+from pyinfra.api import FactBase, FunctionCommand, operation
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.operations import files, pip, python, server, systemd
+
+from knobkeeper.deploy.record import DeployRecord, save
+from knobkeeper.deploy.render import dirty_paths, render_stack, render_supervisord, source_of
+from knobkeeper.deploy.status import parse_service_state, state_command
+from knobkeeper.deploy.stack import HostPlan, Service, Stack, stack_from_inventory
+from knobkeeper.deploy.topology import downstream
+from knobkeeper.errors import UserError
+from knobkeeper.project import find_project
+from knobkeeper.timeutil import iso, new_id, utcnow
+
+RESTART_MODES = ("changed", "co", "none")
+OPTION_KEYS = ("restart", "only", "knob_overrides", "record", "allow_dirty", "deploy_id", "inventory_path")
+GATE_POLL_S = 0.1
+PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class GateFailed(Exception):
+    """A service did not become healthy in time; the message names host, service, URL, last status."""
+
+
+# --- facts ---------------------------------------------------------------------------------------
+
+
+class ServiceState(FactBase):
+    """{"running", "pid", "state", "started"}: the process state and the header of started.sh."""
+
+    def command(self, manager: str, ctl: str, program: str, started_path: str) -> str:
+        return state_command(manager, ctl, program, started_path)
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_service_state(output)
+
+
+class SupervisordPid(FactBase):
+    """The pid of the host's supervisord when it answers on its socket, else None."""
+
+    def command(self, ctl: str) -> str:
+        return f"{ctl} pid 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> int | None:
+        text = "".join(output).strip()
+        return int(text) if text.isdigit() else None
+
+
+# --- the run (controller side) ---------------------------------------------------------------------
+
+
+class Run:
+    """Everything one pyinfra process knows about its deploy; built once, shared by all hosts."""
+
+    def __init__(self, inventory: Any) -> None:
+        self.project = find_project(os.getcwd())
+        data = dict(getattr(inventory, "override_data", {}) or {})
+        self.restart = str(data.get("restart", "changed"))
+        if self.restart not in RESTART_MODES:
+            raise UserError(f"--data restart={self.restart}: expected one of {', '.join(RESTART_MODES)}")
+        self.only = data.get("only") or None
+        self.record_on = _bool(data.get("record", True), "record")
+        self.allow_dirty = _bool(data.get("allow_dirty", False), "allow_dirty")
+        overrides = data.get("knob_overrides") or None
+        if isinstance(overrides, str):
+            raise UserError(f"--data knob_overrides={overrides!r}: expected a JSON object")
+        self.knob_overrides = overrides
+        self.inventory_path = str(data.get("inventory_path") or _inventory_arg() or "inventory")
+        name = Path(self.inventory_path).stem
+        self.stack: Stack = stack_from_inventory(inventory, name)
+        if self.only is not None and self.only not in self.stack.roles:
+            raise UserError(f"--data only={self.only}: not a role of this inventory (roles: {', '.join(self.stack.order)})")
+        dirty = dirty_paths(self.project.root)
+        if dirty and not self.allow_dirty:
+            raise UserError("uncommitted changes in " + ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+                            + ": commit them (knobkeeper set/record) or pass --data allow_dirty=true")
+        self.lock = _lock(self.project.state_dir / "deploy.lock")
+        self.source = source_of(self.project.root)
+        self.rendered = render_stack(self.project, self.stack, knob_overrides=overrides, source=self.source,
+                                     check_secrets=True)
+        self.order = list(self.stack.order)
+        self.scope = [self.only] if self.only else list(self.order)
+        self.gated = set(self.scope) | downstream(self.order, self.stack.roles, self.scope)
+        self.error: str | None = None
+        self.saved: Path | None = None
+        self.record = DeployRecord(
+            id=str(data.get("deploy_id") or new_id()), inventory=name, inventory_path=self.inventory_path,
+            commit=self.source.commit, dirty=self.source.dirty, allow_dirty=self.allow_dirty,
+            options={"restart": self.restart, "only": self.only, "knob_overrides": overrides, "record": self.record_on},
+            order=self.order, started_at=iso(utcnow()),
+        )
+        for svc in self.stack.services:
+            rendered = self.rendered[(svc.host, svc.name)]
+            self.record.services.append({
+                "host": svc.host, "service": svc.name, "role": svc.role, "action": "unchanged",
+                "reason": "not in only=" + str(self.only) if svc.role not in self.scope else "not run",
+                "digest": rendered.digest, "previous_digest": None, "knobs": rendered.knobs,
+                "restart_issued_at": None, "healthy_at": None, "pid": None,
+                "gate": {"result": "not-run", "url": svc.health_url, "status": None, "seconds": None, "checked_at": None},
+            })
+        current_state.add_callback_handler(_ErrorWatch(self))
+        atexit.register(self.finish)
+
+    def row(self, svc: Service) -> dict[str, Any]:
+        return self.record.service(svc.host, svc.name)
+
+    def in_scope(self, svc: Service) -> bool:
+        return svc.role in self.scope
+
+    # decisions ------------------------------------------------------------------------------------
+
+    def decide(self, svc: Service, observed: dict[str, Any]) -> tuple[str, str]:
+        digest = self.rendered[(svc.host, svc.name)].digest
+        before = (observed.get("started") or {}).get("digest")
+        if not self.in_scope(svc):
+            return "unchanged", f"not in only={self.only}"
+        if self.restart == "none":
+            return "unchanged", "restart=none" + ("" if observed["running"] else " (not running)")
+        if not observed["running"]:
+            return "started", f"not running ({observed['state'].lower()})"
+        if self.restart == "co":
+            return "restarted", "co-restart"
+        if before != digest:
+            return "restarted", f"files changed ({before or 'no started.sh'} -> {digest})"
+        return "unchanged", "files unchanged and running"
+
+    def note_decision(self, svc: Service, observed: dict[str, Any], action: str, reason: str) -> None:
+        row = self.row(svc)
+        row.update(action=action, reason=reason, previous_digest=(observed.get("started") or {}).get("digest"))
+        if action == "unchanged":
+            row["pid"] = observed.get("pid")
+
+    def mark_issued(self, svc: Service) -> None:
+        self.row(svc)["restart_issued_at"] = iso(utcnow())
+
+    # gates ----------------------------------------------------------------------------------------
+
+    def gate(self, host_name: str, role: str) -> None:
+        """Wait until every service of `role` on this host is healthy; raise GateFailed on timeout."""
+        plan = self.stack.hosts[host_name]
+        for svc in plan.role_services(role):
+            row = self.row(svc)
+            if role not in self.gated or self.restart == "none":
+                row["gate"]["result"] = "skipped"
+                continue
+            started = time.monotonic()
+            ok, status = wait_healthy(svc, self.expected_workers(), svc.health_timeout)
+            seconds = round(time.monotonic() - started, 3)
+            row["gate"].update(status=status, seconds=seconds, checked_at=iso(utcnow()))
+            if not ok:
+                row["gate"]["result"] = "failed"
+                url = svc.health_url if not status.startswith("workers") else svc.workers_url
+                self.error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {status} "
+                              f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
+                raise GateFailed(self.error)
+            row["gate"]["result"] = "passed"
+            if row["action"] != "unchanged":
+                row["healthy_at"] = row["gate"]["checked_at"]
+                observed = current_host.get_fact(ServiceState, **_state_args(plan, svc))
+                row["pid"] = observed.get("pid")
+
+    def expected_workers(self) -> int:
+        return sum(1 for s in self.stack.services if s.engine in ("sim", "sglang"))
+
+    # the end --------------------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Write (and commit unless record=false) the record, once; at exit when the run failed."""
+        if self.saved is not None:
+            return
+        self.record.finished_at = iso(utcnow())
+        ok = self.error is None and all(r["gate"]["result"] != "failed" for r in self.record.services)
+        if ok and any(r["reason"] == "not run" for r in self.record.services):
+            ok = False
+            self.error = self.error or "the run stopped before every service was handled"
+        self.record.result = "ok" if ok else "failed"
+        self.record.error = self.error
+        try:
+            self.saved = save(self.project, self.record, commit=self.record_on)
+        except Exception as exc:  # the run's outcome stands; say why the record is missing
+            self.saved = Path("/dev/null")
+            print(f"knobkeeper: could not save deploy record {self.record.id}: {exc}", file=sys.stderr)
+            return
+        finally:
+            _unlock(self.lock)
+        verdict = "ok" if ok else f"FAILED: {self.error}"
+        print(f"knobkeeper: deploy {self.record.id} {verdict}; record {self.project.rel(self.saved)}"
+              + ("" if self.record_on else " (not committed: record=false)"), file=sys.stderr, flush=True)
+
+
+class _ErrorWatch(BaseStateCallback):
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):  # type: ignore[override]
+        if retry_count < max_retries or self.run.error:
+            return
+        names = ", ".join(sorted(state.op_meta[op_hash].names)) if op_hash in state.op_meta else op_hash
+        self.run.error = f"operation {names} failed on host {host.name}"
+
+
+_RUN: Run | None = None
+
+
+def current_run(inventory: Any) -> Run:
+    """The run of this pyinfra process (deploy.py is executed once per host; this is built once)."""
+    global _RUN
+    if _RUN is None:
+        _RUN = Run(inventory)
+    return _RUN
+
+
+# --- operations (called from deploy.py, in this order) ----------------------------------------------
+
+
+def engine(run: Run, plan: HostPlan) -> None:
+    """a. Production: a venv under the prefix with a pinned sglang (and router) and this repo's
+    kernels. The local stack uses this repo's own environment (the sim and sglang-router)."""
+    data = plan.data
+    python_bin = str(data.get("python") or "").replace("{prefix}", plan.prefix)
+    if not python_bin.startswith(plan.prefix + "/"):
+        return
+    venv = str(Path(python_bin).parent.parent)
+    engines = {s.engine for s in plan.services}
+    pip.virtualenv(name="knobkeeper: engine venv", path=venv, python=str(data.get("base_python") or "python3"))
+    wanted = []
+    if "sglang" in engines:
+        wanted.append(f"sglang[all]=={data.get('sglang_version') or _required(plan, 'sglang_version')}")
+    if "sglang-router" in engines:
+        wanted.append(f"sglang-router=={data.get('sglang_router_version') or _required(plan, 'sglang_router_version')}")
+    pip.packages(name="knobkeeper: pinned engine packages", packages=wanted, virtualenv=venv)
+    if "sglang" in engines:
+        kernels = run.project.root / "kernels"
+        synced = files.sync(name="knobkeeper: kernels source", src=str(kernels), dest=f"{plan.prefix}/src/kernels",
+                            exclude=["__pycache__", "*.pyc", "*.egg-info"], delete=True)
+        server.shell(name="knobkeeper: install kernels", commands=[
+            f"{shlex.quote(venv)}/bin/pip install --no-deps --quiet {shlex.quote(plan.prefix + '/src/kernels')}"],
+            _if=synced.did_change)
+
+
+def supervisord(run: Run, plan: HostPlan) -> None:
+    """The host's own supervisord, config under {prefix}/supervisor/, started when it is not running."""
+    if plan.supervisor is None:
+        return
+    texts = render_supervisord(plan, run.source, run.project.templates_dir)
+    for path in current_host.loop(list(texts)):
+        files.put(name=f"knobkeeper: {path}", src=io.StringIO(texts[path]), dest=path, mode="644",
+                  create_remote_dir=True)
+    supervisord_running(plan, name=f"knobkeeper: supervisord of {plan.name} running")
+
+
+@operation(is_idempotent=False)
+def supervisord_running(plan: HostPlan):
+    """Start supervisord (with a clean environment) unless it answers on its socket."""
+    sup = plan.supervisor
+    if current_host.get_fact(SupervisordPid, ctl=sup.ctl()):
+        return
+    q = shlex.quote
+    yield (
+        f"mkdir -p {q(sup.root + '/logs')} {q(sup.root + '/conf.d')} && "
+        f"env -i PATH={PATH} HOME=\"${{HOME:-/root}}\" LANG=C.UTF-8 {q(sup.supervisord)} -c {q(sup.conf)} && "
+        f"for i in $(seq 1 200); do {sup.ctl('pid')} >/dev/null 2>&1 && exit 0; sleep 0.05; done; "
+        f"echo 'supervisord did not answer on {sup.socket}' >&2; exit 1"
+    )
+
+
+def upload(run: Run, plan: HostPlan) -> None:
+    """b. Upload every rendered file of this host's services in scope (and their secrets, 0600)."""
+    services = [s for s in plan.services if run.in_scope(s)]
+    unit_ops = []
+    for svc in current_host.loop(services):
+        rendered = run.rendered[(svc.host, svc.name)]
+        for path in current_host.loop(list(rendered.files)):
+            op = files.put(name=f"knobkeeper: {path}", src=io.StringIO(rendered.files[path]), dest=path,
+                           mode=rendered.modes[path][1:], create_remote_dir=True)
+            if path == svc.unit_path and svc.manager == "systemd":
+                unit_ops.append(op)
+        for path in current_host.loop(sorted(rendered.secrets)):
+            role, knob = rendered.secrets[path]
+            files.put(name=f"knobkeeper: secret {knob} of {role}", src=str(run.project.secrets_dir / role / knob),
+                      dest=path, mode="600", create_remote_dir=True)
+    if plan.manager == "systemd" and services:
+        systemd.daemon_reload(name="knobkeeper: systemd daemon-reload",
+                              _if=lambda: any(op.did_change() for op in unit_ops))
+
+
+def restart(run: Run, plan: HostPlan, role: str) -> None:
+    """c. Restart, start or leave each of this host's services of `role` (decided at run time)."""
+    for svc in current_host.loop(plan.role_services(role)):
+        service_state(run, plan, svc, name=f"knobkeeper: {svc.name} ({role})")
+
+
+@operation(is_idempotent=False)
+def service_state(run: Run, plan: HostPlan, svc: Service):
+    """Bring one service to its rendered state: start it if down, restart it if its files changed
+    (or on a co-restart), else nothing. Records the decision and when the restart was issued."""
+    observed = current_host.get_fact(ServiceState, **_state_args(plan, svc))
+    action, reason = run.decide(svc, observed)
+    if current_state.is_executing:
+        run.note_decision(svc, observed, action, reason)
+    if action == "unchanged":
+        return
+    q = shlex.quote
+    yield FunctionCommand(run.mark_issued, (svc,), {})
+    yield f"cp -f {q(svc.launch_path)} {q(svc.started_path)}"
+    if svc.manager == "supervisord":
+        ctl = plan.supervisor.ctl
+        stop = f"{{ {ctl('stop', svc.name)} >/dev/null 2>&1 || true; }} && " if observed["running"] else ""
+        yield f"{ctl('update', svc.name)} >/dev/null && {stop}{ctl('start', svc.name)}"
+    else:
+        yield from systemd.service._inner(service=f"{svc.name}.service", running=True,
+                                          restarted=observed["running"], enabled=True)
+
+
+def gate(run: Run, plan: HostPlan, role: str) -> None:
+    """c/d. The role's health gate, registered on EVERY host (so it is also the role's barrier)."""
+    python.call(name=f"knobkeeper: gate {role}", function=run.gate, host_name=plan.name, role=role)
+
+
+def finish(run: Run) -> None:
+    python.call(name="knobkeeper: deploy record", function=run.finish, _run_once=True)
+
+
+# --- helpers -------------------------------------------------------------------------------------------
+
+
+def _state_args(plan: HostPlan, svc: Service) -> dict[str, str]:
+    ctl = plan.supervisor.ctl() if plan.supervisor else ""
+    return {"manager": svc.manager, "ctl": ctl, "program": svc.name, "started_path": svc.started_path}
+
+
+def probe(url: str, timeout: float = 2.0) -> tuple[int | None, str, bytes]:
+    """(HTTP status or None, words for it, body)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, str(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, f"HTTP {exc.code}", exc.read() if exc.fp else b""
+    except OSError as exc:
+        reason = getattr(exc, "reason", exc)
+        return None, f"no answer ({reason})", b""
+
+
+def workers_healthy(body: bytes, expected: int) -> tuple[bool, str]:
+    """Judge a router's GET /workers: every listed worker healthy, and at least `expected` of them."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False, "workers: not JSON"
+    items = data.get("workers", data) if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        return False, "workers: no list"
+    unhealthy = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        flag = item.get("is_healthy", item.get("healthy"))
+        if flag is False:
+            unhealthy.append(str(item.get("url", "?")))
+    if unhealthy:
+        return False, "workers unhealthy: " + ", ".join(unhealthy)
+    if len(items) < expected:
+        return False, f"workers: {len(items)} of {expected} registered"
+    return True, f"200, {len(items)} workers healthy"
+
+
+def wait_healthy(svc: Service, expected_workers: int, timeout: float) -> tuple[bool, str]:
+    deadline = time.monotonic() + timeout
+    last = "not checked"
+    while True:
+        code, last, _ = probe(svc.health_url)
+        if code == 200:
+            if not svc.workers_url:
+                return True, last
+            wcode, wlast, body = probe(svc.workers_url)
+            ok, last = workers_healthy(body, expected_workers) if wcode == 200 else (False, f"workers: {wlast}")
+            if ok:
+                return True, last
+        if time.monotonic() >= deadline:
+            return False, last
+        time.sleep(GATE_POLL_S)
+
+
+def _bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    if isinstance(value, int):
+        return bool(value)
+    raise UserError(f"--data {key}={value!r}: expected true or false")
+
+
+def _required(plan: HostPlan, key: str) -> str:
+    raise UserError(f"host {plan.name}: data {key}: needed to pin the engine in its venv")
+
+
+def _inventory_arg() -> str | None:
+    """The inventory file pyinfra was given (first existing *.py argument that is not the deploy)."""
+    for arg in sys.argv[1:]:
+        if arg.endswith(".py") and Path(arg).is_file() and Path(arg).name != "deploy.py":
+            return arg
+    return None
+
+
+def _lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise UserError(f"another deploy of this repo is running (lock {path})") from None
+    return handle
+
+
+def _unlock(handle) -> None:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,303 @@
+"""Render the files of a (host, service): its launch script and its systemd unit or supervisord
+program section. The one place file texts come from: deploy.py uploads them, `review` diffs them,
+`check` lints them.
+
+`render_service` is pure (it reads only templates). Every file starts with a header naming the
+source commit and, in the launch script, the changelog entry behind each knob (or "override (A/B
+run)"), plus one machine-readable `# knobkeeper: {...}` line that `status` reads back. Values are
+shell-quoted; a secret's value is never in a file text: the script reads it from a 0600 file.
+
+`digest` hashes every file as rendered WITHOUT its header: it changes exactly when the process
+would see something different. The deploy restarts on a digest change, not on a new commit id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+import jinja2
+
+from knobkeeper.errors import UserError
+from knobkeeper.knobs.catalog import Catalog, Value
+
+LAUNCH_TEMPLATE = "launch.sh.j2"
+UNIT_TEMPLATE = "systemd.service.j2"
+PROGRAM_TEMPLATE = "supervisor.conf.j2"
+SUPERVISORD_TEMPLATE = "supervisord.conf.j2"
+META_PREFIX = "# knobkeeper: "
+OVERRIDE = "override (A/B run)"
+BASE_ENVIRONMENT = {"PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True)
+class Source:
+    """The commit the files were rendered from; dirty when inventory/ or templates/ had changes."""
+
+    commit: str
+    dirty: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.commit + (" (dirty)" if self.dirty else "")
+
+
+@dataclass
+class RenderedService:
+    service: Any  # knobkeeper.deploy.stack.Service
+    files: dict[str, str]  # remote path -> text
+    modes: dict[str, str]  # remote path -> octal mode
+    secrets: dict[str, tuple[str, str]] = field(default_factory=dict)  # remote path -> (role, knob)
+    knobs: dict[str, str] = field(default_factory=dict)  # knob -> displayed value (secrets: fingerprint)
+    provenance: dict[str, str] = field(default_factory=dict)
+    digest: str = ""
+
+    @property
+    def launch(self) -> str:
+        return self.files[self.service.launch_path]
+
+
+@lru_cache(maxsize=8)
+def _environment(templates_dir: str) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
+    env.filters["shcommand"] = shell_command
+    return env
+
+
+def shell_command(argv: list[str], indent: str = "    ") -> str:
+    """argv shell-quoted, one `--flag value...` group per continued line (readable in a review diff)."""
+    lines: list[list[str]] = [[]]
+    for i, arg in enumerate(argv):
+        if i > 0 and arg.startswith("-") and lines[-1] and not (len(lines) == 1 and arg == "-m"):
+            lines.append([])
+        lines[-1].append(shlex.quote(str(arg)))
+    return (" \\\n" + indent).join(" ".join(parts) for parts in lines)
+
+
+def _template(templates_dir: Path, name: str) -> jinja2.Template:
+    try:
+        return _environment(str(templates_dir)).get_template(name)
+    except jinja2.TemplateNotFound:
+        raise UserError(f"{templates_dir}/{name}: template not found") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise UserError(f"{templates_dir}/{name}:{exc.lineno}: {exc.message}") from None
+
+
+def _render(templates_dir: Path, name: str, context: dict[str, Any]) -> str:
+    try:
+        return _template(templates_dir, name).render(**context)
+    except jinja2.UndefinedError as exc:
+        raise UserError(f"{templates_dir}/{name}: {exc.message} (a template variable knobkeeper does not provide)") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def render_service(
+    service: Any,
+    command: list[str],
+    *,
+    knobs: Mapping[str, Value],
+    catalog: Catalog,
+    provenance: Mapping[str, str],
+    source: Source,
+    templates_dir: Path,
+    environment: Mapping[str, str] | None = None,
+) -> RenderedService:
+    """{remote path: text} (plus modes, secrets, digest) for one (host, service). Pure.
+
+    `knobs`: the role's knob values (a secret's value is its fingerprint); `provenance`: per knob the
+    words that name where it came from ("entry 1a2b3c4d (set ... by ...)", "override (A/B run)").
+    """
+    env_fixed = {**BASE_ENVIRONMENT, **(environment or {})}
+    for name in env_fixed:
+        if name in catalog:
+            raise UserError(f"data environment[{name!r}]: {name} is a catalog knob; set it with `knobkeeper set`")
+    knob_rows = []
+    shown: dict[str, str] = {}
+    secrets: dict[str, tuple[str, str]] = {}
+    for name in sorted(knobs):
+        knob = catalog.for_role(name, service.role)
+        value = knobs[name]
+        row = {"name": name, "secret": knob.secret, "value": "", "secret_path": ""}
+        if knob.secret:
+            path = f"{service.secrets_dir}/{name}"
+            row["secret_path"] = path
+            secrets[path] = (service.role, name)
+        else:
+            row["value"] = knob.render_value(value)
+        knob_rows.append(row)
+        shown[name] = knob.display(value)
+    unset = sorted(n for n, k in catalog.knobs.items() if service.role in k.roles and n not in knobs)
+    context = {
+        "service": service.name,
+        "role": service.role,
+        "host": service.host,
+        "knobs": knob_rows,
+        "unset": unset,
+        "environment": sorted(env_fixed.items()),
+        "command": list(command),
+        "workdir": service.service_dir,
+        "launch_path": service.launch_path,
+        "log_path": service.log_path,
+        "stop_timeout": service.stop_timeout,
+        "user": service.user,
+    }
+    manager_template = PROGRAM_TEMPLATE if service.manager == "supervisord" else UNIT_TEMPLATE
+    paths = [(service.launch_path, LAUNCH_TEMPLATE, "0755"), (service.manager_file, manager_template, "0644")]
+    bare = {path: _render(templates_dir, tpl, {**context, "header": []}) for path, tpl, _ in paths}
+    digest_input = json.dumps({"files": bare, "knobs": shown}, sort_keys=True)
+    digest = "sha256:" + hashlib.sha256(digest_input.encode()).hexdigest()[:16]
+    meta = {
+        "service": service.name, "role": service.role, "host": service.host,
+        "source": source.commit, "dirty": source.dirty, "digest": digest, "knobs": shown,
+    }
+    first = f"{service.name} (role {service.role}) on {service.host}: rendered by knobkeeper; edits on the host are overwritten"
+    common = [first, f"source: {source.label}", f"digest: {digest}"]
+    knob_lines = [f"knob {n}: {_one_line(provenance.get(n, 'declared, no changelog entry'))}" for n in sorted(knobs)]
+    headers = {
+        service.launch_path: common + knob_lines + [META_PREFIX[2:] + json.dumps(meta, sort_keys=True)],
+        service.manager_file: common,
+    }
+    files = {path: _render(templates_dir, tpl, {**context, "header": headers[path]}) for path, tpl, _ in paths}
+    return RenderedService(
+        service=service, files=files, modes={path: mode for path, _, mode in paths}, secrets=secrets,
+        knobs=shown, provenance={n: provenance.get(n, "") for n in knobs}, digest=digest,
+    )
+
+
+def render_supervisord(plan: Any, source: Source, templates_dir: Path) -> dict[str, str]:
+    """The host's own supervisord.conf (supervisord hosts only)."""
+    sup = plan.supervisor
+    context = {
+        "header": [f"supervisord of {plan.name}: rendered by knobkeeper", f"source: {source.label}"],
+        "root": sup.root, "socket": sup.socket, "pidfile": sup.pidfile,
+    }
+    return {sup.conf: _render(templates_dir, SUPERVISORD_TEMPLATE, context)}
+
+
+def parse_meta(script_text: str) -> dict[str, Any] | None:
+    """The `# knobkeeper: {...}` line of a rendered launch script, or None."""
+    for line in script_text.splitlines():
+        if line.startswith(META_PREFIX):
+            try:
+                return json.loads(line[len(META_PREFIX):])
+            except ValueError:
+                return None
+    return None
+
+
+# --- the stack as a whole -------------------------------------------------------------------------
+
+
+def source_of(root: Path, paths: tuple[str, ...] = ("inventory", "templates")) -> Source:
+    """HEAD's sha and whether `paths` have uncommitted changes (tracked or untracked)."""
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "-q", "--verify", "HEAD"], capture_output=True, text=True)
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *paths], capture_output=True, text=True)
+    return Source(commit=head.stdout.strip() or "uncommitted", dirty=bool(status.stdout.strip()))
+
+
+def dirty_paths(root: Path, paths: tuple[str, ...] = ("inventory", "templates")) -> list[str]:
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *paths], capture_output=True, text=True)
+    return [line[3:] for line in status.stdout.splitlines() if line.strip()]
+
+
+def normalize_overrides(catalog: Catalog, overrides: Mapping[str, Any] | None, roles: list[str]) -> dict[str, dict[str, Value | None]]:
+    """knob_overrides to {role: {knob: value or None (unset)}}.
+
+    Accepts {role: {KNOB: value}} or flat {KNOB: value} (applied to every role of the inventory the
+    knob applies to). Values are checked against the catalog; secrets cannot be overridden.
+    """
+    if not overrides:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise UserError("knob_overrides: expected a JSON object, {\"ROLE\": {\"KNOB\": value}} or {\"KNOB\": value}")
+    out: dict[str, dict[str, Value | None]] = {}
+    nested = all(isinstance(v, Mapping) for v in overrides.values())
+    items: list[tuple[str, str, Any]] = []
+    if nested:
+        for role, table in overrides.items():
+            if role not in roles:
+                raise UserError(f"knob_overrides: {role!r} is not a role of this inventory (roles: {', '.join(roles)})")
+            items += [(role, name, value) for name, value in table.items()]
+    else:
+        for name, value in overrides.items():
+            knob = catalog.get(name)
+            hit = [r for r in roles if r in knob.roles]
+            if not hit:
+                raise UserError(f"knob_overrides: {name} applies to {', '.join(knob.roles)}, none of them in this inventory")
+            items += [(r, name, value) for r in hit]
+    for role, name, value in items:
+        knob = catalog.for_role(name, role)
+        if knob.secret:
+            raise UserError(f"knob_overrides: {name} is a secret knob; secrets cannot be overridden for a run")
+        if value is not None:
+            value = knob.parse(value) if isinstance(value, str) and knob.type not in ("string", "enum") else knob.check(value)
+        out.setdefault(role, {})[name] = value
+    return out
+
+
+def render_stack(
+    project: Any,
+    stack: Any,
+    *,
+    knob_overrides: Mapping[str, Any] | None = None,
+    source: Source | None = None,
+    check_secrets: bool = False,
+) -> dict[tuple[str, str], RenderedService]:
+    """Every (host, service) of the stack rendered from the project's knobs, catalog and changelog."""
+    from knobkeeper.changelog.entries import latest_by_knob, load_entries
+    from knobkeeper.knobs.catalog import load_catalog
+    from knobkeeper.knobs.state import read_declared
+
+    catalog = load_catalog(project.catalog_path)
+    declared = read_declared(project.knobs_path, catalog)
+    latest = latest_by_knob(load_entries(project))
+    overrides = normalize_overrides(catalog, knob_overrides, list(stack.roles))
+    source = source or source_of(project.root)
+    out: dict[tuple[str, str], RenderedService] = {}
+    for role in stack.order:
+        values = dict(declared.get(role, {}))
+        provenance: dict[str, str] = {}
+        for name in values:
+            entry = latest.get((role, name))
+            provenance[name] = (
+                f"entry {entry.id} ({entry.action} {entry.time} by {entry.author})" if entry else "declared, no changelog entry"
+            )
+        for name, value in overrides.get(role, {}).items():
+            if value is None:
+                values.pop(name, None)
+                provenance.pop(name, None)
+            else:
+                values[name] = value
+                provenance[name] = OVERRIDE
+        for name, value in values.items():
+            knob = catalog.get(name)
+            if knob.secret and check_secrets:
+                path = project.secrets_dir / role / name
+                if not path.is_file():
+                    raise UserError(f"secret {name} of role {role}: {project.rel(path)} is missing "
+                                    f"(set it again with `knobkeeper set` on this machine)")
+        for plan in stack.hosts.values():
+            env = plan.data.get("environment") or {}
+            for svc in plan.role_services(role):
+                out[(svc.host, svc.name)] = render_service(
+                    svc, stack.command(svc), knobs=values, catalog=catalog, provenance=provenance,
+                    source=source, templates_dir=project.templates_dir, environment=env,
+                )
+    return out

@@ -1,0 +1,238 @@
+"""The local stack, deployed for real: supervisord, two sim workers and the real sglang-router.
+
+One stack is deployed per module (free ports, a temporary infra repo) and shared by the tests, which
+run in file order and each leave it healthy. Teardown stops supervisord by its pidfile and checks
+that no process of the stack is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from knobkeeper.changelog.ops import set_knob
+from knobkeeper.deploy.api import run_deploy
+from knobkeeper.deploy.local import _alive, program_pids, stop_local, supervisord_pid
+from knobkeeper.deploy.status import stack_status
+from knobkeeper.timeutil import parse_time
+from tests.infra import git, make_infra_repo
+from tests.procs import free_port
+
+PROGRAMS = ["knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router"]
+NASTY = "it's \"quoted\" $(touch {marker}) `touch {marker}` $HOME; rm -rf nothing &\nline two\ttab \\ end"
+FAST = {
+    "engine_args": {
+        "prefill": ["--time-scale", "0.05"],
+        "decode": ["--time-scale", "0.05"],
+        "router": ["--worker-startup-timeout-secs", "60", "--worker-startup-check-interval", "1",
+                   "--health-check-interval-secs", "2", "--shutdown-grace-period-secs", "2", "--log-level", "warn"],
+    },
+    "stop_timeout": 10,
+}
+
+
+class Stack:
+    def __init__(self, project, ports):
+        self.project = project
+        self.ports = ports
+        self.prefix = project.state_dir / "local"
+        self.ctl = str(Path(os.sys.executable).parent / "supervisorctl")
+
+    def deploy(self, **kwargs):
+        extra = {**FAST, **kwargs.pop("extra_data", {})}
+        return run_deploy(self.project, "inventory/local.py", extra_data=extra, timeout=240, **kwargs)
+
+    def pids(self) -> dict[str, int | None]:
+        return program_pids(self.prefix, self.ctl, PROGRAMS)
+
+    def info(self, role: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[role]}/get_server_info", timeout=5) as resp:
+            return json.loads(resp.read())
+
+
+def _ok(result):
+    assert result.ok, f"deploy failed: {result.error}\n{result.output[-4000:]}"
+    return result.record
+
+
+def _row(record, name):
+    return record.service("@local", name)
+
+
+def _t(text: str) -> datetime:
+    return parse_time(text)
+
+
+def _process_start(pid: int) -> float:
+    """Unix time a process started (from /proc, independent of knobkeeper's records)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    # starttime counts clock ticks since boot on the boot-time clock (btime is only whole seconds).
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    project = make_infra_repo(tmp_path_factory.mktemp("stack"))
+    ports = {"prefill": free_port(), "bootstrap": free_port(), "decode": free_port(), "router": free_port(),
+             "router_metrics": free_port()}
+    old = os.environ.get("KNOBKEEPER_LOCAL_PORTS")
+    os.environ["KNOBKEEPER_LOCAL_PORTS"] = ",".join(f"{k}={v}" for k, v in ports.items())
+    s = Stack(project, ports)
+    try:
+        yield s
+    finally:
+        stopped = stop_local(s.prefix)
+        if old is None:
+            os.environ.pop("KNOBKEEPER_LOCAL_PORTS", None)
+        else:
+            os.environ["KNOBKEEPER_LOCAL_PORTS"] = old
+        left = subprocess.run(["pgrep", "-f", str(s.prefix)], capture_output=True, text=True).stdout.split()
+        alive = [p for p in stopped if _alive(p)]
+        assert not left and not alive, f"processes left behind: {left or alive}"
+
+
+def test_first_deploy_starts_roles_in_order_each_healthy_first(stack):
+    record = _ok(stack.deploy())
+    assert record.order == ["prefill", "decode", "router"]
+    rows = [_row(record, name) for name in PROGRAMS]
+    assert [r["action"] for r in rows] == ["started"] * 3
+    assert all(r["gate"]["result"] == "passed" for r in rows)
+    # Records: each role's restart was issued only after the previous role was healthy.
+    for before, after in zip(rows, rows[1:]):
+        assert _t(before["healthy_at"]) <= _t(after["restart_issued_at"]), (before, after)
+    # Processes: the sims' own start times and the router's start time from /proc agree.
+    prefill, decode = stack.info("prefill"), stack.info("decode")
+    assert prefill["pid"] == rows[0]["pid"] and decode["pid"] == rows[1]["pid"]
+    assert decode["started_at"] >= _t(rows[0]["healthy_at"]).timestamp() - 0.05
+    assert _process_start(rows[2]["pid"]) >= _t(rows[1]["healthy_at"]).timestamp() - 0.02
+    assert rows[2]["gate"]["status"].endswith("2 workers healthy")
+    # One commit holding the record, with trailers.
+    log = git(stack.project.root, "log", "-1", "--format=%(trailers:key=Deploy,valueonly)%n%s", "--", "changelog/deploys")
+    assert record.id in log
+    assert git(stack.project.root, "status", "--porcelain") == ""
+
+
+def test_noop_deploy_restarts_nothing(stack):
+    before = stack.pids()
+    record = _ok(stack.deploy())
+    assert [_row(record, n)["action"] for n in PROGRAMS] == ["unchanged"] * 3
+    assert stack.pids() == before
+    assert all(_row(record, n)["gate"]["result"] == "passed" for n in PROGRAMS)
+
+
+def test_set_decode_knob_restarts_decode_only_and_router_is_gated(stack):
+    before = stack.pids()
+    change = set_knob(stack.project, "SGLANG_SM120_MMA_TARGET_CTAS", "512", "decode", "A/B +12.8% at 64")
+    [drifted] = [s for s in stack_status(stack.project, "inventory/local.py", FAST) if s.state != "in sync"]
+    assert drifted.service == "knobkeeper-decode" and drifted.state == "drifted"
+    assert drifted.differences == ["SGLANG_SM120_MMA_TARGET_CTAS: running (unset), declared 512"]
+    record = _ok(stack.deploy())
+    prefill, decode, router = (_row(record, n) for n in PROGRAMS)
+    assert (prefill["action"], decode["action"], router["action"]) == ("unchanged", "restarted", "unchanged")
+    after = stack.pids()
+    assert after["knobkeeper-prefill"] == before["knobkeeper-prefill"]
+    assert after["knobkeeper-router"] == before["knobkeeper-router"]
+    assert after["knobkeeper-decode"] != before["knobkeeper-decode"]
+    # The router kept running but was gated after decode came back: it reports both workers healthy.
+    assert router["gate"]["result"] == "passed" and _t(router["gate"]["checked_at"]) >= _t(decode["healthy_at"])
+    assert stack.info("decode")["knobs"]["SGLANG_SM120_MMA_TARGET_CTAS"] == "512"
+    launch = (stack.prefix / "services/knobkeeper-decode/started.sh").read_text()
+    assert f"# knob SGLANG_SM120_MMA_TARGET_CTAS: entry {change.entries[0].id} (set" in launch
+    assert {s.state for s in stack_status(stack.project, "inventory/local.py", FAST)} == {"in sync"}
+
+
+def test_knob_with_shell_metacharacters_reaches_the_process_byte_for_byte(stack, tmp_path):
+    marker = tmp_path / "pwned"
+    value = NASTY.format(marker=marker)
+    set_knob(stack.project, "KNOBKEEPER_SIM_EXTRA_ARGS", value, "decode", "quoting test")
+    record = _ok(stack.deploy())
+    assert _row(record, "knobkeeper-decode")["action"] == "restarted"
+    pid = stack.pids()["knobkeeper-decode"]
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"KNOBKEEPER_SIM_EXTRA_ARGS=" + value.encode() in environ
+    assert not marker.exists()
+
+
+def test_stopped_service_is_started_and_status_says_down(stack):
+    subprocess.run([stack.ctl, "-c", str(stack.prefix / "supervisor/supervisord.conf"), "stop", "knobkeeper-prefill"],
+                   check=True, capture_output=True)
+    states = {s.service: s.state for s in stack_status(stack.project, "inventory/local.py", FAST)}
+    assert states["knobkeeper-prefill"] == "down"
+    record = _ok(stack.deploy())
+    prefill, decode, router = (_row(record, n) for n in PROGRAMS)
+    assert prefill["action"] == "started" and decode["action"] == "unchanged" and router["action"] == "unchanged"
+    assert router["gate"]["result"] == "passed"
+
+
+def test_co_restart_restarts_all_in_order(stack):
+    before = stack.pids()
+    record = _ok(stack.deploy(restart="co"))
+    rows = [_row(record, n) for n in PROGRAMS]
+    assert [r["action"] for r in rows] == ["restarted"] * 3
+    for before_row, after_row in zip(rows, rows[1:]):
+        assert _t(before_row["healthy_at"]) <= _t(after_row["restart_issued_at"])
+    after = stack.pids()
+    assert all(after[n] != before[n] for n in PROGRAMS)
+    assert stack.info("prefill")["started_at"] >= _t(rows[0]["restart_issued_at"]).timestamp() - 0.05
+
+
+def test_ab_override_for_one_run_is_not_recorded_in_git(stack):
+    head = git(stack.project.root, "rev-parse", "HEAD")
+    knobs = (stack.project.knobs_path).read_text()
+    result = stack.deploy(only="decode", knob_overrides={"decode": {"SGLANG_SM120_MMA_TARGET_CTAS": 256}}, record=False)
+    record = _ok(result)
+    assert git(stack.project.root, "rev-parse", "HEAD") == head and stack.project.knobs_path.read_text() == knobs
+    assert _row(record, "knobkeeper-decode")["action"] == "restarted"
+    assert _row(record, "knobkeeper-prefill")["reason"] == "not in only=decode"
+    assert _row(record, "knobkeeper-router")["gate"]["result"] == "passed"  # downstream of decode: gated
+    assert stack.info("decode")["knobs"]["SGLANG_SM120_MMA_TARGET_CTAS"] == "256"
+    assert "override (A/B run)" in (stack.prefix / "services/knobkeeper-decode/started.sh").read_text()
+    # The next plain deploy puts the declared value back.
+    record = _ok(stack.deploy())
+    assert _row(record, "knobkeeper-decode")["action"] == "restarted"
+    assert stack.info("decode")["knobs"]["SGLANG_SM120_MMA_TARGET_CTAS"] == "512"
+
+
+def test_uncommitted_changes_are_refused_unless_allowed(stack):
+    path = stack.project.inventory_dir / "knobs.toml"
+    original = path.read_text()
+    path.write_text(original + "\n# hand edit\n")
+    try:
+        result = stack.deploy()
+        assert result.returncode == 2 and result.record is None
+        assert "uncommitted changes in inventory/knobs.toml" in result.error
+        record = _ok(stack.deploy(allow_dirty=True))
+        assert record.dirty and record.allow_dirty
+        assert [_row(record, n)["action"] for n in PROGRAMS] == ["unchanged"] * 3
+    finally:
+        path.write_text(original)
+
+
+def test_decode_that_never_gets_healthy_stops_the_run_before_the_router(stack):
+    before = stack.pids()
+    broken = {"engine_args": {**FAST["engine_args"], "decode": ["--time-scale", "0.05", "--never-healthy"]},
+              "health_timeout": 4}
+    started = time.monotonic()
+    result = stack.deploy(extra_data=broken)
+    assert not result.ok and result.returncode != 0
+    assert time.monotonic() - started < 60
+    record = result.record
+    assert record.result == "failed"
+    decode, router = _row(record, "knobkeeper-decode"), _row(record, "knobkeeper-router")
+    assert decode["action"] == "restarted" and decode["gate"]["result"] == "failed"
+    assert router["action"] == "unchanged" and router["reason"] == "not run" and router["restart_issued_at"] is None
+    url = f"http://127.0.0.1:{stack.ports['decode']}/health"
+    assert result.error.startswith(f"gate failed: host @local, service knobkeeper-decode, {url}: last status HTTP 503")
+    assert stack.pids()["knobkeeper-router"] == before["knobkeeper-router"]
+    # Recovery: the next good deploy restarts decode and gates the router.
+    record = _ok(stack.deploy())
+    assert _row(record, "knobkeeper-decode")["action"] == "restarted"
+    assert _row(record, "knobkeeper-router")["gate"]["result"] == "passed"
+    assert supervisord_pid(stack.prefix)

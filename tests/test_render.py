@@ -1,0 +1,319 @@
+"""Render: templates -> launch scripts, supervisord sections, systemd units; topology; linting.
+
+No process is started and no host is contacted. Lint tools (shellcheck, systemd-analyze) are run for
+real: CI installs them (`make system-deps`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from knobkeeper.deploy.render import (
+    OVERRIDE,
+    Source,
+    normalize_overrides,
+    parse_meta,
+    render_service,
+    render_stack,
+    render_supervisord,
+)
+from knobkeeper.deploy.stack import load_stack
+from knobkeeper.deploy.topology import Role, deploy_order, downstream, role_from_data
+from knobkeeper.errors import UserError
+from knobkeeper.knobs.catalog import load_catalog
+from knobkeeper.project import Project
+from tests.infra import make_infra_repo
+
+ROOT = Path(__file__).resolve().parent.parent
+NASTY = "a 'single' \"double\" $(touch /tmp/kk-pwned) `id` $HOME \\ ; | & * ?\nsecond line\ttab !x"
+PROD = "inventory/example_prod.py"
+LOCAL = "inventory/local.py"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Project:
+    return make_infra_repo(tmp_path_factory.mktemp("render"))
+
+
+@pytest.fixture(scope="module")
+def catalog(project):
+    return load_catalog(project.catalog_path)
+
+
+def _rendered(project, inventory, data=None, overrides=None):
+    stack = load_stack(project.root, inventory, data)
+    return stack, render_stack(project, stack, knob_overrides=overrides, source=Source("0123abcd", False))
+
+
+def _need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.fail(f"{tool} is not installed (run `make system-deps`); rendered files must lint")
+
+
+# --- topology --------------------------------------------------------------------------------------
+
+
+def _roles(**after) -> dict[str, Role]:
+    return {name: Role(name=name, services=(f"svc-{name}",), health="/health", after=tuple(deps))
+            for name, deps in after.items()}
+
+
+def test_order_is_a_topological_sort_of_after():
+    roles = _roles(router=["prefill", "decode"], decode=["prefill"], prefill=[])
+    assert deploy_order(roles) == ["prefill", "decode", "router"]
+    assert downstream(["prefill", "decode", "router"], roles, ["decode"]) == {"router"}
+    assert downstream(["prefill", "decode", "router"], roles, ["prefill"]) == {"decode", "router"}
+
+
+def test_cycle_is_an_error_naming_the_cycle():
+    roles = _roles(prefill=["router"], decode=["prefill"], router=["decode"])
+    with pytest.raises(UserError, match=r"cycle: (\w+ -> ){3}\w+"):
+        deploy_order(roles)
+    with pytest.raises(UserError) as info:
+        deploy_order(roles)
+    text = str(info.value)
+    assert "prefill" in text and "decode" in text and "router" in text
+
+
+def test_unknown_role_in_after_is_named():
+    with pytest.raises(UserError, match="'prefil' is not a role"):
+        deploy_order(_roles(prefill=[], decode=["prefil"]))
+
+
+def test_role_data_is_validated():
+    with pytest.raises(UserError, match=r"role_decode\['health'\]"):
+        role_from_data("decode", {"services": ["x"], "health": "health"})
+    with pytest.raises(UserError, match="no such key"):
+        role_from_data("decode", {"services": ["x"], "health": "/health", "afterr": []})
+
+
+def test_inventories_give_order_from_group_data(project):
+    for inventory in (LOCAL, PROD):
+        stack = load_stack(project.root, inventory)
+        assert stack.order == ["prefill", "decode", "router"]
+    prod = load_stack(project.root, PROD)
+    assert [h for h in prod.hosts] == ["prefill-1", "prefill-2", "decode-1", "decode-2", "router-1"]
+    router = prod.service("router-1", "knobkeeper-router")
+    cmd = prod.command(router)
+    assert cmd.count("--prefill") == 2 and cmd.count("--decode") == 2
+    assert "--pd-disaggregation" in cmd and router.health_path == "/readiness"
+    decode_cmd = prod.command(prod.service("decode-1", "knobkeeper-decode"))
+    assert decode_cmd[decode_cmd.index("--disaggregation-mode") + 1] == "decode"
+
+
+def test_local_ports_come_from_the_environment(project, monkeypatch):
+    monkeypatch.setenv("KNOBKEEPER_LOCAL_PORTS", "prefill=41000,bootstrap:41998,decode=41001,router=41080,router_metrics=41081")
+    stack = load_stack(project.root, LOCAL)
+    ports = {s.role: s.port for s in stack.services}
+    assert ports == {"prefill": 41000, "decode": 41001, "router": 41080}
+    assert stack.service("@local", "knobkeeper-prefill").bootstrap_port == 41998
+    assert stack.hosts["@local"].prefix == str(project.root / ".knobkeeper-state" / "local")
+    # --data beats the environment
+    assert load_stack(project.root, LOCAL, {"decode_port": 42001}).service("@local", "knobkeeper-decode").port == 42001
+    monkeypatch.setenv("KNOBKEEPER_LOCAL_PORTS", "decod=1")
+    with pytest.raises(UserError, match="KNOBKEEPER_LOCAL_PORTS"):
+        load_stack(project.root, LOCAL)
+
+
+# --- render ------------------------------------------------------------------------------------------
+
+
+def test_every_file_has_a_header_naming_the_commit(project):
+    for inventory in (LOCAL, PROD):
+        stack, rendered = _rendered(project, inventory)
+        assert len(rendered) == len(stack.services)
+        for item in rendered.values():
+            for path, text in item.files.items():
+                assert "source: 0123abcd" in text.splitlines()[1] or "source: 0123abcd" in text.splitlines()[0] \
+                    or "source: 0123abcd" in "\n".join(text.splitlines()[:3]), path
+            launch = item.launch
+            assert launch.startswith("#!/usr/bin/env bash\n")
+            assert "set -euo pipefail" in launch
+            assert parse_meta(launch)["digest"] == item.digest
+
+
+def test_knob_values_are_quoted_and_named_with_their_entry(project, catalog):
+    stack = load_stack(project.root, LOCAL)
+    svc = stack.service("@local", "knobkeeper-decode")
+    item = render_service(
+        svc, stack.command(svc), knobs={"SGLANG_SM120_MMA_TARGET_CTAS": 512, "KNOBKEEPER_SIM_EXTRA_ARGS": NASTY,
+                                        "NCCL_IB_DISABLE": True},
+        catalog=catalog, provenance={"SGLANG_SM120_MMA_TARGET_CTAS": "entry 1a2b3c4d (set 2026-11-29T00:00:00Z by A)"},
+        source=Source("feedface", True), templates_dir=project.templates_dir,
+    )
+    text = item.launch
+    assert "# source: feedface (dirty)" in text
+    assert "# knob SGLANG_SM120_MMA_TARGET_CTAS: entry 1a2b3c4d" in text
+    assert "export SGLANG_SM120_MMA_TARGET_CTAS=512" in text
+    assert "export NCCL_IB_DISABLE=1" in text
+    assert "unset " in text and "SGLANG_DISAGGREGATION_WAITING_TIMEOUT" in text.split("unset ", 1)[1].splitlines()[0]
+    assert "\nexec " in text
+    assert item.knobs["NCCL_IB_DISABLE"] == "true"
+
+
+def test_quoted_value_reaches_the_process_byte_for_byte(project, catalog, tmp_path):
+    """Run the rendered script with a command that prints the variable: same bytes, nothing executed."""
+    stack = load_stack(project.root, LOCAL, {"prefix": str(tmp_path / "p")})
+    svc = stack.service("@local", "knobkeeper-decode")
+    printer = [sys.executable, "-c", "import os,sys; sys.stdout.buffer.write(os.environb[b'KNOBKEEPER_SIM_EXTRA_ARGS'])"]
+    item = render_service(svc, printer, knobs={"KNOBKEEPER_SIM_EXTRA_ARGS": NASTY}, catalog=catalog, provenance={},
+                          source=Source("x"), templates_dir=project.templates_dir)
+    script = tmp_path / "launch.sh"
+    script.write_text(item.launch)
+    Path(svc.service_dir).mkdir(parents=True)
+    marker = Path("/tmp/kk-pwned")
+    marker.unlink(missing_ok=True)
+    done = subprocess.run(["bash", str(script)], capture_output=True, env={**os.environ, "NCCL_DEBUG": "TRACE"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == NASTY.encode()
+    assert not marker.exists()
+
+
+def test_undeclared_catalog_knobs_are_unset_not_inherited(project, catalog, tmp_path):
+    stack = load_stack(project.root, LOCAL, {"prefix": str(tmp_path / "p")})
+    svc = stack.service("@local", "knobkeeper-prefill")
+    printer = [sys.executable, "-c", "import os; print(os.environ.get('NCCL_DEBUG', 'absent'))"]
+    item = render_service(svc, printer, knobs={}, catalog=catalog, provenance={}, source=Source("x"),
+                          templates_dir=project.templates_dir)
+    (tmp_path / "l.sh").write_text(item.launch)
+    Path(svc.service_dir).mkdir(parents=True)
+    done = subprocess.run(["bash", str(tmp_path / "l.sh")], capture_output=True, text=True,
+                          env={**os.environ, "NCCL_DEBUG": "TRACE"})
+    assert done.stdout.strip() == "absent"
+
+
+def test_secret_is_never_inlined(project, catalog):
+    stack = load_stack(project.root, PROD)
+    svc = stack.service("prefill-1", "knobkeeper-prefill")
+    fp = "sha256:0123456789abcdef"
+    item = render_service(svc, stack.command(svc), knobs={"HF_TOKEN": fp}, catalog=catalog, provenance={},
+                          source=Source("x"), templates_dir=project.templates_dir)
+    path = "/opt/knobkeeper/secrets/prefill/HF_TOKEN"
+    assert item.secrets == {path: ("prefill", "HF_TOKEN")}
+    assert f"HF_TOKEN=\"$(cat {path})\"\nexport HF_TOKEN" in item.launch
+    assert item.knobs["HF_TOKEN"] == fp
+
+
+def test_digest_ignores_the_commit_but_not_the_values(project, catalog):
+    stack = load_stack(project.root, LOCAL)
+    svc = stack.service("@local", "knobkeeper-decode")
+
+    def digest(source, knobs):
+        return render_service(svc, stack.command(svc), knobs=knobs, catalog=catalog, provenance={}, source=source,
+                              templates_dir=project.templates_dir).digest
+
+    assert digest(Source("aaaa"), {}) == digest(Source("bbbb", True), {})
+    assert digest(Source("aaaa"), {}) != digest(Source("aaaa"), {"SGLANG_SM120_MMA_TARGET_CTAS": 512})
+    assert digest(Source("aaaa"), {"KNOBKEEPER_SIM_EXTRA_ARGS": "a\n# b"}) != \
+        digest(Source("aaaa"), {"KNOBKEEPER_SIM_EXTRA_ARGS": "a\n# c"})
+
+
+def test_overrides_are_marked_and_checked(project, catalog):
+    _, rendered = _rendered(project, LOCAL, overrides={"decode": {"SGLANG_SM120_MMA_TARGET_CTAS": "256"}})
+    decode = rendered[("@local", "knobkeeper-decode")]
+    assert f"# knob SGLANG_SM120_MMA_TARGET_CTAS: {OVERRIDE}" in decode.launch
+    assert decode.knobs == {"SGLANG_SM120_MMA_TARGET_CTAS": "256"}
+    assert rendered[("@local", "knobkeeper-prefill")].knobs == {}
+    flat = normalize_overrides(catalog, {"NCCL_MIN_NCHANNELS": 4}, ["prefill", "decode", "router"])
+    assert flat == {"prefill": {"NCCL_MIN_NCHANNELS": 4}, "decode": {"NCCL_MIN_NCHANNELS": 4}}
+    with pytest.raises(UserError, match="SGLANG_SM120_MMA_TARGET_CTAS"):
+        normalize_overrides(catalog, {"decode": {"SGLANG_SM120_MMA_TARGET_CTAS": 0}}, ["decode"])
+    with pytest.raises(UserError, match="secret"):
+        normalize_overrides(catalog, {"prefill": {"HF_TOKEN": "x"}}, ["prefill"])
+
+
+def test_undefined_template_variable_is_an_error(project, catalog, tmp_path):
+    templates = tmp_path / "templates"
+    shutil.copytree(project.templates_dir, templates)
+    (templates / "launch.sh.j2").write_text((templates / "launch.sh.j2").read_text() + "{{ no_such_variable }}\n")
+    stack = load_stack(project.root, LOCAL)
+    svc = stack.service("@local", "knobkeeper-decode")
+    with pytest.raises(UserError, match="no_such_variable"):
+        render_service(svc, stack.command(svc), knobs={}, catalog=catalog, provenance={}, source=Source("x"),
+                       templates_dir=templates)
+
+
+# --- lint --------------------------------------------------------------------------------------------
+
+
+def _all_launch_scripts(project, tmp_path):
+    nasty = {"decode": {"KNOBKEEPER_SIM_EXTRA_ARGS": NASTY, "SGLANG_SM120_MMA_TARGET_CTAS": 512},
+             "prefill": {"NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_IB_DISABLE": True}}
+    for inventory in (LOCAL, PROD):
+        _, rendered = _rendered(project, inventory, overrides=nasty)
+        for (host, name), item in rendered.items():
+            yield f"{inventory}:{host}/{name}", item
+
+
+def test_launch_scripts_pass_bash_n_and_shellcheck(project, tmp_path):
+    _need("shellcheck")
+    count = 0
+    for label, item in _all_launch_scripts(project, tmp_path):
+        script = tmp_path / f"launch-{count}.sh"
+        script.write_text(item.launch)
+        count += 1
+        done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert done.returncode == 0, f"{label}: {done.stderr}"
+        done = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
+        assert done.returncode == 0 and not done.stdout.strip(), f"{label}:\n{done.stdout}{done.stderr}"
+    assert count == 3 + 5
+
+
+def test_systemd_units_verify_without_warnings(project, tmp_path):
+    """Render the production units with the prefix in a temp dir where the launch script exists."""
+    _need("systemd-analyze")
+    prefix = tmp_path / "opt"
+    units = tmp_path / "units"
+    stack, rendered = _rendered(project, PROD, data={"prefix": str(prefix), "systemd_unit_dir": str(units)})
+    for (host, name), item in rendered.items():
+        for path, text in item.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+            if path.endswith("launch.sh"):
+                os.chmod(path, 0o755)
+        unit = item.service.unit_path
+        done = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True)
+        assert done.returncode == 0 and not done.stderr.strip() and not done.stdout.strip(), \
+            f"{host}/{name}:\n{done.stdout}{done.stderr}"
+        os.remove(unit)  # each unit verified alone (same name on every host)
+
+
+def test_supervisor_sections_parse(project, tmp_path):
+    from supervisor.options import ServerOptions
+
+    stack, rendered = _rendered(project, LOCAL, data={"prefix": str(tmp_path / "p")})
+    plan = stack.hosts["@local"]
+    for path, text in render_supervisord(plan, Source("x"), project.templates_dir).items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    for item in rendered.values():
+        for path, text in item.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+    (Path(plan.supervisor.root) / "logs").mkdir()
+    options = ServerOptions()
+    options.realize(args=["-c", plan.supervisor.conf])
+    groups = {g.name: g for g in options.process_group_configs}
+    assert set(groups) == {"knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router"}
+    for group in groups.values():
+        proc = group.process_configs[0]
+        assert proc.autostart is False
+        assert proc.command.endswith("/launch.sh")
+
+
+def test_launch_script_mode_and_paths(project):
+    stack, rendered = _rendered(project, PROD)
+    item = rendered[("decode-1", "knobkeeper-decode")]
+    assert item.modes == {"/opt/knobkeeper/services/knobkeeper-decode/launch.sh": "0755",
+                          "/etc/systemd/system/knobkeeper-decode.service": "0644"}
+    unit = item.files["/etc/systemd/system/knobkeeper-decode.service"]
+    assert "ExecStart=/opt/knobkeeper/services/knobkeeper-decode/launch.sh" in unit
+    assert "User=sglang" in unit
+    assert stat.S_IMODE(0o755) == 0o755
