@@ -39,6 +39,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from knobkeeper.knobs.catalog import show_value
 from knobkeeper.changelog import ops
 from knobkeeper.changelog.entries import Entry, load_entries
 from knobkeeper.changelog.incidents import Incident, Note, load_incidents
@@ -63,14 +64,6 @@ def fmt_pct(x: float | None, digits: int = 1) -> str:
 def _short(text: str, width: int = 70) -> str:
     line = " ".join(text.split())
     return line if len(line) <= width else line[: width - 3] + "..."
-
-
-def _show(value) -> str:
-    if value is None:
-        return "(unset)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 # --------------------------------------------------------------------------- revert status
@@ -342,7 +335,7 @@ def reclaimable(project: Project, stale_days: float = STALE_DAYS, engine_version
             command = f"knobkeeper restore {knob} --role {role}"
         else:
             # Changed again after the revert: restore no longer applies; set the value back with its evidence.
-            shown = catalog.get(knob).display(target.new) if knob in catalog else _show(target.new)
+            shown = catalog.get(knob).display(target.new) if knob in catalog else show_value(target.new)
             evidence = "".join(f" --evidence {ev}" for ev in target.evidence)
             command = (f"knobkeeper set {knob}={shown} --role {role} --reason \"reclaim: revert {revert.id} "
                        f"was {status.status}\"{evidence}")
@@ -377,7 +370,7 @@ def format_reclaimable(report: ReclaimReport) -> list[str]:
 
 def _format_item(item: Reclaim, mark: str, confirmed: bool = False) -> list[str]:
     gains = sorted(item.gains, key=lambda g: g["concurrency"])
-    lines = [f"{mark} {item.role}: {item.knob}={_show(item.value)}  (now {_show(item.current)})  "
+    lines = [f"{mark} {item.role}: {item.knob}={show_value(item.value)}  (now {show_value(item.current)})  "
              f"gives back {gains_text(gains)}"]
     pad = " " * (len(mark) + 1)
     r = item.revert
@@ -619,7 +612,7 @@ def _entry_text(e: Entry) -> str:
     links = "".join(f" {k}={v}" for k, v in (("reverts", e.reverts), ("restores", e.restores), ("refutes", e.refutes),
                                               ("incident", e.incident)) if v)
     ev = f" evidence={','.join(e.evidence)}" if e.evidence else ""
-    return f"{e.role}: {e.action} {e.knob} {_show(e.old)} -> {_show(e.new)}{links}{ev}  ({e.author}: {_short(e.reason, 60)})"
+    return f"{e.role}: {e.action} {e.knob} {show_value(e.old)} -> {show_value(e.new)}{links}{ev}  ({e.author}: {_short(e.reason, 60)})"
 
 
 def _iso_of(value: Any) -> str | None:

@@ -158,8 +158,8 @@ def _percentiles(values: list[float]) -> dict[str, float] | None:
 
 async def run_load_async(endpoint: str, concurrency: int, *, requests: int | None = None,
                          duration: float | None = None, api: str = "chat", model: str | None = None,
-                         input_len: int = 128, output_len: int = 64, warmup: int | None = None,
-                         timeout_s: float = 120.0, keepalive: bool = False, seed: int = 0,
+                         input_len: int = 128, output_len: int = 64, output_range: float = 0.0,
+                         warmup: int | None = None, timeout_s: float = 120.0, keepalive: bool = False, seed: int = 0,
                          keep_records: bool = False) -> dict[str, Any]:
     """Run one closed-loop load at `concurrency`; returns the summary dict (see module doc)."""
     import aiohttp
@@ -186,6 +186,10 @@ async def run_load_async(endpoint: str, concurrency: int, *, requests: int | Non
         if model is None:
             model = await _discover_model(session, endpoint)
         prompts = [prompt_text(input_len, seed * 100003 + i) for i in range(16)]
+        # output_range r: max tokens drawn from [L(1-r), L(1+r)] (sglang's random_range_ratio, two-
+        # sided). Varied lengths keep closed-loop streams from finishing in lock-step.
+        lengths = random.Random(seed)
+        lo, hi = max(1, round(output_len * (1 - output_range))), max(1, round(output_len * (1 + output_range)))
         counter = [0]
 
         async def worker(wid: int) -> None:
@@ -195,7 +199,7 @@ async def run_load_async(endpoint: str, concurrency: int, *, requests: int | Non
                 rec = Record(start=time.perf_counter())
                 rec.measured = state["t0"] is not None
                 records.append(rec)
-                body = request_body(api, model, prompts[i % len(prompts)], output_len)
+                body = request_body(api, model, prompts[i % len(prompts)], lengths.randint(lo, hi) if hi > lo else lo)
                 await _one(session, url, api, body, rec, timeout)
                 if not rec.measured:
                     state["warm_done"] += 1
@@ -228,7 +232,7 @@ async def run_load_async(endpoint: str, concurrency: int, *, requests: int | Non
     cpu = time.process_time() - cpu0
     t0, t1 = state["t0"], state.get("t1") or time.perf_counter()
     return _summarise(records, t0, t1, concurrency=concurrency, api=api, model=model, input_len=input_len,
-                      output_len=output_len, warmup=warmup, cpu=cpu, wall=wall, keepalive=keepalive,
+                      output_len=output_len, output_range=output_range, warmup=warmup, cpu=cpu, wall=wall, keepalive=keepalive,
                       keep_records=keep_records, requests=requests, duration=duration)
 
 
@@ -245,8 +249,36 @@ async def _discover_model(session, endpoint: str) -> str:
     return "default"
 
 
+def _tokens_in_window(rec: Record, per_chunk: float, t0: float, t1: float, mean_gap: float | None) -> float:
+    """Output tokens of one request produced inside [t0, t1].
+
+    A chunk's tokens are spread evenly over the gap since the previous chunk (the first chunk's
+    over the time since the request started): they were generated step by step in that gap. So
+    the count does not jump by whole chunks as the window edges move (counting chunk arrivals
+    alone is off by up to one chunk per stream, which with long chunks and a short window is
+    several percent). A request still in flight at t1 also gets the part of its next chunk
+    generated since its last one, at its own chunk rate (capped at one chunk).
+    """
+    ct = rec.chunk_times
+    prev = rec.start
+    total = 0.0
+    for b in ct:
+        if b <= prev:
+            total += per_chunk if t0 <= b <= t1 else 0.0
+        else:
+            overlap = min(b, t1) - max(prev, t0)
+            if overlap > 0:
+                total += per_chunk * overlap / (b - prev)
+        prev = b
+    if rec.cancelled and prev < t1:
+        gap = (ct[-1] - rec.start) / len(ct) if ct else mean_gap
+        if gap:
+            total += per_chunk * min(1.0, (t1 - max(prev, t0)) / gap)
+    return total
+
+
 def _summarise(records: list[Record], t0: float, t1: float, *, concurrency: int, api: str, model: str,
-               input_len: int, output_len: int, warmup: int, cpu: float, wall: float, keepalive: bool,
+               input_len: int, output_len: int, output_range: float, warmup: int, cpu: float, wall: float, keepalive: bool,
                keep_records: bool, requests: int | None, duration: float | None) -> dict[str, Any]:
     window = max(t1 - t0, 1e-9)
     tokens_in_window = 0.0
@@ -255,14 +287,16 @@ def _summarise(records: list[Record], t0: float, t1: float, *, concurrency: int,
     errors: dict[str, int] = {}
     warmup_errors: dict[str, int] = {}
     n_measured = 0
-    ok_chunks = sum(len(r.chunk_times) for r in records if r.ok)
-    ok_tokens = sum(r.tokens for r in records if r.ok)
-    tokens_per_chunk = ok_tokens / ok_chunks if ok_chunks else 1.0
+    ok = [r for r in records if r.ok]
+    ok_chunks = sum(len(r.chunk_times) for r in ok)
+    tokens_per_chunk = sum(r.tokens for r in ok) / ok_chunks if ok_chunks else 1.0
+    gaps = [(r.chunk_times[-1] - r.chunk_times[0]) / (len(r.chunk_times) - 1) for r in ok if len(r.chunk_times) > 1]
+    mean_gap = sum(gaps) / len(gaps) if gaps else None
     for rec in records:
         if rec.cancelled:
-            # In flight at t1: its chunks before t1 were real output, but it never got its final
-            # usage chunk, so each chunk counts as the run's average tokens per chunk.
-            tokens_in_window += tokens_per_chunk * sum(1 for t in rec.chunk_times if t0 <= t <= t1)
+            # In flight at t1: its chunks were real output, but it never got its final usage
+            # chunk, so each chunk counts as the run's average tokens per chunk.
+            tokens_in_window += _tokens_in_window(rec, tokens_per_chunk, t0, t1, mean_gap)
             continue
         if rec.error is not None:
             bucket = errors if rec.measured else warmup_errors
@@ -271,9 +305,7 @@ def _summarise(records: list[Record], t0: float, t1: float, *, concurrency: int,
                 n_measured += 1
             continue
         if rec.chunk_times:
-            per_chunk = rec.tokens / len(rec.chunk_times)
-            inside = sum(1 for t in rec.chunk_times if t0 <= t <= t1)
-            tokens_in_window += per_chunk * inside
+            tokens_in_window += _tokens_in_window(rec, rec.tokens / len(rec.chunk_times), t0, t1, mean_gap)
         if t0 <= rec.end <= t1:
             completed_in_window += 1
         if rec.measured:
@@ -284,6 +316,7 @@ def _summarise(records: list[Record], t0: float, t1: float, *, concurrency: int,
             itls.extend((b - a) * 1000 for a, b in zip(ct, ct[1:]))
     out: dict[str, Any] = {
         "concurrency": concurrency, "api": api, "model": model, "input_len": input_len, "output_len": output_len,
+        "output_range": output_range,
         "output_tokens_per_s": tokens_in_window / window,
         "requests_per_s": completed_in_window / window,
         "window_s": window,
@@ -323,13 +356,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--output-range", type=float, default=0.0,
+                        help="vary max tokens uniformly in [L(1-r), L(1+r)] (default 0: fixed)")
     parser.add_argument("--warmup", type=int, help="warm-up requests excluded (default: concurrency)")
     parser.add_argument("--keepalive", action="store_true", help="reuse connections (default: fresh per request)")
     args = parser.parse_args(argv)
     requests = args.requests if args.requests or args.duration else 10 * args.concurrency
     summary = run_load(args.endpoint, args.concurrency, requests=requests if not args.duration else None,
                        duration=args.duration, api=args.api, model=args.model, input_len=args.input_len,
-                       output_len=args.output_len, warmup=args.warmup, keepalive=args.keepalive)
+                       output_len=args.output_len, output_range=args.output_range, warmup=args.warmup,
+                       keepalive=args.keepalive)
     print(json.dumps(summary, indent=2))
     return 1 if summary["errors"] else 0
 

@@ -4,14 +4,11 @@ An entry is immutable once committed. Fields: id, time (UTC), author, action
 (set | unset | revert | restore | record), knob, role, old, new (absent = unset; a secret's
 values are fingerprints), reason, and links: reverts, restores, incident, hypothesis, evidence.
 
-Reading 10,000 TOML files costs over a second, so parsed entries are cached in
-.git/knobkeeper/entries.json keyed by file name, size and mtime; the files stay the truth.
+Parsed entries are cached (see filecache.py); the files stay the truth.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -20,13 +17,13 @@ from typing import Any, Iterable
 
 import tomlkit
 
+from knobkeeper.changelog.filecache import load_folder
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Value
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, id_from_stem, iso, parse_time
 
 ACTIONS = ("set", "unset", "revert", "restore", "record")
-CACHE_VERSION = 1
 
 
 @dataclass
@@ -97,43 +94,9 @@ def parse_entry_file(path: Path) -> Entry:
 
 def load_entries(project: Project) -> list[Entry]:
     """Every entry, oldest first (file names sort by time)."""
-    folder = project.entries_dir
-    if not folder.is_dir():
-        return []
-    cache_path = project.private_dir / "entries.json"
-    cache: dict[str, Any] = {}
-    try:
-        raw = json.loads(cache_path.read_text())
-        if raw.get("version") == CACHE_VERSION:
-            cache = raw["files"]
-    except (OSError, ValueError, KeyError):
-        cache = {}
-    fresh: dict[str, Any] = {}
-    entries: list[Entry] = []
-    dirty = False
-    with os.scandir(folder) as it:
-        items = sorted((e for e in it if e.name.endswith(".toml") and not e.name.startswith(".")), key=lambda e: e.name)
-    for item in items:
-        stat = item.stat()
-        key = [stat.st_size, stat.st_mtime_ns]
-        hit = cache.get(item.name)
-        if hit is not None and hit[0] == key:
-            data = hit[1]
-        else:
-            entry = parse_entry_file(Path(item.path))
-            data = entry.to_json()
-            dirty = True
-        fresh[item.name] = [key, data]
-        entries.append(Entry(**data))
-    if dirty or len(fresh) != len(cache):
-        try:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"version": CACHE_VERSION, "files": fresh}))
-            os.replace(tmp, cache_path)
-        except OSError:
-            pass  # a read-only checkout still works, only slower
-    return entries
+    parsed = load_folder(project.entries_dir, project.private_dir / "entries.json",
+                         lambda path: parse_entry_file(path).to_json())
+    return [Entry(**data) for data in parsed]
 
 
 def find_entry(project: Project, ident: str, entries: Iterable[Entry] | None = None) -> Entry:

@@ -40,19 +40,17 @@ mtime), like entries; the files stay the truth.
 
 from __future__ import annotations
 
-import json
-import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
+from knobkeeper.changelog.filecache import load_folder
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, id_from_stem, iso, new_id, parse_time, utcnow
 
-CACHE_VERSION = 1
 
 
 @dataclass
@@ -208,44 +206,9 @@ def _cacheable(incident: Incident) -> dict[str, Any]:
 
 def load_incidents(project: Project) -> list[Incident]:
     """Every incident, oldest first (by when it was opened; file names sort by that)."""
-    folder = project.incidents_dir
-    if not folder.is_dir():
-        return []
-    cache_path = project.private_dir / "incidents.json"
-    cache: dict[str, Any] = {}
-    try:
-        raw = json.loads(cache_path.read_text())
-        if raw.get("version") == CACHE_VERSION:
-            cache = raw["files"]
-    except (OSError, ValueError, KeyError):
-        cache = {}
-    with os.scandir(folder) as it:
-        items = sorted((e for e in it if e.name.endswith(".toml") and not e.name.startswith(".")), key=lambda e: e.name)
-    fresh: dict[str, Any] = {}
-    incidents = []
-    dirty = False
-    for item in items:
-        stat = item.stat()
-        key = [stat.st_size, stat.st_mtime_ns]
-        hit = cache.get(item.name)
-        if hit is not None and hit[0] == key:
-            data = hit[1]
-            incidents.append(_from_json(data))
-        else:
-            incident = parse_incident_file(Path(item.path))
-            data = _cacheable(incident)
-            incidents.append(incident)
-            dirty = True
-        fresh[item.name] = [key, data]
-    if dirty or len(fresh) != len(cache):
-        try:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"version": CACHE_VERSION, "files": fresh}))
-            os.replace(tmp, cache_path)
-        except OSError:
-            pass  # a read-only checkout still works, only slower
-    return incidents
+    parsed = load_folder(project.incidents_dir, project.private_dir / "incidents.json",
+                         lambda path: _cacheable(parse_incident_file(path)))
+    return [_from_json(data) for data in parsed]
 
 
 def find_incident(project: Project, ident: str, incidents: Iterable[Incident] | None = None) -> Incident:

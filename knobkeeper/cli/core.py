@@ -6,6 +6,7 @@ from typing import Callable
 
 import click
 
+from knobkeeper.knobs.catalog import show_value
 from knobkeeper.cli.common import console, emit_json, example, json_option, repo_option, warn
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
@@ -36,20 +37,12 @@ def _report(change, verb: str) -> None:
     where = f" on branch {change.branch}" if change.branch else ""
     committed = f"commit {change.commit[:10]}{where}" if change.commit else "staged, not committed"
     for extra in change.entries:
-        click.echo(f"{extra.role}: {extra.action} {extra.knob}: {_show(extra.old)} -> {_show(extra.new)}  (entry {extra.id})")
+        click.echo(f"{extra.role}: {extra.action} {extra.knob}: {show_value(extra.old)} -> {show_value(extra.new)}  (entry {extra.id})")
     click.echo(committed)
     for text in change.warnings:
         warn(text)
     if verb:
         click.echo(f"next: pyinfra inventory/local.py deploy.py  (or review it first: knobkeeper review)")
-
-
-def _show(value) -> str:
-    if value is None:
-        return "(unset)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 @click.command("catalog")
@@ -69,7 +62,7 @@ def catalog_cmd(knob: str | None, repo: str | None, as_json: bool) -> None:
     if knob:
         k = knobs[0]
         for label, value in (("knob", k.name), ("type", k.type), ("accepts", k.accepted()), ("roles", ", ".join(k.roles)),
-                             ("risk", k.risk), ("default", _show(k.default) if k.default is not None else "-"),
+                             ("risk", k.risk), ("default", show_value(k.default) if k.default is not None else "-"),
                              ("unset means", k.unset), ("source", k.source), ("doc", k.doc)):
             click.echo(f"{label:>12}: {value}")
         return
@@ -203,7 +196,7 @@ def log_cmd(knob, role, since, repo, as_json: bool) -> None:
         return
     for e in rows:
         links = "".join(f" {k}={v}" for k, v in (("reverts", e.reverts), ("restores", e.restores), ("incident", e.incident)) if v)
-        click.echo(f"{e.time[:19]}Z {e.id} {e.role}: {e.action} {e.knob} {_show(e.old)} -> {_show(e.new)}{links}")
+        click.echo(f"{e.time[:19]}Z {e.id} {e.role}: {e.action} {e.knob} {show_value(e.old)} -> {show_value(e.new)}{links}")
         click.echo(f"    {e.author}: {e.reason}")
         for line in _evidence_lines(project, e):
             click.echo(f"    evidence {line}")
@@ -241,7 +234,7 @@ def show_cmd(entry_id: str, repo, as_json: bool) -> None:
         if key == "evidence":
             value = ", ".join(value)
         elif key in ("old", "new"):
-            value = _show(value)
+            value = show_value(value)
         click.echo(f"{key:>10}: {value}")
     for line in _evidence_lines(project, entry):
         click.echo(f"  evidence {line}")

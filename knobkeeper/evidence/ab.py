@@ -41,10 +41,15 @@ def _run_fields(summary: dict) -> dict[str, Any]:
 def run_ab(switch_arm: Switch, restore: Callable[[], None], endpoint: str, levels: list[int], repeats: int, *,
            arms: dict[str, dict], knob: str, role: str, requests: int | None = None,
            duration: float | None = None, api: str = "chat", input_len: int = 128, output_len: int = 64,
-           warmup_requests: int | None = None, model: str | None = None, setup: dict | None = None,
+           warmup_requests: int | None = None, level_warmup: int | None = None, model: str | None = None,
+           setup: dict | None = None, load_options: dict | None = None,
            load: LoadFn | None = None, progress: bool | Any = False) -> dict:
     """Run the A/B and return the judged evidence doc (not yet written).
 
+    `warmup_requests`: the block's warm-up load (default: one request per stream at the top
+    level); `level_warmup`: completions excluded at the start of each level (default: one per
+    stream, see knobkeeper.loadgen); `load_options`: more keyword arguments for every load
+    (e.g. keepalive=True for an endpoint without the router's keep-alive delay).
     `arms`: {"A": {"label":..., "knobs": {...}}, "B": {...}}; `switch_arm(arm_dict)` must leave the
     endpoint serving that arm. `load(endpoint, concurrency, **kw) -> summary` defaults to
     knobkeeper.loadgen.run_load. `progress`: True for a rich progress bar on stderr, or a
@@ -75,12 +80,13 @@ def run_ab(switch_arm: Switch, restore: Callable[[], None], endpoint: str, level
             switch_arm(arms[arm])
             warm_conc = max(levels)
             load(endpoint, warm_conc, requests=warmup_requests or warm_conc, api=api, model=model,
-                 input_len=input_len, output_len=output_len, warmup=0)
+                 input_len=input_len, output_len=output_len, warmup=0, **(load_options or {}))
             for conc in levels:
                 if bar is not None:
                     bar.update(task, description=f"{arm} @{conc} (repeat {repeat}/{repeats})")
                 summary = load(endpoint, conc, requests=requests, duration=duration, api=api, model=model,
-                               input_len=input_len, output_len=output_len)
+                               input_len=input_len, output_len=output_len, warmup=level_warmup,
+                               **(load_options or {}))
                 if summary["output_tokens_per_s"] <= 0:
                     raise UserError(f"{endpoint}: arm {arm} @{conc} produced no output "
                                     f"({summary.get('errors')} errors: {summary.get('errors_by_kind')})")
@@ -142,30 +148,30 @@ def arms_from_specs(project, role: str, set_spec: str, baseline: str = "current"
 
 
 def deploy_switcher(project, inventory: str, role: str) -> tuple[Switch, Callable[[], None], str | None]:
-    """(switch_arm, restore, default endpoint) backed by the real deploy.
+    """(switch_arm, restore, router endpoint) backed by the real deploy.
 
-    >>> THE ONE CALL SITE TO WIRE TO knobkeeper.deploy <<<
-    switch_arm(arm) must run the deploy of `inventory` with knob_overrides={role: arm["knobs"]}
-    so that only `role` restarts (health gates included); restore() must run the plain deploy
-    (the declared state); the endpoint is the router's base URL from the inventory.
+    switch_arm(arm) deploys `inventory` with knob_overrides={role: arm knobs} and only=role, so only
+    that role restarts and every gate (the router's included) holds before load starts; restore()
+    deploys the declared state. Arm switches are not committed as deploy records (record=false:
+    they land in .knobkeeper-state/deploys/); the evidence file lists the schedule instead.
     """
-    try:
-        from knobkeeper.deploy import api as deploy_api  # noqa: F401  (not written yet)
-    except ImportError:
-        raise UserError("ab run: the deploy library (knobkeeper.deploy.api) is not available yet; "
-                        "import results with `knobkeeper ab import` meanwhile") from None
-    run_deploy = getattr(deploy_api, "deploy", None)
-    if run_deploy is None:
-        raise UserError("ab run: knobkeeper.deploy.api has no deploy() to switch arms with")
+    from knobkeeper.deploy.api import run_deploy
+    from knobkeeper.deploy.stack import load_stack
+
+    def deploy(overrides: dict | None) -> None:
+        result = run_deploy(project, inventory, only=role, knob_overrides=overrides, record=False)
+        if not result.ok:
+            raise UserError(f"ab run: deploy of {inventory} failed: {result.error}")
 
     def switch_arm(arm: dict) -> None:
-        run_deploy(project, inventory, roles=[role], knob_overrides={role: arm["knobs"]})
+        deploy({role: dict(arm["knobs"])})
 
     def restore() -> None:
-        run_deploy(project, inventory, roles=[role])
+        deploy(None)
 
-    endpoint = getattr(deploy_api, "router_endpoint", lambda *_: None)(project, inventory)
-    return switch_arm, restore, endpoint
+    stack = load_stack(project.root, inventory)
+    router = next((s for s in stack.services if s.role == "router"), None)
+    return switch_arm, restore, router.url if router else None
 
 
 def ab_run(project, *, inventory: str, role: str, set_spec: str, baseline: str = "current",

@@ -335,7 +335,7 @@ READERS: dict[str, Callable[..., Imported]] = {
 def detect(path: Path, data: Any) -> str:
     """The format of an already-parsed file, or a UserError naming it."""
     if isinstance(data, list):
-        if data and all(isinstance(r, dict) and "output_throughput" in r for r in data):
+        if data and all(isinstance(r, dict) and ("output_throughput" in r or "max_concurrency" in r) for r in data):
             return "sglang"
     elif isinstance(data, dict):
         if isinstance(data.get("schema"), str) and data["schema"].startswith("knobkeeper.evidence/"):
@@ -344,8 +344,9 @@ def detect(path: Path, data: Any) -> str:
             return "guidellm"
         if isinstance(data.get("output_token_throughput"), dict):
             return "aiperf"
-        if "output_throughput" in data:
-            if any(k in data for k in ("failed", "num_prompts", "date", "burstiness", "request_goodput")):
+        vllm_keys = ("num_prompts", "burstiness", "request_goodput", "max_concurrent_requests", "tokenizer_id")
+        if "output_throughput" in data or "max_concurrency" in data:
+            if any(k in data for k in vllm_keys):
                 return "vllm"
             return "sglang"
     raise UserError(f"{path}: unknown result format (accepted: sglang bench_serving JSONL, vllm bench serve JSON, "

@@ -57,7 +57,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Iterable
 
-from scipy import stats
+from functools import lru_cache
+
 
 ALPHA = 0.05
 MDE = 0.05
@@ -118,8 +119,12 @@ def compare(a: Iterable[float], b: Iterable[float], alpha: float = ALPHA) -> Com
         return Comparison(n_a, n_b, effect, effect, effect, p, float(n_a + n_b - 2), sd_log)
     se = math.sqrt(se2)
     df = se2 ** 2 / ((va / n_a) ** 2 / (n_a - 1) + (vb / n_b) ** 2 / (n_b - 1))
-    t_crit = float(stats.t.ppf(1 - alpha / 2, df))
-    p = float(2 * stats.t.sf(abs(d) / se, df))
+    # scipy.special's Student-t functions: the same numbers as stats.t, ~50x faster (calibration).
+    # Imported here: scipy costs ~1 s at start-up and most commands that read evidence never judge.
+    from scipy import special
+
+    t_crit = float(special.stdtrit(df, 1 - alpha / 2))
+    p = float(2 * special.stdtr(df, -abs(d) / se))
     return Comparison(n_a, n_b, effect, math.expm1(d - t_crit * se), math.expm1(d + t_crit * se), p, df, sd_log)
 
 
@@ -136,13 +141,20 @@ def power(n: int, sd_log: float, mde: float = MDE, alpha: float = ALPHA) -> floa
     delta = abs(math.log1p(mde))
     ncp = delta / (sd_log * math.sqrt(2.0 / n))
     df = n - 1
-    t_crit = stats.t.ppf(1 - alpha / 2, df)
-    return float(stats.nct.sf(t_crit, df, ncp) + stats.nct.cdf(-t_crit, df, ncp))
+    from scipy import special
+
+    t_crit = special.stdtrit(df, 1 - alpha / 2)
+    return float(1.0 - special.nctdtr(df, ncp, t_crit) + special.nctdtr(df, ncp, -t_crit))
 
 
 def recommended_repeats(sd_log: float = DEFAULT_NOISE, mde: float = MDE, alpha: float = ALPHA,
                         target_power: float = POWER) -> int:
     """Smallest runs per arm that detect ±mde with `target_power` at log-scale noise `sd_log`."""
+    return _recommended(float(f"{sd_log:.3g}"), mde, alpha, target_power)
+
+
+@lru_cache(maxsize=4096)
+def _recommended(sd_log: float, mde: float, alpha: float, target_power: float) -> int:
     for n in range(2, MAX_REPEATS + 1):
         if power(n, sd_log, mde, alpha) >= target_power:
             return n

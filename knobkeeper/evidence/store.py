@@ -7,7 +7,6 @@ Other parts use `load(project, id)`, `summary_line(doc)` and `gains(doc)`.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Iterable

@@ -28,6 +28,15 @@ def fingerprint(secret: str) -> str:
     return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:16]
 
 
+def show_value(value: Any) -> str:
+    """A stored value as people read it: (unset), true/false, or the text (secrets are stored as fingerprints)."""
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def is_fingerprint(value: Any) -> bool:
     return isinstance(value, str) and value.startswith("sha256:") and len(value) == 23
 
@@ -119,13 +128,9 @@ class Knob:
 
     def display(self, value: Value | None) -> str:
         """How a value is shown to people and written to commit messages (secrets: fingerprint only)."""
-        if value is None:
-            return "(unset)"
-        if self.secret:
-            return value if is_fingerprint(value) else fingerprint(str(value))
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        return str(value)
+        if self.secret and value is not None and not is_fingerprint(value):
+            return fingerprint(str(value))
+        return show_value(value)
 
 
 def _fmt_num(x: float) -> str:

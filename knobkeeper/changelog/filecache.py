@@ -1,0 +1,53 @@
+"""Parse a folder of changelog TOML files once: later reads come from a JSON cache.
+
+Reading 10,000 small TOML files costs over a second; a JSON file of their parsed contents,
+checked per file by (size, mtime), costs a few tens of milliseconds. The files stay the truth:
+the cache lives in .git/knobkeeper/ and is rebuilt whenever it disagrees with them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+CACHE_VERSION = 1
+
+
+def load_folder(folder: Path, cache_path: Path, parse: Callable[[Path], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The parsed dict of every `*.toml` in `folder`, in file-name order (= time order)."""
+    if not folder.is_dir():
+        return []
+    cache: dict[str, Any] = {}
+    try:
+        raw = json.loads(cache_path.read_text())
+        if raw.get("version") == CACHE_VERSION:
+            cache = raw["files"]
+    except (OSError, ValueError, KeyError):
+        cache = {}
+    with os.scandir(folder) as it:
+        items = sorted((e for e in it if e.name.endswith(".toml") and not e.name.startswith(".")), key=lambda e: e.name)
+    fresh: dict[str, Any] = {}
+    parsed = []
+    dirty = False
+    for item in items:
+        stat = item.stat()
+        key = [stat.st_size, stat.st_mtime_ns]
+        hit = cache.get(item.name)
+        if hit is not None and hit[0] == key:
+            data = hit[1]
+        else:
+            data = parse(Path(item.path))
+            dirty = True
+        fresh[item.name] = [key, data]
+        parsed.append(data)
+    if dirty or len(fresh) != len(cache):
+        try:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"version": CACHE_VERSION, "files": fresh}))
+            os.replace(tmp, cache_path)
+        except OSError:
+            pass  # a read-only checkout still works, only slower
+    return parsed

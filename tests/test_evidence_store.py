@@ -1,0 +1,114 @@
+"""Evidence store (load, list, summaries for other parts), `ab show` / `ab list`, and the PNG plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from knobkeeper.cli.ab import ab
+from knobkeeper.errors import UserError
+from knobkeeper.evidence import store
+from knobkeeper.evidence.plot import plot
+from tests.infra import make_infra_repo
+
+KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
+
+
+def _doc(seed: int = 1) -> dict:
+    rng = random.Random(seed)
+    base = {64: 5000.0, 80: 5600.0, 96: 5300.0}
+    gain = {64: 0.128, 80: 0.0, 96: 0.057}
+    runs = []
+    for arm in ("A", "B"):
+        for conc in (64, 80, 96):
+            for rep in range(1, 5):
+                v = base[conc] * (1 + (gain[conc] if arm == "B" else 0)) * math.exp(rng.gauss(0, 0.01))
+                runs.append({"arm": arm, "repeat": rep, "concurrency": conc, "output_tokens_per_s": v,
+                             "requests_per_s": v / 256, "ttft_ms": None, "itl_ms": None, "e2e_ms": None,
+                             "completed": 100, "errors": 0})
+    return store.build_doc(knob=KNOB, role="decode",
+                           arms={"A": {"label": "baseline", "knobs": {KNOB: None}},
+                                 "B": {"label": "candidate", "knobs": {KNOB: 512}}},
+                           runs=runs, setup={"engine": "test"})
+
+
+def test_summary_line_and_gains():
+    doc = _doc()
+    line = store.summary_line(doc)
+    assert line.startswith("+1") and "@64 (95% CI +" in line and "better" in line
+    assert "anomaly: A 96 < 80" in line
+    g = store.gains(doc)
+    assert [x["concurrency"] for x in g] == [64, 80, 96]
+    assert set(g[0]) == {"concurrency", "effect", "ci_low", "ci_high", "verdict"}
+    assert g[0]["ci_low"] < g[0]["effect"] < g[0]["ci_high"]
+    assert store.commit_summary(doc).startswith(f"evidence: {KNOB}=512 on decode (+1")
+
+
+def test_load_by_prefix_list_and_errors(tmp_path):
+    project = make_infra_repo(tmp_path)
+    d1, d2 = _doc(1), _doc(2)
+    d2["id"] = d1["id"][:3] + ("0" if d1["id"][3] != "0" else "1") + d1["id"][4:]
+    store.write(project, d1)
+    store.write(project, d2, no_commit=True)
+    assert store.load(project, d1["id"])["id"] == d1["id"]
+    with pytest.raises(UserError, match="ambiguous"):
+        store.load(project, d1["id"][:3])
+    with pytest.raises(UserError, match="no such evidence"):
+        store.load(project, "ffffffff" if not d1["id"].startswith("ff") else "00000000")
+    with pytest.raises(UserError, match="hex"):
+        store.load(project, "zz")
+    rows = store.list_all(project)
+    assert {r["id"] for r in rows} == {d1["id"], d2["id"]}
+    out = CliRunner().invoke(ab, ["list", "--repo", str(project.root)])
+    assert out.exit_code == 0 and d1["id"] in out.output and "(unset) -> 512" in out.output
+
+
+def test_show_table_json_and_plot(tmp_path):
+    project = make_infra_repo(tmp_path)
+    doc = _doc()
+    store.write(project, doc)
+    runner = CliRunner()
+    out = runner.invoke(ab, ["show", doc["id"], "--repo", str(project.root)])
+    assert out.exit_code == 0, out.output
+    for needle in ("mean A", "95% CI", "better", "anomaly: arm A throughput at 96", "method: Welch"):
+        assert needle in out.output
+    out = runner.invoke(ab, ["show", doc["id"], "--repo", str(project.root), "--json"])
+    assert json.loads(out.output)["id"] == doc["id"]
+    png = tmp_path / "plot.png"
+    out = runner.invoke(ab, ["show", doc["id"], "--repo", str(project.root), "--plot", str(png)])
+    assert out.exit_code == 0 and png.exists()
+    _check_png(png)
+    out = runner.invoke(ab, ["show", "nothex!", "--repo", str(project.root)])
+    assert out.exit_code == 2 and "expected hex digits" in out.output
+
+
+def _check_png(path: Path) -> None:
+    """A valid PNG, reasonably sized, with non-trivial pixel variance (not a blank canvas)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 2_000_000
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 600 and height >= 400
+    import matplotlib.image as mpimg
+
+    pixels = mpimg.imread(path)
+    assert pixels.shape[0] == height and pixels.shape[1] == width
+    assert float(pixels[..., :3].std()) > 0.05
+    # both arm colours and the anomaly colour are drawn
+    rgb = (pixels[..., :3] * 255).round().astype(int).reshape(-1, 3)
+    colours = {tuple(c) for c in rgb[:: max(1, len(rgb) // 200000)]}
+    assert any(abs(r - 31) < 20 and abs(g - 119) < 20 and abs(b - 180) < 20 for r, g, b in colours)   # A blue
+    assert any(abs(r - 214) < 20 and abs(g - 39) < 20 and abs(b - 40) < 20 for r, g, b in colours)    # B red
+    assert any(r > 230 and 140 < g < 190 and b < 40 for r, g, b in colours)                            # anomaly
+    zlib.crc32(data)
+
+
+def test_plot_library_call(tmp_path):
+    path = plot(_doc(), tmp_path / "sub" / "x.png")
+    _check_png(path)
