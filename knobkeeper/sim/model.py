@@ -150,7 +150,7 @@ def _same_value(a: str, b: str) -> bool:
 class ModelParams:
     decode_base_ms: float = 4.0
     decode_per_seq_ms: float = 0.4
-    prefill_base_ms: float = 8.0
+    prefill_base_ms: float = 4.0
     prefill_per_token_ms: float = 0.05
     kv_transfer_base_ms: float = 1.0
     kv_transfer_per_token_ms: float = 0.002

@@ -175,6 +175,11 @@ class Engine:
         self.waiting_decode.append(req)
         self._wake.set()
 
+    def join_decode(self, req: Req) -> None:
+        """Decode side of PD: the KV cache arrived with the first token; decode the rest."""
+        self._first_token(req)
+        self._wake.set()
+
     def _finish(self, req: Req) -> None:
         req.finished = True
         req.t["finished_at"] = time.time()
@@ -654,7 +659,7 @@ class SimServer:
                 req.t["kv_wait_done_at"] = time.time()
                 await asyncio.sleep(self.model.kv_transfer_ms(req.prompt_tokens) * eng.scale_s)
                 req.t["kv_ready_at"] = time.time()
-                eng._first_token(req)
+                eng.join_decode(req)
             else:
                 eng.submit_prefill(req)
             if p["stream"]:
@@ -846,9 +851,16 @@ async def serve(cfg: SimConfig, stop: asyncio.Event | None = None, ready: asynci
     finally:
         for t in tasks:
             t.cancel()
-        await srv.session.close()
-        for r in runners:
-            await r.cleanup()
+        try:
+            await asyncio.wait_for(_cleanup(srv.session, runners), 3.0)
+        except (asyncio.TimeoutError, Exception) as exc:  # exiting anyway
+            log.debug("unclean shutdown: %r", exc)
+
+
+async def _cleanup(session, runners) -> None:
+    await session.close()
+    for r in runners:
+        await r.cleanup()
 
 
 def run(cfg: SimConfig) -> None:
