@@ -5,6 +5,9 @@
 --data knob_overrides=JSON       {"ROLE": {"KNOB": value}} for this run only, never written to knobs.toml
 --data record=false              do not commit the deploy record (it goes to .knobkeeper-state/deploys/)
 --data allow_dirty=true          deploy uncommitted changes to inventory/ or templates/ (recorded)
+--data batch=N                   restart a role's hosts N at a time, each batch gated (default: all at once)
+--data rollback=true             a failed gate puts the service's previous files back and restarts it
+                                 (the run still fails)
 
 The steps live in knobkeeper/deploy/operations.py; read its docstring for the ordering rules.
 """
@@ -32,7 +35,8 @@ kk.supervisord(run, plan)
 kk.upload(run, plan)
 
 for role in host.loop(run.order):
-    kk.restart(run, plan, role)
-    kk.gate(run, plan, role)
+    for batch in host.loop(run.batch_numbers(role)):
+        kk.restart(run, plan, role, batch)
+        kk.gate(run, plan, role, batch)
 
 kk.finish(run)

@@ -1,4 +1,5 @@
-"""Deploy commands: `deploy` (pyinfra, ordered and health-gated) and `status` (declared vs running)."""
+"""Deploy commands: `deploy` (pyinfra, ordered and health-gated), `status` (declared vs running) and
+`plan` (what a deploy would restart, and why, changing nothing)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,17 @@ DEFAULT_INVENTORY = "inventory/local.py"
 @click.option("--only", default=None, metavar="ROLE", help="Upload and restart this role only.")
 @click.option("--override", "overrides", multiple=True, metavar="ROLE:KNOB=VALUE",
               help="A knob value for this run only, never written to knobs.toml (repeatable).")
+@click.option("--batch", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Rolling restart: N hosts of a role at a time, each batch gated (default: the whole role).")
+@click.option("--rollback", is_flag=True,
+              help="When a gate fails, put the service's previous files back and restart it (the run still fails).")
 @click.option("--no-record", is_flag=True, help="Do not commit the deploy record.")
 @click.option("--allow-dirty", is_flag=True, help="Deploy uncommitted changes to inventory/ or templates/ (recorded).")
 @repo_option
 @json_option
 @example("knobkeeper deploy inventory/local.py --restart co")
-def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[str, ...], no_record: bool,
-               allow_dirty: bool, repo: str | None, as_json: bool) -> None:
+def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[str, ...], batch: int | None,
+               rollback: bool, no_record: bool, allow_dirty: bool, repo: str | None, as_json: bool) -> None:
     """Deploy INVENTORY: upload rendered files, restart in dependency order, gate on health, record."""
     from knobkeeper.deploy.api import run_deploy
     from knobkeeper.project import find_project
@@ -36,8 +41,9 @@ def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[
         if not sep or not eq or not role or not name:
             raise UserError(f"--override {item!r}: expected ROLE:KNOB=VALUE")
         table.setdefault(role, {})[name] = value
+    extra = {**({"batch": batch} if batch else {}), **({"rollback": True} if rollback else {})}
     result = run_deploy(find_project(repo), inventory, restart=restart, only=only, knob_overrides=table or None,
-                        record=not no_record, allow_dirty=allow_dirty, echo=not as_json)
+                        record=not no_record, allow_dirty=allow_dirty, extra_data=extra or None, echo=not as_json)
     if as_json:
         emit_json({"ok": result.ok, "returncode": result.returncode, "error": result.error,
                    "record": result.record.to_json() if result.record else None})
@@ -90,6 +96,25 @@ def status_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json:
     console().print(table)
 
 
+@click.command("plan")
+@click.argument("inventory", default=DEFAULT_INVENTORY, required=False)
+@click.option("--data", "data", multiple=True, metavar="KEY=VALUE",
+              help="Deploy options and inventory data as pyinfra --data (JSON values): restart=co, batch=1, only=ROLE.")
+@repo_option
+@json_option
+@example("knobkeeper plan inventory/example_prod.py --data batch=1")
+def plan_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json: bool) -> None:
+    """The restart plan of a deploy: roles in order, hosts in batches, why each service restarts."""
+    from knobkeeper.deploy.plan import plan_text, restart_plan
+    from knobkeeper.project import find_project
+
+    plan = restart_plan(find_project(repo), inventory, _data(data))
+    if as_json:
+        emit_json(plan)
+    else:
+        click.echo(plan_text(plan))
+
+
 def _data(items: tuple[str, ...]) -> dict:
     import json
 
@@ -105,6 +130,6 @@ def _data(items: tuple[str, ...]) -> dict:
     return out
 
 
-COMMANDS = [deploy_cmd, status_cmd]
+COMMANDS = [deploy_cmd, status_cmd, plan_cmd]
 
 __all__ = ["COMMANDS"]

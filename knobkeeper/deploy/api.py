@@ -43,6 +43,9 @@ class DeployResult:
             return None
         if self.record is not None and self.record.error:
             return self.record.error
+        unreachable = [line.strip() for line in self.output.splitlines() if "Could not connect" in line]
+        if unreachable:  # pyinfra stopped before loading the deploy (config.py: FAIL_PERCENT = 0)
+            return "host unreachable, nothing was restarted: " + "; ".join(unreachable)
         for line in reversed(self.output.splitlines()):
             if line.startswith("knobkeeper: error:") or "pyinfra error" in line or "Error" in line:
                 return line.strip()

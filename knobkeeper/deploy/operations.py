@@ -6,20 +6,32 @@
     supervisord(run, plan)              local stack: the host's own supervisord, started if down
     upload(run, plan)                   launch scripts, program sections / units, secrets (0600)
     for role in host.loop(run.order):   one operation per role (pyinfra matches ops by source line)
-        restart(run, plan, role)        per service: restart | start | leave it (decided at run time)
-        gate(run, plan, role)           every host runs it: the health gate AND the role's barrier
+      for batch in host.loop(run.batch_numbers(role)):   --data batch=N: N hosts of the role at a time
+        restart(run, plan, role, batch) per service: restart | start | leave it (decided at run time)
+        gate(run, plan, role, batch)    every host runs it: the health gate AND the batch's barrier
     finish(run)                         once, after the last role: write and commit the record
+
+Batches: a role's hosts in inventory order, N at a time (default: all at once). Each batch is
+restarted and gated before the next one starts, so a rolling restart never has the whole role down.
+
+Rollback (--data rollback=true): when a service's gate fails after this run restarted it, the launch
+script and program/unit it ran before (kept as previous.sh / previous.<conf|service> at the restart)
+are put back and the service is restarted and gated again; the run still fails, saying so.
+
+Unreachable hosts: a host pyinfra could not connect to fails the run before any operation (config.py
+sets FAIL_PERCENT = 0; the Run checks too, naming the hosts).
 
 Ordering: every host registers the gate of every role, even with no service of that role, so the
 gate is an operation all hosts share; pyinfra runs an operation on all its hosts and finishes it
 before the next one starts, so no restart of role N+1 can begin before role N's gate passed on every
 host. A failed gate raises; with config.FAIL_PERCENT = 0 pyinfra stops and nothing downstream runs.
 
-Restart decision (per service, at execution time, from the host's own state):
+Restart decision (per service, at execution time, from the host's own state): observe.decide
     not running                          -> started   (also with restart=changed: recovers a failed run)
     restart=co                           -> restarted
     restart=changed and digest differs   -> restarted (digest of the rendered files without their
                                                        header, against started.sh: what is running)
+    launch script edited on the host     -> restarted (read before the upload overwrote it)
     otherwise, or restart=none           -> unchanged
 """
 
@@ -27,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -40,12 +53,18 @@ from typing import Any
 
 from pyinfra import host as current_host
 from pyinfra import state as current_state
-from pyinfra.api import FactBase, FunctionCommand, operation
-from pyinfra.api.state import BaseStateCallback
+from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
+from pyinfra.api.state import BaseStateCallback, StateStage
+from pyinfra.context import ctx_state
+from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, pip, python, server, systemd
 
+import gevent.lock
+
+from knobkeeper.deploy.observe import decide as decide_action
+from knobkeeper.deploy.plan import parse_batch, role_batches
 from knobkeeper.deploy.record import DeployRecord, save
-from knobkeeper.deploy.render import dirty_paths, render_stack, render_supervisord, source_of
+from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
 from knobkeeper.deploy.status import parse_service_state, state_command
 from knobkeeper.deploy.stack import HostPlan, Service, Stack, stack_from_inventory
 from knobkeeper.deploy.topology import downstream
@@ -54,7 +73,8 @@ from knobkeeper.project import find_project
 from knobkeeper.timeutil import iso, new_id, utcnow
 
 RESTART_MODES = ("changed", "co", "none")
-OPTION_KEYS = ("restart", "only", "knob_overrides", "record", "allow_dirty", "deploy_id", "inventory_path")
+OPTION_KEYS = ("restart", "only", "knob_overrides", "record", "allow_dirty", "deploy_id", "inventory_path",
+               "batch", "rollback")
 GATE_POLL_S = 0.1
 PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -100,6 +120,8 @@ class Run:
         if self.restart not in RESTART_MODES:
             raise UserError(f"--data restart={self.restart}: expected one of {', '.join(RESTART_MODES)}")
         self.only = data.get("only") or None
+        self.batch = parse_batch(data.get("batch"))
+        self.rollback = _bool(data.get("rollback", False), "rollback")
         self.record_on = _bool(data.get("record", True), "record")
         self.allow_dirty = _bool(data.get("allow_dirty", False), "allow_dirty")
         overrides = data.get("knob_overrides") or None
@@ -108,6 +130,11 @@ class Run:
         self.knob_overrides = overrides
         self.inventory_path = str(data.get("inventory_path") or _inventory_arg() or "inventory")
         name = Path(self.inventory_path).stem
+        self.state = ctx_state.get()
+        unreachable = sorted(h.name for h in self.state.failed_hosts)
+        if unreachable:
+            raise UserError("could not connect to " + ", ".join(unreachable) + ": nothing was restarted anywhere "
+                            "(fix the host or its ssh_* data and run again)")
         self.stack: Stack = stack_from_inventory(inventory, name)
         if self.only is not None and self.only not in self.stack.roles:
             raise UserError(f"--data only={self.only}: not a role of this inventory (roles: {', '.join(self.stack.order)})")
@@ -126,8 +153,9 @@ class Run:
         self.saved: Path | None = None
         self.record = DeployRecord(
             id=str(data.get("deploy_id") or new_id()), inventory=name, inventory_path=self.inventory_path,
-            commit=self.source.commit, dirty=self.source.dirty, allow_dirty=self.allow_dirty,
-            options={"restart": self.restart, "only": self.only, "knob_overrides": overrides, "record": self.record_on},
+            commit=head_commit(self.project.root), dirty=self.source.dirty, allow_dirty=self.allow_dirty,
+            options={"restart": self.restart, "only": self.only, "knob_overrides": overrides, "record": self.record_on,
+                     "batch": self.batch, "rollback": self.rollback},
             order=self.order, started_at=iso(utcnow()),
         )
         for svc in self.stack.services:
@@ -137,8 +165,10 @@ class Run:
                 "reason": "not in only=" + str(self.only) if svc.role not in self.scope else "not run",
                 "digest": rendered.digest, "previous_digest": None, "knobs": rendered.knobs,
                 "restart_issued_at": None, "healthy_at": None, "pid": None,
+                "batch": self.batch_of(svc.host, svc.role) + 1, "rollback": None,
                 "gate": {"result": "not-run", "url": svc.health_url, "status": None, "seconds": None, "checked_at": None},
             })
+        self.host_launch: dict[tuple[str, str], str | None] = {}
         current_state.add_callback_handler(_ErrorWatch(self))
         atexit.register(self.finish)
 
@@ -148,22 +178,26 @@ class Run:
     def in_scope(self, svc: Service) -> bool:
         return svc.role in self.scope
 
+    # batches --------------------------------------------------------------------------------------
+
+    def batches(self, role: str) -> list[list[str]]:
+        """The role's hosts in inventory order, `batch` at a time (default: one batch, all of them)."""
+        return role_batches(self.stack, role, self.batch)
+
+    def batch_numbers(self, role: str) -> list[int]:
+        return list(range(len(self.batches(role))))
+
+    def batch_of(self, host_name: str, role: str) -> int:
+        for number, hosts in enumerate(self.batches(role)):
+            if host_name in hosts:
+                return number
+        return 0
+
     # decisions ------------------------------------------------------------------------------------
 
     def decide(self, svc: Service, observed: dict[str, Any]) -> tuple[str, str]:
-        digest = self.rendered[(svc.host, svc.name)].digest
-        before = (observed.get("started") or {}).get("digest")
-        if not self.in_scope(svc):
-            return "unchanged", f"not in only={self.only}"
-        if self.restart == "none":
-            return "unchanged", "restart=none" + ("" if observed["running"] else " (not running)")
-        if not observed["running"]:
-            return "started", f"not running ({observed['state'].lower()})"
-        if self.restart == "co":
-            return "restarted", "co-restart"
-        if before != digest:
-            return "restarted", f"files changed ({before or 'no started.sh'} -> {digest})"
-        return "unchanged", "files unchanged and running"
+        return decide_action(self.restart, self.in_scope(svc), self.only, self.rendered[(svc.host, svc.name)],
+                             observed, self.host_launch.get((svc.host, svc.name)))
 
     def note_decision(self, svc: Service, observed: dict[str, Any], action: str, reason: str) -> None:
         row = self.row(svc)
@@ -176,9 +210,12 @@ class Run:
 
     # gates ----------------------------------------------------------------------------------------
 
-    def gate(self, host_name: str, role: str) -> None:
-        """Wait until every service of `role` on this host is healthy; raise GateFailed on timeout."""
+    def gate(self, host_name: str, role: str, batch: int = 0) -> None:
+        """Wait until every service of `role` on this host is healthy (when the host is in `batch`);
+        raise GateFailed on timeout, after a rollback when rollback=true."""
         plan = self.stack.hosts[host_name]
+        if self.batch_of(host_name, role) != batch:
+            return
         for svc in plan.role_services(role):
             row = self.row(svc)
             if role not in self.gated or self.restart == "none":
@@ -191,14 +228,52 @@ class Run:
             if not ok:
                 row["gate"]["result"] = "failed"
                 url = svc.health_url if not status.startswith("workers") else svc.workers_url
-                self.error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {status} "
-                              f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
-                raise GateFailed(self.error)
+                error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {status} "
+                         f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
+                if self.rollback and row["action"] in ("restarted", "started"):
+                    error += "; " + self.roll_back(plan, svc)
+                self.error = self.error or error
+                raise GateFailed(error)
             row["gate"]["result"] = "passed"
             if row["action"] != "unchanged":
                 row["healthy_at"] = row["gate"]["checked_at"]
                 observed = current_host.get_fact(ServiceState, **_state_args(plan, svc))
                 row["pid"] = observed.get("pid")
+
+    def roll_back(self, plan: HostPlan, svc: Service) -> str:
+        """Put back the launch script and program/unit `svc` ran before this run restarted it, restart
+        it and gate it again. Returns the words for the run's error; the row gets a "rollback" entry."""
+        row = self.row(svc)
+        rollback: dict[str, Any] = {"result": "failed", "digest": row.get("previous_digest"),
+                                    "restart_issued_at": None, "healthy_at": None, "status": None}
+        row["rollback"] = rollback
+        if not row.get("previous_digest"):
+            rollback["status"] = "nothing to roll back to (no previous started.sh)"
+            return f"no rollback of {svc.key}: it had no previous launch script"
+        q = shlex.quote
+        restore = (f"test -f {q(svc.previous_launch_path)} && "
+                   f"cp -f {q(svc.previous_launch_path)} {q(svc.launch_path)} && "
+                   f"cp -f {q(svc.previous_launch_path)} {q(svc.started_path)} && "
+                   f"{{ ! test -f {q(svc.previous_manager_path)} || "
+                   f"cp -f {q(svc.previous_manager_path)} {q(svc.manager_file)}; }}")
+        if svc.manager == "supervisord":
+            ctl = plan.supervisor.ctl
+            restart = (f"{ctl('update', svc.name)} >/dev/null && {{ {ctl('stop', svc.name)} >/dev/null 2>&1 || true; }}"
+                       f" && {ctl('start', svc.name)}")
+        else:
+            restart = f"systemctl daemon-reload && systemctl restart {q(svc.name)}.service"
+        rollback["restart_issued_at"] = iso(utcnow())
+        ok, output = current_host.run_shell_command(StringCommand(f"{restore} && {restart}"))
+        if not ok:
+            text = " ".join((list(output.stdout_lines) + list(output.stderr_lines))[-3:])
+            rollback["status"] = f"restore failed: {text}"
+            return f"rollback of {svc.key} to {row['previous_digest']} FAILED ({text})"
+        healthy, status = wait_healthy(svc, self.expected_workers(), svc.health_timeout)
+        rollback["status"] = status
+        if not healthy:
+            return f"rolled back {svc.key} to {row['previous_digest']}, but it is not healthy either ({status})"
+        rollback.update(result="passed", healthy_at=iso(utcnow()))
+        return f"rolled back {svc.key} to {row['previous_digest']} (healthy again)"
 
     def expected_workers(self) -> int:
         return sum(1 for s in self.stack.services if s.engine in ("sim", "sglang"))
@@ -208,6 +283,11 @@ class Run:
     def finish(self) -> None:
         """Write (and commit unless record=false) the record, once; at exit when the run failed."""
         if self.saved is not None:
+            return
+        if self.state.current_stage < StateStage.Execute:
+            # --dry (or stopped before executing anything): nothing ran, so nothing to record.
+            self.saved = Path("/dev/null")
+            _unlock(self.lock)
             return
         self.record.finished_at = iso(utcnow())
         ok = self.error is None and all(r["gate"]["result"] != "failed" for r in self.record.services)
@@ -241,13 +321,24 @@ class _ErrorWatch(BaseStateCallback):
 
 
 _RUN: Run | None = None
+_RUN_ERROR: UserError | None = None
+# pyinfra loads deploy.py for every host at once, in gevent greenlets; building the Run yields (git,
+# file reads), so without this lock a second host would build a second Run and fail on the deploy lock.
+_RUN_LOCK = gevent.lock.RLock()
 
 
 def current_run(inventory: Any) -> Run:
     """The run of this pyinfra process (deploy.py is executed once per host; this is built once)."""
-    global _RUN
-    if _RUN is None:
-        _RUN = Run(inventory)
+    global _RUN, _RUN_ERROR
+    with _RUN_LOCK:
+        if _RUN_ERROR is not None:
+            raise _RUN_ERROR
+        if _RUN is None:
+            try:
+                _RUN = Run(inventory)
+            except UserError as exc:
+                _RUN_ERROR = exc
+                raise
     return _RUN
 
 
@@ -256,20 +347,43 @@ def current_run(inventory: Any) -> Run:
 
 def engine(run: Run, plan: HostPlan) -> None:
     """a. Production: a venv under the prefix with a pinned sglang (and router) and this repo's
-    kernels. The local stack uses this repo's own environment (the sim and sglang-router)."""
+    kernels. The local stack uses this repo's own environment (the sim and sglang-router).
+
+    Data: `engine_packages` (pip requirements; default: the pins below), `engine_wheels` (wheel files
+    on the controller, uploaded to {prefix}/wheels/ and installed with --no-deps whenever the wheel
+    installed in the venv is not that file, by its sha256), `pip_install_args` (e.g. ["--no-index"]
+    for hosts without an index), `base_python` (the interpreter that makes the venv)."""
     data = plan.data
     python_bin = str(data.get("python") or "").replace("{prefix}", plan.prefix)
     if not python_bin.startswith(plan.prefix + "/"):
         return
     venv = str(Path(python_bin).parent.parent)
     engines = {s.engine for s in plan.services}
-    pip.virtualenv(name="knobkeeper: engine venv", path=venv, python=str(data.get("base_python") or "python3"))
-    wanted = []
-    if "sglang" in engines:
-        wanted.append(f"sglang[all]=={data.get('sglang_version') or _required(plan, 'sglang_version')}")
-    if "sglang-router" in engines:
-        wanted.append(f"sglang-router=={data.get('sglang_router_version') or _required(plan, 'sglang_router_version')}")
-    pip.packages(name="knobkeeper: pinned engine packages", packages=wanted, virtualenv=venv)
+    pip.virtualenv(name="knobkeeper: engine venv", path=venv, python=str(data.get("base_python") or "python3"),
+                   venv=True)
+    pip_args = data.get("pip_install_args") or []
+    if isinstance(pip_args, str) or not all(isinstance(a, str) for a in pip_args):
+        raise UserError(f"host {plan.name}: data pip_install_args: expected a list of pip arguments")
+    wanted = data.get("engine_packages")
+    if wanted is None:
+        wanted = []
+        if "sglang" in engines:
+            wanted.append(f"sglang[all]=={data.get('sglang_version') or _required(plan, 'sglang_version')}")
+        if "sglang-router" in engines:
+            wanted.append(f"sglang-router=={data.get('sglang_router_version') or _required(plan, 'sglang_router_version')}")
+    if wanted:
+        pip.packages(name="knobkeeper: pinned engine packages", packages=list(wanted), virtualenv=venv,
+                     extra_install_args=shlex.join(pip_args) or None)
+    wheels = data.get("engine_wheels") or []
+    if isinstance(wheels, str):
+        wheels = [wheels]
+    for wheel in current_host.loop([str(w) for w in wheels]):
+        local = Path(wheel).expanduser()
+        if not local.is_file() or not local.name.endswith(".whl"):
+            raise UserError(f"host {plan.name}: data engine_wheels: {wheel}: no such wheel file on this machine")
+        dest = f"{plan.prefix}/wheels/{local.name}"
+        files.put(name=f"knobkeeper: wheel {local.name}", src=str(local), dest=dest, create_remote_dir=True)
+        wheel_installed(venv, dest, _sha256(local), pip_args, name=f"knobkeeper: install {local.name}")
     if "sglang" in engines:
         kernels = run.project.root / "kernels"
         synced = files.sync(name="knobkeeper: kernels source", src=str(kernels), dest=f"{plan.prefix}/src/kernels",
@@ -277,6 +391,37 @@ def engine(run: Run, plan: HostPlan) -> None:
         server.shell(name="knobkeeper: install kernels", commands=[
             f"{shlex.quote(venv)}/bin/pip install --no-deps --quiet {shlex.quote(plan.prefix + '/src/kernels')}"],
             _if=synced.did_change)
+
+
+class InstalledWheel(FactBase):
+    """sha256 of the wheel file a distribution was installed from (its direct_url.json), else None."""
+
+    def command(self, venv: str, dist: str) -> str:
+        return f"cat {shlex.quote(venv)}/lib/python*/site-packages/{shlex.quote(dist)}-*.dist-info/direct_url.json 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        try:
+            data = json.loads("".join(output))
+        except ValueError:
+            return None
+        info = data.get("archive_info") or {}
+        hashes = info.get("hashes") or {}
+        if "sha256" in hashes:
+            return hashes["sha256"]
+        text = str(info.get("hash") or "")
+        return text.split("=", 1)[1] if text.startswith("sha256=") else None
+
+
+@operation(is_idempotent=False)
+def wheel_installed(venv: str, wheel: str, sha256: str, pip_args: list[str]):
+    """pip-install `wheel` (already on the host) into `venv` unless that very file is what is installed."""
+    dist = Path(wheel).name.split("-", 1)[0]
+    if current_host.get_fact(InstalledWheel, venv=venv, dist=dist) == sha256:
+        current_host.noop(f"{Path(wheel).name} is installed in {venv}")
+        return
+    q = shlex.quote
+    yield (f"{q(venv)}/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "
+           f"{shlex.join(pip_args)} {q(wheel)}")
 
 
 def supervisord(run: Run, plan: HostPlan) -> None:
@@ -309,6 +454,10 @@ def upload(run: Run, plan: HostPlan) -> None:
     """b. Upload every rendered file of this host's services in scope (and their secrets, 0600)."""
     services = [s for s in plan.services if run.in_scope(s)]
     unit_ops = []
+    for svc in services:
+        # Read now, while the deploy file loads (before any upload): a hand edit is seen by decide().
+        lines = current_host.get_fact(FileContents, path=svc.launch_path)
+        run.host_launch[(svc.host, svc.name)] = "\n".join(lines) + "\n" if lines is not None else None
     for svc in current_host.loop(services):
         rendered = run.rendered[(svc.host, svc.name)]
         for path in current_host.loop(list(rendered.files)):
@@ -325,8 +474,11 @@ def upload(run: Run, plan: HostPlan) -> None:
                               _if=lambda: any(op.did_change() for op in unit_ops))
 
 
-def restart(run: Run, plan: HostPlan, role: str) -> None:
-    """c. Restart, start or leave each of this host's services of `role` (decided at run time)."""
+def restart(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
+    """c. Restart, start or leave each of this host's services of `role` (decided at run time), when
+    this host is in `batch` of the role."""
+    if run.batch_of(plan.name, role) != batch:
+        return
     for svc in current_host.loop(plan.role_services(role)):
         service_state(run, plan, svc, name=f"knobkeeper: {svc.name} ({role})")
 
@@ -343,7 +495,11 @@ def service_state(run: Run, plan: HostPlan, svc: Service):
         return
     q = shlex.quote
     yield FunctionCommand(run.mark_issued, (svc,), {})
-    yield f"cp -f {q(svc.launch_path)} {q(svc.started_path)}"
+    # What ran until now becomes previous.* (a rollback puts it back); the new files become started.*
+    yield (f"if test -f {q(svc.started_path)}; then cp -f {q(svc.started_path)} {q(svc.previous_launch_path)} && "
+           f"{{ ! test -f {q(svc.started_manager_path)} || "
+           f"cp -f {q(svc.started_manager_path)} {q(svc.previous_manager_path)}; }}; fi && "
+           f"cp -f {q(svc.launch_path)} {q(svc.started_path)} && cp -f {q(svc.manager_file)} {q(svc.started_manager_path)}")
     if svc.manager == "supervisord":
         ctl = plan.supervisor.ctl
         stop = f"{{ {ctl('stop', svc.name)} >/dev/null 2>&1 || true; }} && " if observed["running"] else ""
@@ -353,9 +509,10 @@ def service_state(run: Run, plan: HostPlan, svc: Service):
                                           restarted=observed["running"], enabled=True)
 
 
-def gate(run: Run, plan: HostPlan, role: str) -> None:
-    """c/d. The role's health gate, registered on EVERY host (so it is also the role's barrier)."""
-    python.call(name=f"knobkeeper: gate {role}", function=run.gate, host_name=plan.name, role=role)
+def gate(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
+    """c/d. The role's health gate, registered on EVERY host (so it is also the batch's barrier)."""
+    label = f"knobkeeper: gate {role}" + (f" batch {batch + 1}" if len(run.batch_numbers(role)) > 1 else "")
+    python.call(name=label, function=run.gate, host_name=plan.name, role=role, batch=batch)
 
 
 def finish(run: Run) -> None:
@@ -430,6 +587,14 @@ def _bool(value: Any, key: str) -> bool:
     if isinstance(value, int):
         return bool(value)
     raise UserError(f"--data {key}={value!r}: expected true or false")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _required(plan: HostPlan, key: str) -> str:

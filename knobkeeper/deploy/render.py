@@ -205,11 +205,28 @@ def parse_meta(script_text: str) -> dict[str, Any] | None:
 # --- the stack as a whole -------------------------------------------------------------------------
 
 
+# What rendered files are made of: inventory (knobs, catalog, host data), templates, and the changelog
+# entries named in the headers. Deploy records (changelog/deploys) are not an input.
+SOURCE_PATHS = ("inventory", "templates", "changelog/entries")
+
+
 def source_of(root: Path, paths: tuple[str, ...] = ("inventory", "templates")) -> Source:
-    """HEAD's sha and whether `paths` have uncommitted changes (tracked or untracked)."""
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "-q", "--verify", "HEAD"], capture_output=True, text=True)
+    """The last commit that changed what files are rendered from (not HEAD: a deploy record commit
+    must not change every file's header, or every deploy re-uploads every file), and whether `paths`
+    have uncommitted changes (tracked or untracked)."""
+    last = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%H", "--", *SOURCE_PATHS],
+                          capture_output=True, text=True)
+    commit = last.stdout.strip()
+    if not commit:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "-q", "--verify", "HEAD"], capture_output=True, text=True)
+        commit = head.stdout.strip()
     status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *paths], capture_output=True, text=True)
-    return Source(commit=head.stdout.strip() or "uncommitted", dirty=bool(status.stdout.strip()))
+    return Source(commit=commit or "uncommitted", dirty=bool(status.stdout.strip()))
+
+
+def head_commit(root: Path) -> str:
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "-q", "--verify", "HEAD"], capture_output=True, text=True)
+    return head.stdout.strip() or "uncommitted"
 
 
 def dirty_paths(root: Path, paths: tuple[str, ...] = ("inventory", "templates")) -> list[str]:

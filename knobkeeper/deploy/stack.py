@@ -93,6 +93,20 @@ class Service:
         return f"{self.service_dir}/started.sh"
 
     @property
+    def started_manager_path(self) -> str:
+        """A copy of the program section / unit taken at the last (re)start."""
+        return f"{self.service_dir}/started.{'conf' if self.manager == 'supervisord' else 'service'}"
+
+    @property
+    def previous_launch_path(self) -> str:
+        """The launch script that ran before the last (re)start: what a rollback puts back."""
+        return f"{self.service_dir}/previous.sh"
+
+    @property
+    def previous_manager_path(self) -> str:
+        return f"{self.service_dir}/previous.{'conf' if self.manager == 'supervisord' else 'service'}"
+
+    @property
     def secrets_dir(self) -> str:
         return f"{self.prefix}/secrets/{self.role}"
 
@@ -338,6 +352,12 @@ def load_inventory(project_root: Path, inventory_path: str | os.PathLike, data: 
         path = project_root / path
     if not path.is_file():
         raise UserError(f"inventory {inventory_path}: no such file (e.g. inventory/local.py)")
+    # pyinfra caches the compiled code of every inventory/group_data file by path, for the life of the
+    # process: without this, a long-lived caller (tests, the A/B harness) would keep reading an
+    # inventory as it was the first time, whatever was committed since.
+    from pyinfra_cli import util as pyinfra_cli_util
+
+    pyinfra_cli_util.PYTHON_CODES.clear()
     with _pyinfra_context():
         try:
             return make_inventory(str(path), override_data=dict(data or {}), cwd=str(project_root))

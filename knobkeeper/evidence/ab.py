@@ -174,6 +174,14 @@ def deploy_switcher(project, inventory: str, role: str) -> tuple[Switch, Callabl
     return switch_arm, restore, router.url if router else None
 
 
+def engine_of(project, inventory: str, role: str) -> str:
+    """The engine the role runs in this inventory (sim, sglang, ...), for the evidence's setup."""
+    from knobkeeper.deploy.stack import load_stack
+
+    engines = {s.engine for s in load_stack(project.root, inventory).services if s.role == role}
+    return ", ".join(sorted(engines)) or "unknown"
+
+
 def ab_run(project, *, inventory: str, role: str, set_spec: str, baseline: str = "current",
            levels: list[int], repeats: int, requests: int | None = None, duration: float | None = None,
            endpoint: str | None = None, api: str = "chat", input_len: int = 128, output_len: int = 64,
@@ -193,7 +201,8 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, baseline: str =
     endpoint = endpoint or default_endpoint
     if not endpoint:
         raise UserError("--endpoint: required (the inventory names no router endpoint)")
-    setup = {"inventory": inventory, "git_sha": git_sha(project), "engine": "sglang"}
+    engine = engine_of(project, inventory, role) if switcher is None else "custom switcher"
+    setup = {"inventory": inventory, "git_sha": git_sha(project), "engine": engine}
     doc = run_ab(switch_arm, restore, endpoint, levels, repeats, arms=arms, knob=knob, role=role,
                  requests=requests, duration=duration, api=api, input_len=input_len, output_len=output_len,
                  setup=setup, load=load, progress=progress)
