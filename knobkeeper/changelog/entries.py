@@ -9,7 +9,6 @@ Parsed entries are cached (see filecache.py); the files stay the truth.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +20,7 @@ from knobkeeper.changelog.filecache import load_folder
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Value
 from knobkeeper.project import Project
+from knobkeeper.tomlio import read_toml
 from knobkeeper.timeutil import file_stem, id_from_stem, iso, parse_time
 
 ACTIONS = ("set", "unset", "revert", "restore", "record")
@@ -84,12 +84,7 @@ def _from_dict(path: Path, data: dict[str, Any]) -> Entry:
 
 
 def parse_entry_file(path: Path) -> Entry:
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: malformed TOML: {exc}") from None
-    return _from_dict(path, data)
+    return _from_dict(path, read_toml(path))
 
 
 def load_entries(project: Project) -> list[Entry]:

@@ -40,7 +40,6 @@ mtime), like entries; the files stay the truth.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +48,7 @@ from typing import Any, Iterable
 from knobkeeper.changelog.filecache import load_folder
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
+from knobkeeper.tomlio import read_toml
 from knobkeeper.timeutil import file_stem, id_from_stem, iso, new_id, parse_time, utcnow
 
 
@@ -183,12 +183,7 @@ def _from_dict(path: Path, data: dict[str, Any]) -> Incident:
 
 
 def parse_incident_file(path: Path) -> Incident:
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: malformed TOML: {exc}") from None
-    return _from_dict(path, data)
+    return _from_dict(path, read_toml(path))
 
 
 def _from_json(data: dict[str, Any]) -> Incident:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from knobkeeper.errors import UserError
+from knobkeeper.tomlio import read_toml
 
 TYPES = ("int", "float", "bool", "enum", "string", "secret")
 RISKS = ("perf", "numerics", "behaviour")
@@ -170,13 +170,7 @@ class Catalog:
 
 def load_catalog(path: Path) -> Catalog:
     """Parse and validate catalog.toml; every problem names the file and the knob's field."""
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise UserError(f"{path}: catalog not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: malformed TOML: {exc}") from None
+    data = read_toml(path, missing="catalog not found")
     table = data.get("knobs")
     if not isinstance(table, dict) or not table:
         raise UserError(f"{path}: needs a [knobs.NAME] table per knob")

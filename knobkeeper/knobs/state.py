@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 
 from knobkeeper.errors import UserError
+from knobkeeper.tomlio import read_toml
 from knobkeeper.knobs.catalog import Catalog, Value
 
 Declared = dict[str, dict[str, Value]]
@@ -16,13 +16,7 @@ Declared = dict[str, dict[str, Value]]
 
 def read_declared(path: Path, catalog: Catalog | None = None) -> Declared:
     """{role: {knob: value}}; with a catalog, every value is checked against it."""
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise UserError(f"{path}: declared state not found (create it with one [role] table per role)") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: malformed TOML: {exc}") from None
+    data = read_toml(path, missing="declared state not found (create it with one [role] table per role)")
     declared: Declared = {}
     for role, table in data.items():
         if not isinstance(table, dict):
