@@ -42,7 +42,7 @@ def _report(change, verb: str) -> None:
     for text in change.warnings:
         warn(text)
     if verb:
-        click.echo(f"next: pyinfra inventory/local.py deploy.py  (or review it first: knobkeeper review)")
+        click.echo("next: knobkeeper review (the PR body), then pyinfra -y inventory/<env>.py deploy.py")
 
 
 @click.command("catalog")
