@@ -317,3 +317,31 @@ def test_launch_script_mode_and_paths(project):
     assert "ExecStart=/opt/knobkeeper/services/knobkeeper-decode/launch.sh" in unit
     assert "User=sglang" in unit
     assert stat.S_IMODE(0o755) == 0o755
+
+
+def test_deploy_refuses_bad_only_and_overrides_before_pyinfra_starts():
+    import tempfile
+
+    from click.testing import CliRunner
+
+    from knobkeeper.cli import main
+    from tests.infra import git, make_infra_repo
+
+    # A short path: the local stack's supervisord socket must stay under 100 characters.
+    tmp = Path(tempfile.mkdtemp(prefix="kk-"))
+    project = make_infra_repo(tmp)
+    head = git(project.root, "rev-parse", "HEAD")
+    for args, needle in (
+        (["--only", "nope"], "--only 'nope': not a role of inventory/local.py"),
+        (["--override", "decode:NOPE=1"], "unknown knob 'NOPE'"),
+        (["--override", "decode:SGLANG_SM120_MMA_TARGET_CTAS=abc"], "expected an integer in [1, 8192]"),
+        (["--override", "prefill:SGLANG_SM120_MMA_TARGET_CTAS=512"], "does not apply to role 'prefill'"),
+        (["--override", "decode-SGLANG=1"], "expected ROLE:KNOB=VALUE"),
+    ):
+        result = CliRunner().invoke(main, ["deploy", *args, "--repo", str(project.root)])
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.count("error:") == 1 and needle in result.output, (args, result.output)
+    assert git(project.root, "rev-parse", "HEAD") == head
+    assert git(project.root, "status", "--porcelain") == ""
+    assert not (project.state_dir / "local").exists()
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -79,6 +79,18 @@ def deploy_command(
     return cmd
 
 
+def _preflight(project: Project, inventory: str, only: str | None, knob_overrides: Mapping[str, Any] | None) -> None:
+    """Refuse bad --only / overrides with one UserError before pyinfra starts (nothing touched)."""
+    from knobkeeper.deploy.render import normalize_overrides
+    from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.knobs.catalog import load_catalog
+
+    roles = list(load_stack(project.root, inventory).roles)
+    if only is not None and only not in roles:
+        raise UserError(f"--only {only!r}: not a role of {inventory} (roles: {', '.join(roles)})")
+    normalize_overrides(load_catalog(project.catalog_path), knob_overrides, roles)
+
+
 def run_deploy(
     project: Project,
     inventory_path: str | os.PathLike = DEFAULT_INVENTORY,
@@ -100,6 +112,7 @@ def run_deploy(
         raise UserError(f"inventory {inventory_path}: no such file under {project.root}")
     if not (project.root / "deploy.py").is_file():
         raise UserError(f"{project.root}/deploy.py: not found (is this an infra repo?)")
+    _preflight(project, rel, only, knob_overrides)
     deploy_id = new_id()
     cmd = deploy_command(rel, restart=restart, only=only, knob_overrides=knob_overrides, record=record,
                          allow_dirty=allow_dirty, extra_data=extra_data, deploy_id=deploy_id)
