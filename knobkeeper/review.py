@@ -598,7 +598,7 @@ def title(review: Review) -> str:
 def to_markdown(review: Review) -> str:
     out: list[str] = []
     w = out.append
-    w(f"## Knob change review")
+    w("## Knob change review")
     w("")
     w(f"**Summary:** {_cell(summary_line(review))}")
     w("")

@@ -48,3 +48,12 @@ def set_identity(root: Path, name: str = "Test Operator") -> None:
     git(root, "config", "user.name", name)
     git(root, "config", "user.email", f"{name.lower().replace(' ', '.')}@example.com")
     git(root, "config", "commit.gpgsign", "false")
+
+
+def kk(project: Project, *args: str, input: str | None = None):
+    """Run `knobkeeper ARGS --repo ROOT` through click's CliRunner; returns the click Result."""
+    from click.testing import CliRunner
+
+    from knobkeeper.cli import main
+
+    return CliRunner().invoke(main, [*args, "--repo", str(project.root)], input=input, catch_exceptions=False)

@@ -15,7 +15,6 @@ in test_evidence_ab.py, where the noise is below 1%.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import urllib.request
 

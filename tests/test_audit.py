@@ -17,7 +17,7 @@ from knobkeeper.changelog.entries import load_entries
 from knobkeeper.cli import main
 from knobkeeper.evidence.schema import SCHEMA, validate
 from knobkeeper.timeutil import file_stem, iso, new_id, parse_time, utcnow
-from tests.infra import git, make_infra_repo
+from tests.infra import git, kk
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 
@@ -27,21 +27,6 @@ FIELD_LEVELS = [
     (64, 0.128, 0.101, 0.154, 0.0004, "better"),
     (96, 0.057, 0.031, 0.084, 0.002, "better"),
 ]
-
-
-@pytest.fixture
-def project(tmp_path):
-    return make_infra_repo(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """One repo for the cases that must write nothing (each checks that they did not)."""
-    return make_infra_repo(tmp_path_factory.mktemp("shared"))
-
-
-def kk(project, *args):
-    return CliRunner().invoke(main, [*args, "--repo", str(project.root)], catch_exceptions=False)
 
 
 def write_evidence(project, knob=KNOB, role="decode", value=512, levels=FIELD_LEVELS, age_days: float = 1,

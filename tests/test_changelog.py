@@ -14,24 +14,14 @@ import pytest
 from click.testing import CliRunner
 
 from knobkeeper.changelog import ops
-from knobkeeper.changelog.entries import load_entries, replay
+from knobkeeper.changelog.entries import load_entries
 from knobkeeper.cli import main
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import fingerprint, load_catalog
 from knobkeeper.knobs.state import read_declared
-from tests.infra import git, make_infra_repo, set_identity
+from tests.infra import git, kk, make_infra_repo, set_identity
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
-
-
-@pytest.fixture
-def project(tmp_path):
-    return make_infra_repo(tmp_path)
-
-
-def kk(project, *args, input=None):
-    result = CliRunner().invoke(main, [*args, "--repo", str(project.root)], input=input, catch_exceptions=False)
-    return result
 
 
 def head(project) -> str:

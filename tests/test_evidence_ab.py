@@ -16,7 +16,6 @@ higher CPU priority (root only): the judgement is about the sim's model, not the
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

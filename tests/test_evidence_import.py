@@ -3,7 +3,6 @@ CLI, and errors that name the file and field and write nothing."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 

@@ -202,7 +202,7 @@ def test_first_deploy_installs_the_engine_and_starts_roles_in_order_across_hosts
         assert info["pid"] == pid and info["disaggregation_mode"] == host.role
     freeze = subprocess.run([str(fleet.prefix("decode-1") / "venv" / "bin" / "pip"), "freeze"], cwd="/",
                             capture_output=True, text=True).stdout
-    assert f"knobkeeper @ file://" in freeze and fleet.wheel.name in freeze
+    assert "knobkeeper @ file://" in freeze and fleet.wheel.name in freeze
     assert git(fleet.project.root, "status", "--porcelain") == ""
 
 

@@ -16,24 +16,9 @@ from knobkeeper.changelog import ops
 from knobkeeper.cli import main
 from knobkeeper.errors import UserError
 from knobkeeper.timeutil import iso, utcnow
-from tests.infra import git, make_infra_repo
+from tests.infra import git, kk
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
-
-
-@pytest.fixture
-def project(tmp_path):
-    return make_infra_repo(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """One repo for the cases that must write nothing (each checks that they did not)."""
-    return make_infra_repo(tmp_path_factory.mktemp("shared"))
-
-
-def kk(project, *args):
-    return CliRunner().invoke(main, [*args, "--repo", str(project.root)], catch_exceptions=False)
 
 
 def snapshot(project):

@@ -11,18 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from knobkeeper import review as R
-from knobkeeper.cli import main
-from tests.infra import git, make_infra_repo
+from tests.infra import git, kk, make_infra_repo
 from tests.review_fixtures import KNOB, commit_all, pin_git_dates, write_entry, write_evidence, write_incident
 
 GOLDEN = Path(__file__).parent / "data" / "review" / "set_with_evidence.md"
-
-
-def kk(project, *args):
-    return CliRunner().invoke(main, [*args, "--repo", str(project.root)], catch_exceptions=False)
 
 
 def normalise(text: str, project) -> str:

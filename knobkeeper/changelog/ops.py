@@ -167,7 +167,7 @@ def unset_knob(project: Project, name: str, role: str, reason: str | None,
     options = options or CommitOptions()
     with repo_lock(project):
         catalog, declared = _context(project)
-        knob = catalog.for_role(name, role)
+        catalog.for_role(name, role)
         reason = _reason(reason, f"unset {name}")
         old = value_of(declared, role, name)
         if old is None:

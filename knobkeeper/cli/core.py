@@ -33,7 +33,6 @@ def _split_assignment(text: str) -> tuple[str, str]:
 
 
 def _report(change, verb: str) -> None:
-    entry = change.entry
     where = f" on branch {change.branch}" if change.branch else ""
     committed = f"commit {change.commit[:10]}{where}" if change.commit else "staged, not committed"
     for extra in change.entries:

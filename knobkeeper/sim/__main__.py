@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from .model import EffectsError, KNOWN_KNOBS, expected_throughput, knobs_from_env, load_effects, PerfModel
+from .model import EffectsError, expected_throughput, knobs_from_env, load_effects, PerfModel
 from .server import SimConfig, run
 
 ENV_PREFIX = "KNOBKEEPER_SIM_"

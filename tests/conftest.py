@@ -1,0 +1,19 @@
+"""Fixtures shared by the test files: temporary infra repos (see tests/infra.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.infra import make_infra_repo
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A fresh infra repo per test: committed, clean, on main, with its own git identity."""
+    return make_infra_repo(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One repo per module for the cases that must write nothing (each checks that they did not)."""
+    return make_infra_repo(tmp_path_factory.mktemp("shared"))
