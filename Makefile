@@ -4,13 +4,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo stop bench system-deps clean
+.PHONY: test test-under-load demo stop bench system-deps clean
 
-# Debian tools the tests run for real: shellcheck and systemd-analyze lint rendered files,
-# openssh-server hosts the emulated fleet. Needs root (CI runs as root).
+# The Debian packages of system-packages.txt that are missing (root: installs them; otherwise one
+# line naming the command). `make test` runs it first, so a new machine needs nothing else.
 system-deps:
-	apt-get update
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends shellcheck systemd openssh-server
+	bash scripts/system-deps.sh
 
 $(STAMP): pyproject.toml kernels/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,8 +19,12 @@ $(STAMP): pyproject.toml kernels/pyproject.toml
 	$(PY) -m pip install -e '.[test,bench]' -e ./kernels
 	touch $(STAMP)
 
-test: $(STAMP)
+test: system-deps $(STAMP)
 	$(PY) -m pytest -q
+
+# The suite 3 times in a row with one core kept busy (tests must not need a quiet machine).
+test-under-load: system-deps $(STAMP)
+	bash scripts/test-under-load.sh
 
 demo: $(STAMP)
 	$(PY) -m knobkeeper.demo
