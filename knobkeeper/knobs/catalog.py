@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,17 @@ from knobkeeper.errors import UserError
 from knobkeeper.tomlio import read_toml
 
 TYPES = ("int", "float", "bool", "enum", "string", "secret")
+
+# What a shell accepts as a variable name: knob names (catalog, engine registries) and host data
+# `environment` names reach launch scripts unquoted, so anything else is refused where it enters.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_name(name: Any, where: str) -> str:
+    """`name` if it is a valid environment variable name, else a UserError naming `where`."""
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        raise UserError(f"{where}: {name!r} is not a valid variable name (letters, digits and _, not starting with a digit)")
+    return name
 RISKS = ("perf", "numerics", "behaviour")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
