@@ -318,3 +318,15 @@ def render_stack(
                     source=source, templates_dir=project.templates_dir, environment=env,
                 )
     return out
+
+
+def strip_header(text: str) -> str:
+    """A rendered file without its header: a shebang line is kept, the comment block that follows it
+    (`#` or `;` lines: knobkeeper's header) is dropped. What the process or service manager would
+    see differently; two files with the same stripped text differ only in provenance."""
+    lines = text.splitlines(keepends=True)
+    kept = lines[:1] if lines and lines[0].startswith("#!") else []
+    i = len(kept)
+    while i < len(lines) and lines[i].startswith(("#", ";")):
+        i += 1
+    return "".join(kept + lines[i:])

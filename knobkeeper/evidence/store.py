@@ -7,6 +7,7 @@ Other parts use `load(project, id)`, `summary_line(doc)` and `gains(doc)`.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 from typing import Any, Iterable
@@ -315,3 +316,45 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
                 raw.append((f"{arm}-{i}-{Path(p).name}", Path(p)))
     path = write(project, doc, raw, no_commit=no_commit)
     return json.loads(path.read_text())
+
+
+# ---------------------------------------------------------------- verification (interim: the review helper's
+# minimal version for `check`; the evidence helper's verify replaces it)
+
+def _non_finite(value: Any, where: str) -> list[str]:
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{where} is {value}"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _non_finite(v, f"{where}[{i}]")]
+    return []
+
+
+def verify(doc: dict) -> list[str]:
+    """Every way the stored judgement departs from the one its runs give (verdict and effect per
+    level, recomputed with the judge), and every NaN or infinity anywhere in the doc."""
+    from knobkeeper import fmt
+
+    problems = _non_finite(doc, "")
+    if problems:
+        return problems
+    judgement = doc.get("judgement") or {}
+    try:
+        again = J.judge(doc["runs"], doc["metric"], judgement.get("mde", J.MDE), judgement.get("alpha", J.ALPHA))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        return [f"runs: cannot be judged ({exc})"]
+    stored = {lv.get("concurrency"): lv for lv in judgement.get("levels") or []}
+    fresh = {lv["concurrency"]: lv for lv in again["levels"]}
+    for conc in sorted(set(stored) | set(fresh), key=str):
+        have, want = stored.get(conc), fresh.get(conc)
+        if have is None or want is None:
+            problems.append(f"level {conc}: {'missing from the judgement' if have is None else 'has no runs'}")
+            continue
+        effect_ok = (have.get("effect") is None and want["effect"] is None) or (
+            have.get("effect") is not None and want["effect"] is not None
+            and math.isclose(have["effect"], want["effect"], rel_tol=1e-9, abs_tol=1e-12))
+        if have.get("verdict") != want["verdict"] or not effect_ok:
+            problems.append(f"level {conc}: stored {fmt.pct(have.get('effect'))} {have.get('verdict')!r}, "
+                            f"the runs give {fmt.pct(want['effect'])} {want['verdict']!r}")
+    return problems

@@ -1,0 +1,285 @@
+"""What a change-review PR body says about base..head, as data (`collect`); markdown.py writes it.
+
+The changelog entries ADDED in the range are the knob changes (the files say it; commit messages
+are not parsed). Each side is read from a snapshot of its tree, opened as a Project of its own,
+through the functions everything else uses: entries, the evidence store, incidents, audit's revert
+status, and the deploy's render for every (host, service) of every inventory.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from knobkeeper import fmt
+from knobkeeper.changelog.entries import Entry, load_entries, replay
+from knobkeeper.errors import UserError
+from knobkeeper.project import Project
+from knobkeeper.review.gitrange import changed_paths, commits_between, resolve_range, snapshot
+from knobkeeper.review.renders import InventoryRender, inventories, rebase_paths, relative, render_inventory
+from knobkeeper.review.restarts import plan_inventory
+from knobkeeper.timeutil import parse_time
+
+STALE_DAYS = 30
+SPEED_METRICS = ("output_tokens_per_s", "requests_per_s", "input_tokens_per_s", "total_tokens_per_s")
+EVIDENCE_EXPECTED = ("set", "restore", "record")
+
+
+@dataclass
+class EvidenceView:
+    id: str
+    doc: dict | None
+    problem: str | None = None  # missing or invalid
+
+
+@dataclass
+class ChangeView:
+    entry: Entry
+    risk: str | None
+    display_old: str
+    display_new: str
+    evidence: list[EvidenceView] = field(default_factory=list)
+
+
+@dataclass
+class FileDiff:
+    inventory: str
+    role: str
+    hosts: list[str]
+    path: str
+    diff: str
+
+
+@dataclass
+class Review:
+    base: str
+    head: str
+    commits: list[str]
+    changes: list[ChangeView]
+    reverts: list[dict]
+    diffs: list[FileDiff]
+    plans: list[dict]
+    warnings: list[str]
+    modified_entries: list[str] = field(default_factory=list)
+    range_note: str | None = None  # set when --base was not an ancestor of --head
+
+
+def display(catalog: Any, name: str, value: Any) -> str:
+    """A knob value as the catalog shows it (a secret: its fingerprint), else as fmt shows values."""
+    if catalog is not None and name in catalog:
+        return catalog.get(name).display(value)
+    return fmt.value(value)
+
+
+def load_evidence(project: Project, ident: str) -> EvidenceView:
+    from knobkeeper.evidence import store
+
+    try:
+        return EvidenceView(ident, store.load(project, ident))
+    except UserError as exc:
+        return EvidenceView(ident, None, relative(str(exc), project.root))
+
+
+def drift(declared: dict, explained: dict) -> list[tuple[str, str, Any, Any]]:
+    """(role, knob, what the entries say, what knobs.toml says) wherever they differ."""
+    out = []
+    for role in sorted(set(declared) | set(explained)):
+        for name in sorted(set(declared.get(role, {})) | set(explained.get(role, {}))):
+            want, have = explained.get(role, {}).get(name), declared.get(role, {}).get(name)
+            if want != have or type(want) is not type(have):
+                out.append((role, name, want, have))
+    return out
+
+
+def _evidence_warnings(change: ChangeView, ev: EvidenceView, catalog: Any) -> list[str]:
+    e, doc = change.entry, ev.doc
+    where = f"{e.role} {e.knob} (entry {e.id})"
+    if doc is None:
+        return [f"{where}: evidence {ev.id} is missing or invalid: {ev.problem}"]
+    out = []
+    if doc.get("knob") != e.knob or doc.get("role") != e.role:
+        out.append(f"{where}: evidence {ev.id} tests {doc.get('knob')} on {doc.get('role')}, not this knob")
+    cand = doc.get("arms", {}).get("B", {}).get("knobs", {}).get(e.knob)
+    if doc.get("knob") == e.knob and e.new is not None and cand != e.new:
+        out.append(f"{where}: stale evidence {ev.id}: it tested {display(catalog, e.knob, cand)}, "
+                   f"the change sets {change.display_new}")
+    try:
+        age = (parse_time(e.time) - parse_time(doc["created"])).days
+    except (KeyError, ValueError):
+        age = 0
+    if age > STALE_DAYS:
+        out.append(f"{where}: stale evidence {ev.id}: {age} days older than the change (over {STALE_DAYS})")
+    levels = doc.get("judgement", {}).get("levels", [])
+    verdicts = [lv.get("verdict") for lv in levels]
+    if doc.get("metric") in SPEED_METRICS and "better" not in verdicts:
+        shown = ", ".join(f"{lv.get('verdict')} @{lv.get('concurrency')}" for lv in levels) or "no levels"
+        out.append(f"{where}: evidence {ev.id} is not significant at any level ({shown})")
+    worse = [f"@{lv.get('concurrency')}" for lv in levels if lv.get("verdict") == "worse"]
+    if worse:
+        out.append(f"{where}: evidence {ev.id} shows the candidate worse at {', '.join(worse)}")
+    return out
+
+
+def _is_correctness(doc: dict | None) -> bool:
+    """Evidence about outputs, not speed: a non-throughput metric, or a `correctness` section."""
+    if not doc:
+        return False
+    return bool(doc.get("correctness")) or doc.get("metric") not in SPEED_METRICS
+
+
+def _render_all(project: Project, tree: Project, sha: str) -> dict[str, InventoryRender]:
+    from knobkeeper.deploy.render import Source
+
+    out = {}
+    for inv in inventories(tree):
+        r = render_inventory(tree, inv, Source(sha), rebase=project.root)
+        rebase_paths(r, tree.root, project.root)
+        out[inv] = r
+    return out
+
+
+def _reverts(tree: Project, new: list[Entry], entries: list[Entry], incidents: list, warnings: list[str]) -> list[dict]:
+    """One row per revert or restore added in the range: the revert, its incident, its status."""
+    from knobkeeper import audit
+
+    try:
+        statuses, problem = audit.revert_statuses(tree, entries, incidents), None
+    except UserError as exc:
+        statuses, problem = {}, f"revert status unavailable: {exc}"
+    if problem and any(e.action in ("revert", "restore") for e in new):
+        warnings.append(problem)
+    by_id = {e.id: e for e in entries}
+    inc_by_id = {i.id: i for i in incidents}
+    rows = []
+    for e in new:
+        if e.action == "revert":
+            rid = e.id
+        elif e.action == "restore" and e.restores:
+            rid = e.restores
+        else:
+            continue
+        revert = by_id.get(rid)
+        st = statuses.get(rid)
+        incident_id = revert.incident if revert else None
+        inc = inc_by_id.get(incident_id) if incident_id else None
+        rows.append({
+            "entry": e, "revert": revert, "revert_id": rid,
+            "incident": incident_id, "incident_title": inc.title if inc else None,
+            "incident_state": inc.status if inc else None,
+            "status": st.status if st else "unknown", "why": st.why if st else (problem or ""),
+        })
+    return rows
+
+
+def collect(project: Project, base: str | None = None, head: str | None = None) -> Review:
+    """Everything the PR body says about base..head."""
+    from knobkeeper.changelog.incidents import load_incidents
+    from knobkeeper.knobs.catalog import load_catalog
+    from knobkeeper.knobs.state import read_declared
+
+    rng = resolve_range(project, base, head)
+    base_sha, head_sha = rng.base, rng.head
+    commits = commits_between(project, base_sha, head_sha)
+    entry_changes = changed_paths(project, base_sha, head_sha, "changelog/entries")
+    added = {Path(p).name for p, s in entry_changes.items() if s == "A" and p.endswith(".toml")}
+    modified = sorted(p for p, s in entry_changes.items() if s != "A" and p.endswith(".toml"))
+    warnings: list[str] = [f"{p}: a committed entry was {'deleted' if entry_changes[p] == 'D' else 'modified'}; "
+                           f"entries are immutable (add a new entry with set/unset/revert instead)" for p in modified]
+    with snapshot(project, base_sha) as base_tree:
+        renders_base = _render_all(project, base_tree, base_sha)
+    with snapshot(project, head_sha) as tree:
+        try:
+            catalog = load_catalog(tree.catalog_path)
+        except UserError as exc:
+            catalog = None
+            warnings.append(f"catalog unreadable at head: {relative(str(exc), tree.root)}")
+        entries = load_entries(tree)
+        try:
+            incidents = load_incidents(tree)
+        except UserError as exc:
+            incidents = []
+            warnings.append(f"incidents unreadable at head: {relative(str(exc), tree.root)}")
+        new = [e for e in entries if f"{e.stem}.toml" in added]
+        changes: list[ChangeView] = []
+        for e in new:
+            risk = catalog.get(e.knob).risk if catalog is not None and e.knob in catalog else None
+            view = ChangeView(e, risk, display(catalog, e.knob, e.old), display(catalog, e.knob, e.new))
+            view.evidence = [load_evidence(tree, ident) for ident in e.evidence]
+            changes.append(view)
+        reverts = _reverts(tree, new, entries, incidents, warnings)
+        renders_head = _render_all(project, tree, head_sha)
+        # Drift at head: knobs.toml values the head's entries do not explain (a hand edit in the range).
+        try:
+            for role, name, want, have in drift(read_declared(tree.knobs_path), replay(entries)):
+                warnings.append(f"inventory/knobs.toml at head: [{role}] {name} = {display(catalog, name, have)} is not "
+                                f"explained by the changelog (entries say {display(catalog, name, want)}); "
+                                f"run `knobkeeper record --reason ...`")
+        except UserError as exc:
+            warnings.append(f"knobs.toml unreadable at head: {relative(str(exc), tree.root)}")
+
+    for c in changes:
+        warnings += _change_warnings(c, catalog)
+    diffs, plans = _diffs_and_plans(renders_base, renders_head, warnings)
+    return Review(base_sha, head_sha, commits, changes, reverts, diffs, plans, warnings, modified, rng.note)
+
+
+def _change_warnings(c: ChangeView, catalog: Any) -> list[str]:
+    e = c.entry
+    out = [w for ev in c.evidence for w in _evidence_warnings(c, ev, catalog)]
+    if e.action in EVIDENCE_EXPECTED and e.new is not None and not e.evidence and c.risk in ("perf", "numerics"):
+        out.append(f"{e.role} {e.knob} (entry {e.id}): {e.action} of a {c.risk} knob with no evidence "
+                   f"(attach an A/B: `knobkeeper ab import ...`, then link it)")
+    if e.action == "revert" and not e.incident:
+        out.append(f"{e.role} {e.knob} (entry {e.id}): revert without an incident; its status stays "
+                   f"unexplained (next time: `knobkeeper revert ... --incident ID`)")
+    if c.risk == "numerics" and e.new is not None and e.action in EVIDENCE_EXPECTED \
+            and not any(_is_correctness(ev.doc) for ev in c.evidence):
+        out.append(f"{e.role} {e.knob} (entry {e.id}): risk=numerics without correctness evidence "
+                   f"(outputs may change; attach an accuracy/eval result)")
+    return out
+
+
+def _diffs_and_plans(base: dict[str, InventoryRender], head: dict[str, InventoryRender],
+                     warnings: list[str]) -> tuple[list[FileDiff], list[dict]]:
+    diffs: list[FileDiff] = []
+    plans: list[dict] = []
+    for inv in sorted(set(base) | set(head)):
+        old, new = base.get(inv), head.get(inv)
+        if new is None:
+            warnings.append(f"{inv}: removed in this range")
+            continue
+        if new.error:
+            warnings.append(f"{inv}: does not render at head: {new.error}")
+            continue
+        if old is None or old.error:
+            if old is not None:
+                warnings.append(f"{inv}: did not render at base ({old.error}); every file is shown as new")
+            old = InventoryRender(inv)
+        diffs += _file_diffs(old, new)
+        plans.append(plan_inventory(old, new))
+    return diffs, plans
+
+
+def _file_diffs(old: InventoryRender, new: InventoryRender) -> list[FileDiff]:
+    """The diff of every file whose text changes beyond its header; hosts of one role whose files
+    change the same way (headers aside) are shown once."""
+    grouped: dict[tuple[str, str, str], tuple[list[str], str]] = {}
+    for key in sorted(set(old.files) | set(new.files)):
+        a, b = old.files.get(key), new.files.get(key)
+        f = b or a
+        if a is not None and b is not None and a.body == b.body:
+            continue  # at most the header changed (source commit, digest, provenance)
+        diff = "".join(difflib.unified_diff(
+            (a.text if a else "").splitlines(keepends=True), (b.text if b else "").splitlines(keepends=True),
+            fromfile=f"a{f.path}" if a else "/dev/null", tofile=f"b{f.path}" if b else "/dev/null", n=3))
+        body_diff = "".join(difflib.unified_diff((a.body if a else "").splitlines(keepends=True),
+                                                 (b.body if b else "").splitlines(keepends=True), n=0))
+        slot = (f.role or "(host)", f.path, body_diff)
+        hosts, text = grouped.get(slot, ([], diff))
+        hosts.append(f.host)
+        grouped[slot] = (hosts, text)
+    order_index = {r: i for i, r in enumerate(new.order)}
+    return [FileDiff(new.inventory, role, sorted(hosts), path, text) for (role, path, _), (hosts, text) in sorted(
+        grouped.items(), key=lambda kv: (order_index.get(kv[0][0], len(order_index)), kv[0][1], kv[1][0]))]

@@ -1,0 +1,381 @@
+"""`check`: the CI / pre-commit gate over the working tree. One Problem per thing wrong, each
+`path: what is wrong; how to fix`. `check()` runs one function per kind of problem, in order; each
+reads what earlier ones loaded (the catalog, knobs.toml, the entries) from the shared `_Run`, and
+a later one that needs something an earlier one could not load skips rather than repeat its error.
+
+Nothing a secret knob holds is ever printed: a value pasted into knobs.toml for a secret knob is
+named, not shown.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from knobkeeper import fmt, gitio
+from knobkeeper.changelog.entries import Entry, parse_entry_file, replay
+from knobkeeper.errors import UserError
+from knobkeeper.project import Project
+from knobkeeper.review.body import drift
+from knobkeeper.review.gitrange import changed_paths, resolve_ref
+from knobkeeper.review.renders import RenderedFile, inventories, relative, render_errors_per_host, render_inventory
+from knobkeeper.timeutil import id_from_stem
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    what: str
+    fix: str
+
+    def line(self) -> str:
+        return f"{self.path}: {self.what}; {self.fix}"
+
+
+@dataclass
+class CheckResult:
+    problems: list[Problem] = field(default_factory=list)
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        c = self.counts
+        linters = ", ".join(self.ran) or "none"
+        skipped = f"; skipped: {', '.join(self.skipped)}" if self.skipped else ""
+        return (f"check: OK: {c.get('entries', 0)} entries, {c.get('evidence', 0)} evidence, {c.get('incidents', 0)} "
+                f"incidents; rendered {c.get('files', 0)} files for {c.get('hosts', 0)} hosts in "
+                f"{c.get('inventories', 0)} inventories; linters: {linters}{skipped}")
+
+
+@dataclass
+class _Run:
+    """One check run: the project, what was loaded so far, and the result being built."""
+
+    project: Project
+    base: str | None = None          # the --base as given
+    base_sha: str | None = None
+    result: CheckResult = field(default_factory=CheckResult)
+    catalog: Any = None              # None: could not be loaded (already a problem)
+    declared: dict | None = None
+    entries: list[Entry] = field(default_factory=list)
+    entries_ok: bool = True
+    bad_values: set[tuple[str, str]] = field(default_factory=set)
+
+    def add(self, path: str, what: str, fix: str) -> None:
+        self.result.problems.append(Problem(path, what, fix))
+
+    def rel(self, path: Path) -> str:
+        return self.project.rel(path)
+
+    def own_message(self, exc: UserError, path: Path) -> str:
+        """An error's text without the repo's path and without the file name the problem line starts with."""
+        return relative(str(exc), self.project.root).removeprefix(f"{self.rel(path)}: ")
+
+
+# --------------------------------------------------------------------------- one function per kind
+
+def check_catalog(run: _Run) -> None:
+    """The catalog loads, and every knob name is a name a shell reads as a variable."""
+    from knobkeeper.knobs.catalog import check_env_name, load_catalog
+
+    path = run.project.catalog_path
+    try:
+        catalog = load_catalog(path)
+    except UserError as exc:
+        run.add(run.rel(path), run.own_message(exc, path), "fix the catalog")
+        return
+    bad = False
+    for name in catalog.knobs:
+        try:
+            check_env_name(name, f"knobs.{name}")
+        except UserError as exc:
+            bad = True
+            run.add(run.rel(path), str(exc), "rename the entry (a knob name reaches every launch script unquoted)")
+    run.catalog = None if bad else catalog
+
+
+def check_declared(run: _Run) -> None:
+    """knobs.toml parses and every value obeys the catalog; a secret knob holds only a fingerprint."""
+    from knobkeeper.knobs.catalog import is_fingerprint
+    from knobkeeper.knobs.state import read_declared
+
+    path = run.project.knobs_path
+    rel = run.rel(path)
+    catalog_rel = run.rel(run.project.catalog_path)
+    try:
+        run.declared = read_declared(path)
+    except UserError as exc:
+        run.add(rel, run.own_message(exc, path), "fix the file (git checkout inventory/knobs.toml undoes a bad edit)")
+        return
+    if run.catalog is None:
+        return
+    for role, table in run.declared.items():
+        for name, value in table.items():
+            try:
+                knob = run.catalog.for_role(name, role)
+                if knob.secret:
+                    if not is_fingerprint(value):
+                        run.bad_values.add((role, name))
+                        run.add(rel, f"[{role}] plaintext value for secret knob {name} (not shown)",
+                                f"knobs.toml holds only the value's sha256: fingerprint; remove the line, rotate the "
+                                f"secret if it was committed, and set it with `knobkeeper set {name} --role {role}`")
+                    continue
+                knob.check(value)
+            except UserError as exc:
+                run.bad_values.add((role, name))
+                run.add(rel, f"[{role}] {name} = {fmt.quoted(value)} violates the catalog: {exc}",
+                        f"use a value the catalog accepts (see `knobkeeper catalog {name}`) and record it, "
+                        f"or add the knob to {catalog_rel}")
+
+
+def check_secret_store(run: _Run) -> None:
+    """Nothing under the secret store is tracked by git (an ignore rule is all that kept it out)."""
+    store = run.rel(run.project.secrets_dir)
+    for path in gitio.output(run.project.root, "ls-files", "--", store).splitlines():
+        run.add(path, "a secret's value is tracked by git",
+                f"`git rm --cached {path}`, keep {store}/ ignored, and rotate the secret (it is in git history)")
+
+
+def check_entries(run: _Run) -> None:
+    """Every entry file parses, and knobs.toml holds what the entries replay to."""
+    project = run.project
+    paths = sorted(project.entries_dir.glob("*.toml")) if project.entries_dir.is_dir() else []
+    for path in paths:
+        try:
+            run.entries.append(parse_entry_file(path))
+        except UserError as exc:
+            run.entries_ok = False
+            run.add(run.rel(path), run.own_message(exc, path),
+                    "fix the entry file (entries are written by knobkeeper; restore it with `git checkout`)")
+    run.result.counts["entries"] = len(run.entries)
+    if not run.entries_ok or run.declared is None:
+        return
+    knobs_rel = run.rel(project.knobs_path)
+    for role, name, want, have in drift(run.declared, replay(run.entries)):
+        if (role, name) in run.bad_values:
+            continue  # already reported, without its value
+        if have is None:
+            what = f"[{role}] {name} was removed by hand (the changelog says {_shown(run, name, want)})"
+        else:
+            what = (f"[{role}] {name} = {_shown(run, name, have)} is not explained by the changelog "
+                    f"(entries say {_shown(run, name, want)})")
+        run.add(knobs_rel, what, "run `knobkeeper record --reason ...` to record the hand edit, "
+                                 "or undo it with `git checkout inventory/knobs.toml`")
+
+
+def _shown(run: _Run, name: str, value: Any) -> str:
+    """A declared value for a problem line: a secret knob's only as its fingerprint."""
+    if run.catalog is not None and name in run.catalog and run.catalog.get(name).secret:
+        return run.catalog.get(name).display(value)
+    return fmt.quoted(value)
+
+
+def check_links(run: _Run) -> None:
+    """Entries name evidence, incidents and other entries that exist."""
+    project = run.project
+
+    def stems(folder: Path, ext: str) -> set[str]:
+        return {id_from_stem(p.stem) for p in folder.glob(f"*.{ext}")} if folder.is_dir() else set()
+
+    evidence_ids, incident_ids = stems(project.evidence_dir, "json"), stems(project.incidents_dir, "toml")
+    entry_ids = {e.id for e in run.entries}
+    for e in run.entries:
+        rel = run.rel(project.entries_dir / f"{e.stem}.toml")
+        for ident in e.evidence:
+            if ident not in evidence_ids:
+                run.add(rel, f"evidence {ident} is missing from {run.rel(project.evidence_dir)}/",
+                        "commit the evidence file (`knobkeeper ab import ...`) or restore it from git")
+        if e.incident and e.incident not in incident_ids:
+            run.add(rel, f"incident {e.incident} is missing from {run.rel(project.incidents_dir)}/",
+                    "commit the incident file (`knobkeeper incident open ...`) or restore it from git")
+        for key in ("reverts", "restores", "refutes"):
+            ident = getattr(e, key)
+            if ident and ident not in entry_ids:
+                run.add(rel, f"{key} = {ident!r} names an entry that does not exist", "restore the missing entry from git")
+
+
+def check_evidence(run: _Run) -> None:
+    """Every evidence file loads through the store, its id matches its name, its raw files exist, and
+    its judgement is what its runs give (store.verify: recomputed, no NaN)."""
+    from knobkeeper.evidence import store
+    from knobkeeper.evidence.schema import SCHEMA
+
+    project = run.project
+    files = store.paths(project)
+    run.result.counts["evidence"] = len(files)
+    fix = "regenerate it with `knobkeeper ab import` or restore it from git"
+    for path in files:
+        rel = run.rel(path)
+        ident = id_from_stem(path.stem)
+        try:
+            doc = store.load(project, ident)
+        except UserError as exc:
+            what = run.own_message(exc, path)
+            run.add(rel, what if what.startswith("not JSON") else f"fails schema {SCHEMA}: {what}", fix)
+            continue
+        if doc.get("id") != ident:
+            run.add(rel, f"id {doc.get('id')!r} does not match the file name", "rename the file or fix its id")
+        for raw in doc.get("source", {}).get("raw_files") or []:
+            if not (project.root / raw).exists():
+                run.add(rel, f"source.raw_files names {raw}, which is missing", "commit the raw file or drop it from the list")
+        for text in store.verify(doc):
+            run.add(rel, f"judgement does not follow from its runs: {text}",
+                    "re-judge it from its runs (`knobkeeper ab import` again) or restore it from git")
+
+
+def check_incidents(run: _Run) -> None:
+    """Every incident file parses and names reverts that are entries."""
+    from knobkeeper.changelog.incidents import parse_incident_file
+
+    project = run.project
+    paths = sorted(project.incidents_dir.glob("*.toml")) if project.incidents_dir.is_dir() else []
+    run.result.counts["incidents"] = len(paths)
+    entry_ids = {e.id for e in run.entries}
+    for path in paths:
+        try:
+            inc = parse_incident_file(path)
+        except UserError as exc:
+            run.add(run.rel(path), run.own_message(exc, path),
+                    "fix the incident file (written by `knobkeeper incident`; restore it with `git checkout`)")
+            continue
+        named = [n.refutes for n in inc.notes] + [n.confirms for n in inc.notes] + \
+                (inc.resolution.implicates if inc.resolution else [])
+        for ident in filter(None, named):
+            if ident not in entry_ids:
+                run.add(run.rel(path), f"names revert {ident}, which is not an entry", "restore the entry from git")
+
+
+def check_immutable_entries(run: _Run) -> None:
+    """With --base: no entry committed at the base was modified or deleted since."""
+    if not run.base_sha:
+        return
+    for path, status in sorted(changed_paths(run.project, run.base_sha, None, "changelog/entries").items()):
+        if status in ("M", "D") and path.endswith(".toml"):
+            run.add(path, f"a committed entry was {'deleted' if status == 'D' else 'modified'} since {run.base[:20]}",
+                    f"entries are immutable: restore it (`git checkout {run.base_sha[:10]} -- {path}`) and add a new "
+                    f"entry with set/unset/revert")
+
+
+def check_render(run: _Run) -> None:
+    """Every host of every inventory renders; what renders lints (bash -n, shellcheck, systemd, ini)."""
+    from knobkeeper import lint
+
+    invs = inventories(run.project)
+    res = run.result
+    res.counts["inventories"] = len(invs)
+    tools = {"bash -n": lint.available("bash"), "shellcheck": lint.available("shellcheck"),
+             "systemd-analyze verify": lint.available("systemd-analyze"), "configparser": True}
+    res.ran = [t for t, ok in tools.items() if ok]
+    res.skipped = [f"{t} (not installed)" for t, ok in tools.items() if not ok]
+    if run.catalog is None or run.declared is None or run.bad_values:
+        # Every host would fail to render with the problem already reported.
+        res.skipped.insert(0, "rendering (fix the catalog and knobs.toml problems first)")
+        return
+    hosts = nfiles = 0
+    for inv in invs:
+        render = render_inventory(run.project, inv)
+        if render.error:
+            _render_errors(run, inv)
+            continue
+        hosts += len({h for h, _ in render.files})
+        nfiles += len(render.files)
+        units = _lint_files(run, inv, render)
+        if units and tools["systemd-analyze verify"]:
+            _verify_units(run, inv)
+    res.counts["hosts"], res.counts["files"] = hosts, nfiles
+
+
+def _render_errors(run: _Run, inv: str) -> None:
+    for host, error in render_errors_per_host(run.project, inv):
+        template = re.search(r"(templates/[\w.\-]+)", error)
+        where = template.group(1) if template else inv
+        run.add(where, f"fails to render {'for host ' + host + ' ' if host else ''}of {inv}: {error}",
+                "fix the template or the host/group data it reads")
+
+
+def _by_role_order(render, items):
+    order = {r: i for i, r in enumerate(render.order)}
+    return sorted(items, key=lambda kv: (order.get(kv[1].role, -1), kv[0]))
+
+
+def _lint_files(run: _Run, inv: str, render) -> list[RenderedFile]:
+    """Lint launch scripts and supervisord sections; return the units (verified apart). Files of
+    several hosts that differ only in their header are linted once, named with all hosts."""
+    from knobkeeper import lint
+
+    groups: dict[tuple[str, str], list[RenderedFile]] = {}
+    for (_, path), f in _by_role_order(render, render.files.items()):
+        groups.setdefault((path, f.body), []).append(f)
+    units = []
+    for (path, _), group in groups.items():
+        f = group[0]
+        where = f"{inv} {_hosts(g.host for g in group)}" + (f" service {f.service}" if f.service else "")
+        if path.endswith(".sh"):
+            for name, linter in (("bash -n", lint.bash_syntax), ("shellcheck", lint.shellcheck)):
+                for text in linter(f.text) or []:
+                    run.add("templates/launch.sh.j2", f"rendered {path} ({where}) fails {name}: {text}",
+                            "fix the template (or the data it renders)")
+        elif path.endswith(".service"):
+            units.append(f)
+        elif path.endswith(".conf"):
+            tpl = "templates/supervisor.conf.j2" if f.service else "templates/supervisord.conf.j2"
+            for text in lint.ini_parse(f.text):
+                run.add(tpl, f"rendered {path} ({where}) does not parse: {text}", "fix the template")
+    return units
+
+
+def _hosts(names) -> str:
+    names = list(names)
+    return f"host{'s' if len(names) > 1 else ''} {', '.join(names)}"
+
+
+def _verify_units(run: _Run, inv: str) -> None:
+    """Render again with the prefix inside a temp dir, so ExecStart names a script that exists."""
+    from knobkeeper import lint
+
+    with tempfile.TemporaryDirectory(prefix="kk-verify-") as tmp:
+        prefix = str(Path(tmp) / "p")
+        render = render_inventory(run.project, inv, data={"prefix": prefix})
+        if render.error:
+            run.add(inv, f"does not render with prefix={prefix}: {render.error}", "fix the inventory data")
+            return
+        groups: dict[tuple[str, str, str], list[tuple[str, RenderedFile, RenderedFile]]] = {}
+        for (host, service), _ in sorted(render.services.items(),
+                                         key=lambda kv: (render.order.index(_role_of(render, *kv[0])), kv[0])):
+            files = render.service_files(host, service)
+            launch = next((f for p, f in files.items() if p.endswith(".sh")), None)
+            unit = next((f for p, f in files.items() if p.endswith(".service")), None)
+            if unit is not None and launch is not None:
+                groups.setdefault((service, unit.body, launch.body), []).append((host, unit, launch))
+        for (service, _, _), members in groups.items():
+            _, unit, launch = members[0]
+            found = lint.systemd_verify(f"{service}.service", unit.text, launch.path, launch.text)
+            for text in found or []:
+                run.add("templates/systemd.service.j2",
+                        f"rendered unit {service}.service ({inv} {_hosts(m[0] for m in members)}) fails "
+                        f"systemd-analyze verify: {text.replace(prefix, '{prefix}')}",
+                        "fix the template (or the data it renders)")
+
+
+def _role_of(render, host: str, service: str) -> str:
+    return next(iter(render.service_files(host, service).values())).role
+
+
+CHECKS = (check_catalog, check_declared, check_secret_store, check_entries, check_links, check_evidence,
+          check_incidents, check_immutable_entries, check_render)
+
+
+def check(project: Project, base: str | None = None) -> CheckResult:
+    """Every problem of the working tree, one Problem each (see the module docstring)."""
+    run = _Run(project, base, resolve_ref(project, base, "--base") if base else None)
+    for step in CHECKS:
+        step(run)
+    return run.result

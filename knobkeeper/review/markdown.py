@@ -1,0 +1,222 @@
+"""The PR body in Markdown, from body.Review: deterministic (no clock, stable orders). Every value
+and text from the changelog goes through fmt (cells escaped, values and percentages one way)."""
+
+from __future__ import annotations
+
+import shlex
+
+from knobkeeper import fmt
+from knobkeeper.project import Project
+from knobkeeper.review.body import EVIDENCE_EXPECTED, Review, collect
+
+
+def _name_only(author: str) -> str:
+    return author.split("<", 1)[0].strip() or author
+
+
+def summary_line(review: Review) -> str:
+    n = len(review.changes)
+    actions: dict[str, int] = {}
+    for c in review.changes:
+        actions[c.entry.action] = actions.get(c.entry.action, 0) + 1
+    what = ", ".join(f"{k} {a}" for a, k in sorted(actions.items())) or "none"
+    roles = sorted({c.entry.role for c in review.changes})
+    restarts = "; ".join(f"{p['inventory']}: {p['summary'].split(':')[0]}" for p in review.plans) or "no inventories"
+    return (f"{n} knob change{'s' if n != 1 else ''} ({what})"
+            f"{' on ' + ', '.join(roles) if roles else ''} in {len(review.commits)} "
+            f"commit{'s' if len(review.commits) != 1 else ''} ({review.base[:10]}..{review.head[:10]}); "
+            f"restarts: {restarts}; {len(review.warnings)} warning{'s' if len(review.warnings) != 1 else ''}")
+
+
+def title(review: Review) -> str:
+    if len(review.changes) == 1:
+        c = review.changes[0]
+        return f"knobs: {c.entry.action} {c.entry.knob} on {c.entry.role}: {c.display_old} -> {c.display_new}"
+    return f"knobs: {len(review.changes)} changes on {', '.join(sorted({c.entry.role for c in review.changes})) or 'no role'}"
+
+
+def _changes(review: Review, w) -> None:
+    w("### Knob changes")
+    w("")
+    if review.changes:
+        w("| role | knob | old -> new | action | reason | entry | author |")
+        w("|---|---|---|---|---|---|---|")
+        for c in review.changes:
+            e = c.entry
+            w(f"| {fmt.cell(e.role)} | `{fmt.cell(e.knob)}` | {fmt.cell(c.display_old)} -> {fmt.cell(c.display_new)} | "
+              f"{e.action} | {fmt.cell(e.reason)} | `{e.id}` | {fmt.cell(_name_only(e.author))} |")
+    else:
+        w("No changelog entries were added in this range.")
+    w("")
+
+
+def _evidence(review: Review, w) -> None:
+    w("### Evidence")
+    w("")
+    if not review.changes:
+        w("No knob changes, no evidence.")
+        w("")
+    for c in review.changes:
+        e = c.entry
+        w(f"#### {fmt.cell(e.role)} `{fmt.cell(e.knob)}` {fmt.cell(c.display_old)} -> {fmt.cell(c.display_new)} "
+          f"(entry `{e.id}`, risk {c.risk or 'unknown'})")
+        w("")
+        if not c.evidence:
+            w("No evidence linked." if e.action in EVIDENCE_EXPECTED and e.new is not None
+              else f"No evidence linked (a {e.action} takes a value back; none expected).")
+            w("")
+        for ev in c.evidence:
+            if ev.doc is None:
+                w(f"Evidence `{ev.id}`: **missing or invalid** ({fmt.cell(ev.problem)})")
+                w("")
+                continue
+            _evidence_doc(ev.id, ev.doc, w)
+
+
+def _evidence_doc(ident: str, doc: dict, w) -> None:
+    setup = doc.get("setup") or {}
+    arms = doc.get("arms", {})
+    a_val = arms.get("A", {}).get("knobs", {}).get(doc.get("knob"))
+    b_val = arms.get("B", {}).get("knobs", {}).get(doc.get("knob"))
+    w(f"Evidence `{ident}` ({doc.get('created', '')[:10]}, {fmt.cell(doc.get('source', {}).get('tool', '?'))}, "
+      f"engine {fmt.cell(setup.get('engine') or '?')}, metric `{fmt.cell(doc.get('metric'))}`): "
+      f"A = {fmt.cell(fmt.value(a_val))}, B = {fmt.cell(fmt.value(b_val))}")
+    w("")
+    w("| concurrency | n (A/B) | mean A | mean B | effect | 95% CI | p | verdict |")
+    w("|---|---|---|---|---|---|---|---|")
+    for lv in doc.get("judgement", {}).get("levels", []):
+        ci = f"{fmt.pct(lv.get('ci_low'))} .. {fmt.pct(lv.get('ci_high'))}" if lv.get("ci_low") is not None else "n/a"
+        # Schema 2 judges on p adjusted for the family of levels and metrics; schema 1 did not adjust.
+        adjusted = "p_adjusted" in lv
+        p = fmt.p_value(lv.get("p_adjusted") if adjusted else lv.get("p_value"))
+        verdict = lv.get("verdict") if adjusted else f"{lv.get('verdict')} (unadjusted)"
+        w(f"| {lv.get('concurrency')} | {lv.get('n_a')}/{lv.get('n_b')} | {fmt.num(lv.get('mean_a'))} | "
+          f"{fmt.num(lv.get('mean_b'))} | {fmt.pct(lv.get('effect'))} | {ci} | {p} | {fmt.cell(verdict)} |")
+    w("")
+    anomalies = doc.get("anomalies") or []
+    if anomalies:
+        w("Anomalies:")
+        for an in anomalies:
+            conf = f"{an['confidence'] * 100:.0f}% confidence" if an.get("confidence") is not None else "unconfirmed"
+            w(f"- arm {an.get('arm')}: throughput at {an.get('to_concurrency')} is {fmt.pct(an.get('change'))} "
+              f"vs {an.get('from_concurrency')} ({conf})")
+    else:
+        w("Anomalies: none.")
+    w("")
+
+
+def _reverts(review: Review, w) -> None:
+    w("### Reverts")
+    w("")
+    if review.reverts:
+        w("| change | knob | revert | incident | status | why |")
+        w("|---|---|---|---|---|---|")
+        for r in review.reverts:
+            e = r["entry"]
+            inc = "none" if not r["incident"] else (
+                f"`{r['incident']}` {fmt.cell(r['incident_title'])} ({r['incident_state']})" if r["incident_title"]
+                else f"`{r['incident']}` (missing)")
+            w(f"| {e.action} `{e.id}` | {fmt.cell(e.role)} `{fmt.cell(e.knob)}` | `{r['revert_id']}` | {inc} | "
+              f"**{r['status']}** | {fmt.cell(r['why'])} |")
+    else:
+        w("No reverts or restores in this range.")
+    w("")
+
+
+def _diffs(review: Review, w) -> None:
+    w("### Rendered files")
+    w("")
+    if not review.diffs:
+        w("No rendered file changes (rendered at base and head by knobkeeper.deploy.render).")
+        w("")
+        return
+    w("Rendered at base and head by knobkeeper.deploy.render; files whose only change is their header "
+      "(source commit, digest, knob provenance) are not shown.")
+    w("")
+    current = None
+    for d in review.diffs:
+        if (d.inventory, d.role) != current:
+            current = (d.inventory, d.role)
+            w(f"#### {d.inventory}: {d.role}")
+            w("")
+        same = f" (shown for {d.hosts[0]}; the same change on every host listed)" if len(d.hosts) > 1 else ""
+        w(f"`{d.path}` on {', '.join(d.hosts)}{same}:")
+        w("")
+        w("```diff")
+        w(d.diff.rstrip("\n"))
+        w("```")
+        w("")
+
+
+def _plans(review: Review, w) -> None:
+    w("### Restart plan")
+    w("")
+    for p in review.plans:
+        w(f"#### {p['inventory']}: {fmt.cell(p['summary'])}")
+        w("")
+        for i, role in enumerate(p["roles"], 1):
+            rows = [row for batch in role["batches"] for row in batch]
+            acting = [row for row in rows if row["action"] != "unchanged"]
+            name = role["role"]
+            if acting:
+                verbs = " and ".join(sorted({row["action"] for row in acting}))
+                services = sorted({row["service"] for row in acting})
+                hosts = sorted({row["host"] for row in acting})
+                w(f"{i}. **{name}**: {verbs} {', '.join(services)} on {', '.join(hosts)}, then wait for {role['health']}")
+                for reason, where in _grouped_reasons(acting):
+                    w(f"   - {where}: {fmt.cell(reason)}")
+            elif name in p["regated"]:
+                deps = [d for d in role["after"] if d in p["restarted"] or d in p["regated"]]
+                w(f"{i}. {name}: keeps running; its gate ({role['health']}) is checked again after {' and '.join(deps)}")
+            else:
+                w(f"{i}. {name}: keeps running (no rendered file changed)")
+        if len(p["restarted"]) == 1 and len(p["order"]) > 1:
+            w("")
+            w(f"A {p['restarted'][0]}-only restart suffices.")
+        w("")
+    if not review.plans:
+        w("No inventories to deploy.")
+        w("")
+
+
+def _grouped_reasons(rows: list[dict]) -> list[tuple[str, str]]:
+    """(reason, "service on host, host") with the hosts that share a reason named once."""
+    by_reason: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        by_reason.setdefault((row["service"], row["reason"]), []).append(row["host"])
+    return [(reason, f"{service} on {', '.join(sorted(hosts))}") for (service, reason), hosts in by_reason.items()]
+
+
+def to_markdown(review: Review) -> str:
+    out: list[str] = []
+    w = out.append
+    w("## Knob change review")
+    w("")
+    w(f"**Summary:** {fmt.cell(summary_line(review))}")
+    w("")
+    if review.range_note:
+        w(f"**Range:** {fmt.cell(review.range_note)}")
+        w("")
+    _changes(review, w)
+    _evidence(review, w)
+    _reverts(review, w)
+    _diffs(review, w)
+    _plans(review, w)
+    w("### Warnings")
+    w("")
+    if review.warnings:
+        for text in review.warnings:
+            w(f"- {fmt.cell(text)}")
+    else:
+        w("None.")
+    w("")
+    w(f"<sub>Generated by `knobkeeper review --base {review.base[:10]} --head {review.head[:10]}`.</sub>")
+    return "\n".join(out) + "\n"
+
+
+def review_body(project: Project, base: str | None = None, head: str | None = None) -> str:
+    return to_markdown(collect(project, base, head))
+
+
+def gh_command(body_file: str, review: Review, base_branch: str = "main") -> str:
+    return shlex.join(["gh", "pr", "create", "--base", base_branch, "--title", title(review), "--body-file", body_file])
