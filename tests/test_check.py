@@ -13,7 +13,9 @@ from click.testing import CliRunner
 from knobkeeper import lint
 
 from knobkeeper.cli import main
-from tests.infra import make_infra_repo
+from knobkeeper.knobs.catalog import fingerprint
+from knobkeeper.timeutil import file_stem, parse_time
+from tests.infra import git, make_infra_repo
 from tests.review_fixtures import KNOB, commit_all, write_entry, write_evidence, write_incident
 
 
@@ -145,3 +147,97 @@ def test_check_json(project):
     assert data["ok"] is False and data["counts"]["inventories"] == 2
     assert [p["path"] for p in data["problems"]][0] == "inventory/knobs.toml"
     assert "unknown knob 'NO_SUCH_KNOB'" in data["problems"][0]["what"]
+
+
+# --------------------------------------------------------------------------- issue 18: hostile input
+
+def test_a_tracked_file_under_the_secret_store_fails(project):
+    """The store was protected only by .gitignore: a forced add (or a lost ignore line) commits a secret."""
+    secret = project.secrets_dir / "decode" / "HF_TOKEN"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("hf_value_that_must_not_print")
+    git(project.root, "add", "-f", ".knobkeeper-secrets/decode/HF_TOKEN")
+    result = kk(project)
+    assert result.exit_code == 1
+    assert lines(result) == [".knobkeeper-secrets/decode/HF_TOKEN: a secret's value is tracked by git; "
+                             "`git rm --cached .knobkeeper-secrets/decode/HF_TOKEN`, keep .knobkeeper-secrets/ ignored, "
+                             "and rotate the secret (it is in git history)"]
+    assert "hf_value_that_must_not_print" not in result.output
+    git(project.root, "rm", "-q", "--cached", ".knobkeeper-secrets/decode/HF_TOKEN")
+    assert kk(project).exit_code == 0
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_plaintext_value_for_a_secret_knob_is_named_not_shown(project, as_json):
+    plain = "hf_pasted_plaintext_token"
+    project.knobs_path.write_text(project.knobs_path.read_text().replace("[decode]\n", f'[decode]\nHF_TOKEN = "{plain}"\n'))
+    result = kk(project, *(["--json"] if as_json else []))
+    assert result.exit_code == 1
+    assert plain not in result.output and fingerprint(plain) not in result.output
+    if as_json:
+        [problem] = json.loads(result.stdout)["problems"]
+        assert problem["path"] == "inventory/knobs.toml"
+        assert problem["what"] == "[decode] plaintext value for secret knob HF_TOKEN (not shown)"
+    else:
+        [line] = lines(result)
+        assert line.startswith("inventory/knobs.toml: [decode] plaintext value for secret knob HF_TOKEN (not shown); ")
+
+
+def test_a_fingerprint_is_what_a_secret_knob_holds(project):
+    from knobkeeper.changelog import ops
+
+    ops.set_knob(project, "HF_TOKEN", "hf_real_value", "decode", "gated weights")
+    assert "sha256:" in project.knobs_path.read_text() and "hf_real_value" not in project.knobs_path.read_text()
+    result = kk(project)
+    assert result.exit_code == 0, result.output
+
+
+def test_a_catalog_name_a_shell_would_run_is_one_problem(project):
+    """`X;touch /tmp/p;Y` reached every launch script's `unset` line unquoted and check said OK."""
+    bad = 'X;touch /tmp/p;Y'
+    project.catalog_path.write_text(project.catalog_path.read_text() + (
+        f'\n[knobs."{bad}"]\ntype = "int"\nroles = ["decode"]\nrisk = "perf"\nsource = "x"\nunset = "x"\ndoc = "x"\n'))
+    result = kk(project)
+    assert result.exit_code == 1
+    [line] = lines(result)
+    assert line.startswith("inventory/catalog.toml: ") and repr(bad) in line, line
+
+
+def _write_doc(project, doc) -> Path:
+    path = project.evidence_dir / f"{file_stem(parse_time(doc['created']), doc['id'])}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def test_evidence_whose_judgement_contradicts_its_runs_fails(project):
+    doc = write_evidence(project)
+    level = doc["judgement"]["levels"][0]
+    assert level["verdict"] == "better" and check_result_ok(project)
+    forged = json.loads(json.dumps(doc))
+    forged["judgement"]["levels"][1].update(effect=0.5, verdict="better")  # @80: really +2.0%
+    for run in forged["runs"]:  # and @96 the runs now say no gain, while the stored verdict says better
+        if run["concurrency"] == 96 and run["arm"] == "B":
+            run["output_tokens_per_s"] = {1: 1040.0, 2: 1045.0, 3: 1035.0}[run["repeat"]]
+    path = _write_doc(project, forged)
+    result = kk(project)
+    assert result.exit_code == 1
+    out = lines(result)
+    rel = path.relative_to(project.root).as_posix()
+    assert len(out) == 2 and all(line.startswith(f"{rel}: judgement does not follow from its runs: ") for line in out)
+    assert "level 80: stored +50.0% 'better', the runs give +2.0% 'better'" in out[0]
+    assert "level 96: stored +5.7% 'better'" in out[1] and "'better'" not in out[1].split("the runs give")[1]
+
+
+def test_evidence_with_nan_fails(project):
+    doc = write_evidence(project)
+    doc["judgement"]["levels"][2]["ci_low"] = float("nan")
+    path = _write_doc(project, doc)
+    result = kk(project)
+    assert result.exit_code == 1
+    [line] = lines(result)
+    assert line.startswith(f"{path.relative_to(project.root).as_posix()}: judgement does not follow from its runs: ")
+    assert "judgement.levels[2].ci_low is nan" in line
+
+
+def check_result_ok(project) -> bool:
+    return kk(project).exit_code == 0
