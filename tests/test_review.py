@@ -160,3 +160,37 @@ def test_review_warns_on_stale_and_insignificant_evidence(short_tmp, monkeypatch
     assert "stale evidence d4d4d4d4: it tested 256, the change sets 512" in body
     assert "stale evidence d4d4d4d4: 89 days older than the change" in body
     assert "evidence d4d4d4d4 is not significant at any level" in body
+
+
+def test_review_against_a_base_that_moved_on_uses_the_merge_base_and_says_so(short_tmp, monkeypatch):
+    """`--base main` after main gained its own entry: a two-dot comparison showed main's entry as deleted."""
+    pin_git_dates(monkeypatch)
+    project = make_infra_repo(short_tmp)
+    fork = git(project.root, "rev-parse", "HEAD")
+    git(project.root, "switch", "-q", "-c", "ctas")
+    write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
+                reason="faster", new=512)
+    commit_all(project, "decode: set CTAs=512")
+    git(project.root, "switch", "-q", "main")
+    write_entry(project, id="c9c9c9c9", time="2026-11-29T17:00:00.000000Z", action="set", knob="NCCL_DEBUG",
+                role="prefill", reason="debug", new="INFO")
+    commit_all(project, "prefill: NCCL_DEBUG=INFO")
+    git(project.root, "switch", "-q", "ctas")
+
+    body = R.review_body(project, base="main")
+    assert f"**Range:** --base main ({git(project.root, 'rev-parse', 'main')[:10]}) is not an ancestor of HEAD: " \
+           f"compared from their merge-base {fork[:10]}" in body
+    assert "a committed entry was deleted" not in body and "c9c9c9c9" not in body and "`NCCL_DEBUG`" not in body
+    assert f"| decode | `{KNOB}` | (unset) -> 512 | set |" in body
+    assert kk(project, "review", "--base", "main").output == body
+
+    # The same two branches the other way round: main's entry is the change, the branch's is not deleted.
+    other = R.review_body(project, base="ctas", head="main")
+    assert "is not an ancestor of main" in other and "| prefill | `NCCL_DEBUG` | (unset) -> INFO | set |" in other
+    assert "a committed entry was deleted" not in other and "a1b2c3d4" not in other
+
+    # A reversed range (the head is an ancestor of the base): nothing is a change, nothing is deleted.
+    reversed_ = R.review_body(project, base="ctas", head=fork)
+    assert "a reversed range" in reversed_ and "No changelog entries were added in this range." in reversed_
+    assert "a committed entry was deleted" not in reversed_
+    assert "--base ctas" not in R.review_body(project, base=fork)  # an ancestor: no note
