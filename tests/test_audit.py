@@ -396,3 +396,44 @@ def test_timeline_reads_unreadable_deploy_records_as_problems(project):
     (project.deploys_dir / "20261129T000000.000000Z-deadbeef.json").write_text("{not json")
     tl = audit.timeline(project, *audit.window())
     assert tl.problems and "unreadable" in tl.problems[0]
+
+
+# --------------------------------------------------------------------------- issue 18: hostile text, huge windows
+
+EVIL = "suspect\x1b[2J\x1b]0;owned\x07\nproblem: all clear \u202etxt.exe"
+
+
+def test_timeline_and_incident_show_escape_what_files_hold_and_json_keeps_it_raw(project):
+    entry = ops.set_knob(project, "NCCL_DEBUG", "INFO", "prefill", EVIL).entry
+    inc = I.open_incident(project, "hang\x1b[31m red").incident
+    I.note_incident(project, inc.id, EVIL)
+    for args in (["timeline"], ["incident", "show", inc.id], ["incident", "list"]):
+        out = kk(project, *args).output
+        assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out, args
+        assert "hang\\x1b[31m red" in out, args
+        if args[0] != "incident" or args[1] != "list":  # the list shows titles, not notes
+            assert "\\x1b[2J" in out and "\\u202e" in out, args
+        assert not any(line.startswith("problem: all clear") for line in out.splitlines()), args
+    # timeline shortens reasons to one line (whitespace collapsed), then escapes what is left
+    assert "suspect\\x1b[2J\\x1b]0;owned\\x07 problem: all clear \\u202etxt.exe" in kk(project, "timeline").output
+    data = json.loads(kk(project, "timeline", "--json").output)
+    [knob] = [e for e in data["events"] if e["kind"] == "knob"]
+    assert knob["entry"]["reason"] == EVIL and knob["ref"] == entry.id
+    assert json.loads(kk(project, "incident", "show", inc.id, "--json").output)["notes"][0]["text"] == EVIL
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--around", "2026-01-01", "--window", "99999999999d"], "--window 99999999999d: too long"),
+    (["--around", "0001-01-02", "--window", "2d"], "--window 2d: reaches past the years 1..9999"),
+    (["--lookback", "99999999999d"], "--lookback 99999999999d: too long"),
+])
+def test_timeline_windows_beyond_the_calendar_are_one_line_and_exit_2(shared, args, message):
+    result = CliRunner().invoke(main, ["timeline", *args, "--repo", str(shared.root)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_a_lookback_before_the_epoch_means_all_of_history(project):
+    I.open_incident(project, "hang", started="2026-11-29T17:55:00Z")
+    tl = audit.timeline(project, *audit.window(), lookback=timedelta(days=999_999))
+    assert tl.open_incidents[0].since.startswith("1970-01-01")

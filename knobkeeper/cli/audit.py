@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import click
 
+from knobkeeper import fmt
 from knobkeeper.cli.common import KKGroup, emit_json, example, json_option, repo_option, warn
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
 
 
 def _incident_lines(incident) -> list[str]:
+    """The human text of one incident; titles, notes and causes are shown through fmt.safe."""
     lines = [f"incident {incident.id}: {incident.title}",
              f"   status: {incident.status}",
              f"  started: {incident.started[:19]}Z (when the symptom began)",
@@ -21,7 +23,7 @@ def _incident_lines(incident) -> list[str]:
         res = incident.resolution
         imp = f" [implicates {', '.join(res.implicates)}]" if res.implicates else ""
         lines.append(f" resolved: {res.time[:19]}Z by {res.author}: root cause: {res.root_cause}{imp}")
-    return lines
+    return [fmt.safe(line) for line in lines]
 
 
 def _report(change) -> None:
@@ -113,16 +115,12 @@ def resolve_cmd(incident_id: str, root_cause: str, implicates: tuple[str, ...], 
 @example("knobkeeper incident list --status open")
 def list_cmd(status: str, repo, as_json: bool) -> None:
     """Incidents, newest first, with their status and the reverts made for them."""
-    from knobkeeper.audit import revert_statuses
+    from knobkeeper.audit import reverts_by_incident
     from knobkeeper.changelog.incidents import load_incidents
 
     project = find_project(repo)
     incidents = [i for i in reversed(load_incidents(project)) if status == "all" or i.status == status]
-    statuses = revert_statuses(project, incidents=incidents) if incidents else {}
-    per: dict[str, list] = {}
-    for s in statuses.values():
-        if s.revert.incident:
-            per.setdefault(s.revert.incident, []).append(s)
+    per = reverts_by_incident(project, incidents)
     if as_json:
         emit_json([i.to_json() | {"reverts": [s.to_json() for s in per.get(i.id, [])]} for i in incidents])
         return
@@ -132,7 +130,7 @@ def list_cmd(status: str, repo, as_json: bool) -> None:
     for i in incidents:
         reverts = ", ".join(f"{s.revert.knob} {s.status}" for s in per.get(i.id, [])) or "no reverts"
         cause = f"  root cause: {i.resolution.root_cause}" if i.resolution else ""
-        click.echo(f"{i.id}  {i.status:<8}  {i.opened[:19]}Z  {i.title}  ({reverts}){cause}")
+        click.echo(fmt.safe(f"{i.id}  {i.status:<8}  {i.opened[:19]}Z  {i.title}  ({reverts}){cause}"))
 
 
 @incident_group.command("show")
@@ -142,12 +140,12 @@ def list_cmd(status: str, repo, as_json: bool) -> None:
 @example("knobkeeper incident show 9f8e7d6c")
 def show_cmd(incident_id: str, repo, as_json: bool) -> None:
     """One incident: its notes, its resolution, and the status of each revert made for it."""
-    from knobkeeper.audit import revert_statuses
+    from knobkeeper.audit import reverts_by_incident
     from knobkeeper.changelog.incidents import find_incident
 
     project = find_project(repo)
     incident = find_incident(project, incident_id)
-    statuses = [s for s in revert_statuses(project, incidents=[incident]).values() if s.revert.incident == incident.id]
+    statuses = reverts_by_incident(project, [incident])[incident.id]
     if as_json:
         emit_json(incident.to_json() | {"reverts": [s.to_json() for s in statuses]})
         return
@@ -155,9 +153,9 @@ def show_cmd(incident_id: str, repo, as_json: bool) -> None:
         click.echo(line)
     for s in statuses:
         r = s.revert
-        click.echo(f"   revert: {r.id} {r.role}: {r.knob} at {r.time[:19]}Z: {s.status.upper()} ({s.why})")
+        click.echo(fmt.safe(f"   revert: {r.id} {r.role}: {r.knob} at {r.time[:19]}Z: {s.status.upper()} ({s.why})"))
         if r.hypothesis:
-            click.echo(f"           hypothesis: {r.hypothesis}")
+            click.echo(fmt.safe(f"           hypothesis: {r.hypothesis}"))
 
 
 @click.command("reclaimable")
@@ -196,15 +194,10 @@ def reclaimable_cmd(stale_days: float, engine_version: str | None, repo, as_json
 def timeline_cmd(since, until, around, width, lookback: str, repo, as_json: bool) -> None:
     """Knob changes, deploy restarts and incident events in one time-ordered view; for each open
     incident, the changes before its symptom as candidates (coincidence in time is not cause)."""
-    from knobkeeper.audit import format_timeline, timeline, window
-    from knobkeeper.timeutil import parse_duration
+    from knobkeeper.audit import duration, format_timeline, timeline, window
 
     lo, hi = window(since, until, around, width)
-    try:
-        back = parse_duration(lookback)
-    except ValueError as exc:
-        raise UserError(f"--lookback: {exc}") from None
-    tl = timeline(find_project(repo), lo, hi, back)
+    tl = timeline(find_project(repo), lo, hi, duration(lookback, "--lookback"))
     if as_json:
         emit_json(tl.to_json())
         return
