@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from knobkeeper import fmt
 from knobkeeper import review as R
 from tests.infra import git, kk, make_infra_repo
 from tests.review_fixtures import KNOB, commit_all, pin_git_dates, write_entry, write_evidence, write_incident
@@ -194,3 +195,37 @@ def test_review_against_a_base_that_moved_on_uses_the_merge_base_and_says_so(sho
     assert "a reversed range" in reversed_ and "No changelog entries were added in this range." in reversed_
     assert "a committed entry was deleted" not in reversed_
     assert "--base ctas" not in R.review_body(project, base=fork)  # an ancestor: no note
+
+
+def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tmp, monkeypatch):
+    pin_git_dates(monkeypatch)
+    project = make_infra_repo(short_tmp)
+    git(project.root, "switch", "-q", "-c", "engine")
+    inv = project.inventory_dir / "example_prod.py"
+    text = inv.read_text()
+    for old, new in (('"--cuda-graph-max-bs", "128"', '"--cuda-graph-max-bs", "256", "--enable-dp-attention"'),
+                     ('"python": "{prefix}/venv/bin/python"', '"python": "{prefix}/venv-0.5.7/bin/python"'),
+                     ('"HF_HOME": "/models/hf-cache"', '"HF_HOME": "/models/cache"')):
+        assert old in text
+        text = text.replace(old, new)
+    inv.write_text(text)
+    unit = project.templates_dir / "systemd.service.j2"
+    unit.write_text(unit.read_text().replace("Restart=on-failure", "Restart=always"))
+    write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
+                reason="faster", new=512)
+    commit_all(project, "engine 0.5.7, bigger graphs, always restart, CTAs=512")
+    body = R.review_body(project)
+    plan = body.split("### Restart plan")[1].split("### Warnings")[0]
+    prod = plan.split("#### inventory/local.py")[0]
+    decode = next(line for line in prod.splitlines() if line.startswith("   - knobkeeper-decode on decode-1, decode-2: "))
+    for words in (f"{KNOB}: running (unset), declared 512", "environment HF_HOME: running /models/hf-cache, "
+                  "declared /models/cache", "interpreter /opt/knobkeeper/venv/bin/python -> "
+                  "/opt/knobkeeper/venv-0.5.7/bin/python", "flag --cuda-graph-max-bs 128 -> 256",
+                  "flag --enable-dp-attention added",
+                  "knobkeeper-decode.service text changed (templates/systemd.service.j2): "
+                  "`-Restart=on-failure`, `+Restart=always`"):
+        assert fmt.cell(words) in decode, (words, decode)
+    prefill = next(line for line in prod.splitlines() if line.startswith("   - knobkeeper-prefill on prefill-1, prefill-2: "))
+    assert KNOB not in prefill and "--cuda-graph-max-bs" not in prefill and "interpreter" in prefill
+    assert "sha256:" not in plan
+    assert fmt.cell("full co-restart in dependency order: prefill -> decode -> router") in prod

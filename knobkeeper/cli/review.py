@@ -24,7 +24,9 @@ def review(base: str | None, head: str | None, output: str | None, gh: bool, rep
 
     Knob changes (the changelog entries added in the range), their evidence, reverts with their
     incident and status, the rendered diff of every service file that changes (rendered at base and
-    head by the deploy's own render), the restart plan in dependency order, and warnings.
+    head by the deploy's own render), the restart plan in dependency order with what changed for
+    each restart, and warnings. A --base that is not an ancestor of --head is compared from their
+    merge-base, and the body says so.
     """
     from pathlib import Path
 
@@ -61,10 +63,12 @@ def check(base: str | None, repo: str | None, as_json: bool) -> None:
     """The CI / pre-commit gate: exit 1 with one line per problem (file, what, how to fix).
 
     Checks: knobs.toml matches what the changelog explains (no hand edit without `record`); values
-    obey the catalog; entries name existing evidence and incidents; evidence files pass their
-    schema; every template renders for every host of every inventory; rendered launch scripts pass
-    `bash -n` and shellcheck, units pass `systemd-analyze verify`, supervisord sections parse.
-    A linter that is not installed is skipped and said so.
+    obey the catalog, and a secret knob holds only its fingerprint (a pasted value is named, never
+    shown); knob names are shell variable names; nothing under .knobkeeper-secrets/ is tracked by
+    git; entries name existing evidence and incidents; evidence files pass their schema and their
+    judgements follow from their runs; every template renders for every host of every inventory;
+    rendered launch scripts pass `bash -n` and shellcheck, units pass `systemd-analyze verify`,
+    supervisord sections parse. A linter that is not installed is skipped and said so.
     """
     from knobkeeper import review as R
 

@@ -100,7 +100,7 @@ def what_changed(before: dict[str, RenderedFile], after: dict[str, RenderedFile]
     """Why a service's files differ between two renders, one phrase per change."""
     old_knobs, new_knobs = _knobs(before), _knobs(after)
     words = knob_differences(new_knobs, old_knobs)
-    for path in sorted(set(before) | set(after)):
+    for path in sorted(set(before) | set(after), key=lambda p: (not p.endswith(".sh"), p)):  # the script first
         a, b = before.get(path), after.get(path)
         old, new = (a.body if a else ""), (b.body if b else "")
         if old == new:
