@@ -35,19 +35,26 @@ def title(review: Review) -> str:
     return f"knobs: {len(review.changes)} changes on {', '.join(sorted({c.entry.role for c in review.changes})) or 'no role'}"
 
 
-def _changes(review: Review, w) -> None:
-    w("### Knob changes")
+def _section_table(w, title_: str, columns: list[str], rows: list[list[str]], empty: str) -> None:
+    """A `### title` section holding one table, or the sentence `empty` when there are no rows."""
+    w(f"### {title_}")
     w("")
-    if review.changes:
-        w("| role | knob | old -> new | action | reason | entry | author |")
-        w("|---|---|---|---|---|---|---|")
-        for c in review.changes:
-            e = c.entry
-            w(f"| {fmt.cell(e.role)} | `{fmt.cell(e.knob)}` | {fmt.cell(c.display_old)} -> {fmt.cell(c.display_new)} | "
-              f"{e.action} | {fmt.cell(e.reason)} | `{e.id}` | {fmt.cell(_name_only(e.author))} |")
+    if rows:
+        w("| " + " | ".join(columns) + " |")
+        w("|" + "---|" * len(columns))
+        for row in rows:
+            w("| " + " | ".join(row) + " |")
     else:
-        w("No changelog entries were added in this range.")
+        w(empty)
     w("")
+
+
+def _changes(review: Review, w) -> None:
+    rows = [[fmt.cell(c.entry.role), f"`{fmt.cell(c.entry.knob)}`", f"{fmt.cell(c.display_old)} -> {fmt.cell(c.display_new)}",
+             c.entry.action, fmt.cell(c.entry.reason), f"`{c.entry.id}`", fmt.cell(_name_only(c.entry.author))]
+            for c in review.changes]
+    _section_table(w, "Knob changes", ["role", "knob", "old -> new", "action", "reason", "entry", "author"], rows,
+                   "No changelog entries were added in this range.")
 
 
 def _evidence(review: Review, w) -> None:
@@ -106,21 +113,16 @@ def _evidence_doc(ident: str, doc: dict, w) -> None:
 
 
 def _reverts(review: Review, w) -> None:
-    w("### Reverts")
-    w("")
-    if review.reverts:
-        w("| change | knob | revert | incident | status | why |")
-        w("|---|---|---|---|---|---|")
-        for r in review.reverts:
-            e = r["entry"]
-            inc = "none" if not r["incident"] else (
-                f"`{r['incident']}` {fmt.cell(r['incident_title'])} ({r['incident_state']})" if r["incident_title"]
-                else f"`{r['incident']}` (missing)")
-            w(f"| {e.action} `{e.id}` | {fmt.cell(e.role)} `{fmt.cell(e.knob)}` | `{r['revert_id']}` | {inc} | "
-              f"**{r['status']}** | {fmt.cell(r['why'])} |")
-    else:
-        w("No reverts or restores in this range.")
-    w("")
+    rows = []
+    for r in review.reverts:
+        e = r["entry"]
+        inc = "none" if not r["incident"] else (
+            f"`{r['incident']}` {fmt.cell(r['incident_title'])} ({r['incident_state']})" if r["incident_title"]
+            else f"`{r['incident']}` (missing)")
+        rows.append([f"{e.action} `{e.id}`", f"{fmt.cell(e.role)} `{fmt.cell(e.knob)}`", f"`{r['revert_id']}`", inc,
+                     f"**{r['status']}**", fmt.cell(r["why"])])
+    _section_table(w, "Reverts", ["change", "knob", "revert", "incident", "status", "why"], rows,
+                   "No reverts or restores in this range.")
 
 
 def _diffs(review: Review, w) -> None:
