@@ -183,6 +183,14 @@ def test_plaintext_value_for_a_secret_knob_is_named_not_shown(project, as_json):
         assert line.startswith("inventory/knobs.toml: [decode] plaintext value for secret knob HF_TOKEN (not shown); ")
 
 
+def test_a_secret_pasted_under_a_role_it_does_not_apply_to_is_not_shown_either(project):
+    plain = "hf_pasted_under_router"
+    project.knobs_path.write_text(project.knobs_path.read_text().replace("[router]\n", f'[router]\nHF_TOKEN = "{plain}"\n'))
+    result = kk(project)
+    assert result.exit_code == 1 and plain not in result.output
+    assert "[router] HF_TOKEN = (a plaintext value, not shown) violates the catalog: HF_TOKEN does not apply" in result.output
+
+
 def test_a_fingerprint_is_what_a_secret_knob_holds(project):
     from knobkeeper.changelog import ops
 

@@ -119,9 +119,10 @@ def check_declared(run: _Run) -> None:
         return
     for role, table in run.declared.items():
         for name, value in table.items():
+            secret = name in run.catalog and run.catalog.get(name).secret
             try:
                 knob = run.catalog.for_role(name, role)
-                if knob.secret:
+                if secret:
                     if not is_fingerprint(value):
                         run.bad_values.add((role, name))
                         run.add(rel, f"[{role}] plaintext value for secret knob {name} (not shown)",
@@ -131,7 +132,8 @@ def check_declared(run: _Run) -> None:
                 knob.check(value)
             except UserError as exc:
                 run.bad_values.add((role, name))
-                run.add(rel, f"[{role}] {name} = {fmt.quoted(value)} violates the catalog: {exc}",
+                shown = fmt.quoted(value) if not secret or is_fingerprint(value) else "(a plaintext value, not shown)"
+                run.add(rel, f"[{role}] {name} = {shown} violates the catalog: {exc}",
                         f"use a value the catalog accepts (see `knobkeeper catalog {name}`) and record it, "
                         f"or add the knob to {catalog_rel}")
 
@@ -218,8 +220,11 @@ def check_evidence(run: _Run) -> None:
         try:
             doc = store.load(project, ident)
         except UserError as exc:
-            what = run.own_message(exc, path)
-            run.add(rel, what if what.startswith("not JSON") else f"fails schema {SCHEMA}: {what}", fix)
+            text = relative(str(exc), project.root)
+            if text.startswith(f"{rel}: "):  # the store names the file: the JSON or the schema is wrong
+                what = text.removeprefix(f"{rel}: ")
+                text = what if what.startswith("not JSON") else f"fails schema {SCHEMA}: {what}"
+            run.add(rel, text, fix)
             continue
         if doc.get("id") != ident:
             run.add(rel, f"id {doc.get('id')!r} does not match the file name", "rename the file or fix its id")
