@@ -4,11 +4,20 @@ An entry is immutable once committed. Fields: id, time (UTC), author, action
 (set | unset | revert | restore | record), knob, role, old, new (absent = unset; a secret's
 values are fingerprints), reason, and links: reverts, restores, incident, hypothesis, evidence.
 
-Parsed entries are cached (see filecache.py); the files stay the truth.
+The ORDER of entries is the order of history: the commit that added each file, in git's
+topological order (parents before children; on a merge, the merged branch's commits after the
+ones already on the first parent, which is when they took effect). Entries added by one commit,
+and entries not committed yet (last), keep file-name order. The stamp in `time` is for display
+only: an author's clock can be wrong and a branch can merge after newer work.
+
+Parsed entries and the commit order are cached in .git/knobkeeper/ (see filecache.py); the files
+and git stay the truth.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -16,7 +25,9 @@ from typing import Any, Iterable
 
 import tomlkit
 
-from knobkeeper.changelog.filecache import load_folder
+from knobkeeper import gitio
+from knobkeeper.changelog.filecache import files_with_id_prefix, load_folder
+from knobkeeper.changelog.store import settle
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Value
 from knobkeeper.project import Project
@@ -68,16 +79,38 @@ def entry_path(project: Project, entry: Entry) -> Path:
     return project.entries_dir / f"{entry.stem}.toml"
 
 
+_TEXT_FIELDS = ("id", "author", "action", "knob", "role", "reason")
+_LINK_FIELDS = ("reverts", "restores", "incident", "hypothesis", "refutes")
+
+
 def _from_dict(path: Path, data: dict[str, Any]) -> Entry:
     missing = [k for k in ("id", "time", "author", "action", "knob", "role", "reason") if k not in data]
     if missing:
         raise UserError(f"{path}: missing field {missing[0]!r} (an entry needs id, time, author, action, knob, role, reason)")
-    if data["action"] not in ACTIONS:
-        raise UserError(f"{path}: action = {data['action']!r}: expected one of {', '.join(ACTIONS)}")
     known = set(Entry.__dataclass_fields__)
     unknown = [k for k in data if k not in known]
     if unknown:
         raise UserError(f"{path}: unknown field {unknown[0]!r}")
+    for key in _TEXT_FIELDS:
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise UserError(f"{path}: {key}: expected a non-empty string")
+    for key in _LINK_FIELDS:
+        if key in data and not isinstance(data[key], str):
+            raise UserError(f"{path}: {key}: expected a string (an entry id or text)")
+    if not isinstance(data["time"], str):
+        raise UserError(f"{path}: time: expected an ISO 8601 UTC time string, e.g. 2026-11-29T16:47:37.123456Z")
+    try:
+        parse_time(data["time"])
+    except ValueError as exc:
+        raise UserError(f"{path}: time: {exc}") from None
+    for key in ("old", "new"):
+        if key in data and (isinstance(data[key], (dict, list)) or not isinstance(data[key], (int, float, bool, str))):
+            raise UserError(f"{path}: {key}: expected a value (integer, number, true/false or string)")
+    evidence = data.get("evidence", [])
+    if not isinstance(evidence, list) or not all(isinstance(x, str) for x in evidence):
+        raise UserError(f"{path}: evidence: expected a list of evidence id strings")
+    if data["action"] not in ACTIONS:
+        raise UserError(f"{path}: action = {data['action']!r}: expected one of {', '.join(ACTIONS)}")
     if id_from_stem(path.stem) != data["id"]:
         raise UserError(f"{path}: id = {data['id']!r} does not match the file name")
     return Entry(**data)
@@ -88,10 +121,54 @@ def parse_entry_file(path: Path) -> Entry:
 
 
 def load_entries(project: Project) -> list[Entry]:
-    """Every entry, oldest first (file names sort by time)."""
+    """Every entry, in history order (see the module docstring)."""
+    settle(project)
     parsed = load_folder(project.entries_dir, project.private_dir / "entries.json",
                          lambda path: parse_entry_file(path).to_json())
-    return [Entry(**data) for data in parsed]
+    order = commit_order(project)
+    last = len(order)
+    # load_folder returns file-name order, and sorted() is stable: ties keep it.
+    ranked = sorted(parsed, key=lambda d: order.get(d["id"], last))
+    return [Entry(**data) for data in ranked]
+
+
+ORDER_CACHE_VERSION = 1
+
+
+def commit_order(project: Project) -> dict[str, int]:
+    """Entry id -> rank of the commit that added its file (0 = oldest), from one `git log` pass.
+
+    Cached in .git/knobkeeper/entry-order.json under HEAD's sha: a read with HEAD unchanged
+    costs one rev-parse.
+    """
+    head = gitio.head_sha(project.root)
+    if head is None:
+        return {}
+    cache_path = project.private_dir / "entry-order.json"
+    try:
+        cached = json.loads(cache_path.read_text())
+        if cached.get("version") == ORDER_CACHE_VERSION and cached.get("head") == head:
+            return cached["order"]
+    except (OSError, ValueError, AttributeError, KeyError):
+        pass
+    done = gitio.run(project.root, "-c", "core.quotepath=off", "log", "--topo-order", "--reverse",
+                     "--format=%x00%H", "--name-only", "--diff-filter=A", "HEAD", "--",
+                     project.rel(project.entries_dir))
+    order: dict[str, int] = {}
+    rank = -1
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        if line.startswith("\0"):
+            rank += 1
+        elif line.endswith(".toml"):
+            order.setdefault(id_from_stem(line.rsplit("/", 1)[-1][: -len(".toml")]), rank)
+    try:
+        project.private_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cache_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": ORDER_CACHE_VERSION, "head": head, "order": order}))
+        os.replace(tmp, cache_path)
+    except OSError:
+        pass  # a read-only checkout still works, only slower
+    return order
 
 
 def find_entry(project: Project, ident: str, entries: Iterable[Entry] | None = None) -> Entry:
@@ -100,8 +177,8 @@ def find_entry(project: Project, ident: str, entries: Iterable[Entry] | None = N
     if len(ident) < 4:
         raise UserError(f"entry id {ident!r}: give at least 4 characters of the id")
     if entries is None:
-        matches = sorted(project.entries_dir.glob(f"*-{ident}*.toml")) if project.entries_dir.is_dir() else []
-        found = [parse_entry_file(p) for p in matches if id_from_stem(p.stem).startswith(ident)]
+        settle(project)
+        found = [parse_entry_file(p) for p in files_with_id_prefix(project.entries_dir, ident) if p.suffix == ".toml"]
     else:
         found = [e for e in entries if e.id.startswith(ident)]
     if not found:
