@@ -125,11 +125,17 @@ def load_entries(project: Project) -> list[Entry]:
     settle(project)
     parsed = load_folder(project.entries_dir, project.private_dir / "entries.json",
                          lambda path: parse_entry_file(path).to_json())
+    return in_history_order(project, [Entry(**data) for data in parsed])
+
+
+def in_history_order(project: Project, entries: Iterable[Entry]) -> list[Entry]:
+    """`entries` sorted by the commit that added each (uncommitted ones last); ties by file name.
+
+    For readers that parse entry files themselves (check): replay() needs this order."""
     order = commit_order(project)
     last = len(order)
-    # load_folder returns file-name order, and sorted() is stable: ties keep it.
-    ranked = sorted(parsed, key=lambda d: order.get(d["id"], last))
-    return [Entry(**data) for data in ranked]
+    by_name = sorted(entries, key=lambda e: e.stem)
+    return sorted(by_name, key=lambda e: order.get(e.id, last))  # stable: ties keep file-name order
 
 
 ORDER_CACHE_VERSION = 1
