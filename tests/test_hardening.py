@@ -168,6 +168,8 @@ def test_order_is_the_commit_graph_not_the_clock(project, monkeypatch):
     assert read_declared(project.knobs_path)["decode"][KNOB] == 1024
 
     assert [e.reason for e in load_entries(project)] == ["first, on main", "newer work on main", "the PR's change"]
+    (project.private_dir / "entry-order.json").unlink()  # the order is the graph's, not the cache's
+    assert [e.reason for e in load_entries(project)] == ["first, on main", "newer work on main", "the PR's change"]
     assert ops.unexplained_edits(project) == []  # what check replays
     knobs = {row["knob"]: row for row in json.loads(kk(project, "knobs", "--json").output)}
     assert knobs[KNOB]["entry"] == on_branch.id

@@ -4,10 +4,10 @@ An entry is immutable once committed. Fields: id, time (UTC), author, action
 (set | unset | revert | restore | record), knob, role, old, new (absent = unset; a secret's
 values are fingerprints), reason, and links: reverts, restores, incident, hypothesis, evidence.
 
-The ORDER of entries is the order of history: the commit that added each file, in git's
-topological order (parents before children; on a merge, the merged branch's commits after the
-ones already on the first parent, which is when they took effect). Entries added by one commit,
-and entries not committed yet (last), keep file-name order. The stamp in `time` is for display
+The ORDER of entries is the order of history (see order.py): the commit that brought each file
+into HEAD's first-parent line, a merged branch's entries where it was merged, in the branch's
+own order. Entries added by one commit, and entries not committed yet (last), keep file-name
+order. The stamp in `time` is for display
 only: an author's clock can be wrong and a branch can merge after newer work.
 
 Parsed entries and the commit order are cached in .git/knobkeeper/ (see filecache.py); the files
@@ -16,8 +16,6 @@ and git stay the truth.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -25,8 +23,8 @@ from typing import Any, Iterable
 
 import tomlkit
 
-from knobkeeper import gitio
 from knobkeeper.changelog.filecache import files_with_id_prefix, load_folder
+from knobkeeper.changelog.order import commit_order
 from knobkeeper.changelog.store import settle
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Value
@@ -136,45 +134,6 @@ def in_history_order(project: Project, entries: Iterable[Entry]) -> list[Entry]:
     last = len(order)
     by_name = sorted(entries, key=lambda e: e.stem)
     return sorted(by_name, key=lambda e: order.get(e.id, last))  # stable: ties keep file-name order
-
-
-ORDER_CACHE_VERSION = 1
-
-
-def commit_order(project: Project) -> dict[str, int]:
-    """Entry id -> rank of the commit that added its file (0 = oldest), from one `git log` pass.
-
-    Cached in .git/knobkeeper/entry-order.json under HEAD's sha: a read with HEAD unchanged
-    costs one rev-parse.
-    """
-    head = gitio.head_sha(project.root)
-    if head is None:
-        return {}
-    cache_path = project.private_dir / "entry-order.json"
-    try:
-        cached = json.loads(cache_path.read_text())
-        if cached.get("version") == ORDER_CACHE_VERSION and cached.get("head") == head:
-            return cached["order"]
-    except (OSError, ValueError, AttributeError, KeyError):
-        pass
-    done = gitio.run(project.root, "-c", "core.quotepath=off", "log", "--topo-order", "--reverse",
-                     "--format=%x00%H", "--name-only", "--diff-filter=A", "HEAD", "--",
-                     project.rel(project.entries_dir))
-    order: dict[str, int] = {}
-    rank = -1
-    for line in done.stdout.splitlines() if done.returncode == 0 else []:
-        if line.startswith("\0"):
-            rank += 1
-        elif line.endswith(".toml"):
-            order.setdefault(id_from_stem(line.rsplit("/", 1)[-1][: -len(".toml")]), rank)
-    try:
-        project.private_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": ORDER_CACHE_VERSION, "head": head, "order": order}))
-        os.replace(tmp, cache_path)
-    except OSError:
-        pass  # a read-only checkout still works, only slower
-    return order
 
 
 def find_entry(project: Project, ident: str, entries: Iterable[Entry] | None = None) -> Entry:
