@@ -77,6 +77,22 @@ def test_revert_and_restore_of_a_secret_find_the_value_of_their_fingerprint(proj
     assert "fingerprint" in secret_mismatch(project, "decode", SECRET, declared)
 
 
+def test_a_value_in_the_old_one_file_layout_is_kept_and_found(project):
+    from knobkeeper.changelog.secrets import secret_value
+
+    assert set_secret(project, "token-a").returncode == 0
+    folder = project.secrets_dir / "decode" / SECRET
+    value_file = next(folder.iterdir())
+    value_file.rename(project.secrets_dir / "decode" / "old")
+    folder.rmdir()
+    (project.secrets_dir / "decode" / "old").rename(folder)  # <role>/<KNOB> is the value itself
+    assert secret_value(project, "decode", SECRET, fingerprint("token-a")) == b"token-a"
+    assert set_secret(project, "token-b").returncode == 0
+    assert cli(project, "revert", SECRET, "--role", "decode", "--reason", "r").returncode == 0
+    assert secret_value(project, "decode", SECRET, fingerprint("token-a")) == b"token-a"
+    assert stored_values(project) == ["token-a", "token-b"]
+
+
 @pytest.mark.parametrize("how", ["branch exists", "fault", "crash"])
 def test_a_secret_set_that_fails_leaves_no_value_behind(project, how):
     assert set_secret(project, "token-a").returncode == 0

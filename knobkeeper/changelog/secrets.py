@@ -34,11 +34,26 @@ def secret_value(project: Project, role: str, knob: str, declared: str) -> bytes
     (or holds a file whose content does not match its name)."""
     if not is_fingerprint(declared):
         return None
-    try:
-        value = secret_path(project, role, knob, declared).read_bytes()
-    except OSError:
-        return None
-    return value if fingerprint(value) == declared else None
+    for path in (secret_path(project, role, knob, declared), project.secrets_dir / role / knob):
+        try:
+            value = path.read_bytes()  # the second: the one-value-per-knob layout of before
+        except OSError:
+            continue
+        if fingerprint(value) == declared:
+            return value
+    return None
+
+
+def migrate_legacy_value(project: Project, role: str, knob: str) -> None:
+    """Turn the old layout's file <role>/<KNOB> (one value) into <role>/<KNOB>/<hex>, by renames
+    only, so that a crash at any point loses nothing and the next call finishes the move."""
+    legacy = project.secrets_dir / role / knob
+    staging = project.secrets_dir / role / f".{knob}.migrating"
+    if legacy.is_file():
+        staging.mkdir(mode=0o700, exist_ok=True)
+        legacy.rename(staging / fingerprint(legacy.read_bytes()).removeprefix("sha256:"))
+    if staging.is_dir() and not legacy.exists():
+        staging.rename(legacy)
 
 
 def secret_mismatch(project: Project, role: str, knob: str, declared: str) -> str | None:
@@ -60,6 +75,7 @@ def secret_mismatch(project: Project, role: str, knob: str, declared: str) -> st
 
 def value_files(project: Project, role: str, knob: str, value: str) -> dict[Path, str]:
     """The private files a change must write to store `value` (for store.commit_change)."""
+    migrate_legacy_value(project, role, knob)
     files = {secret_path(project, role, knob, fingerprint(value)): value}
     ignore = project.secrets_dir / ".gitignore"
     try:
