@@ -77,6 +77,19 @@ def test_revert_and_restore_of_a_secret_find_the_value_of_their_fingerprint(proj
     assert "fingerprint" in secret_mismatch(project, "decode", SECRET, declared)
 
 
+def test_setting_the_declared_secret_again_on_a_fresh_machine_stores_its_value(project):
+    from knobkeeper.changelog.secrets import secret_mismatch
+
+    assert set_secret(project, "token-a").returncode == 0
+    before = head(project)
+    for path in sorted(project.secrets_dir.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()  # a new clone has no store
+    assert "not in" in secret_mismatch(project, "decode", SECRET, fingerprint("token-a"))
+    done = set_secret(project, "token-a")
+    assert done.returncode == 0 and b"nothing to commit" in done.stderr
+    assert head(project) == before and secret_mismatch(project, "decode", SECRET, fingerprint("token-a")) is None
+
+
 def test_a_value_in_the_old_one_file_layout_is_kept_and_found(project):
     from knobkeeper.changelog.secrets import secret_value
 

@@ -16,7 +16,7 @@ from knobkeeper import gitio
 from knobkeeper.changelog.entries import Entry, entry_path, history, load_entries, new_entry_time, replay
 from knobkeeper.changelog.filecache import files_with_id_prefix
 from knobkeeper.changelog.secrets import secret_path, secret_value, value_files
-from knobkeeper.changelog.store import Message, commit_change, git_author, repo_lock
+from knobkeeper.changelog.store import Message, atomic_write, commit_change, git_author, repo_lock
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Knob, Value, fingerprint, load_catalog
 from knobkeeper.knobs.state import load_document, read_declared, value_of, with_value
@@ -175,12 +175,24 @@ def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str
         stored: Value = fingerprint(value) if knob.secret else value
         old = value_of(declared, role, name)
         if old == stored and type(old) is type(stored):
+            if knob.secret and secret_value(project, role, name, str(stored)) is None:
+                return _store_secret_only(project, role, name, str(value))
             raise UserError(f"{name} is already {knob.display(stored)} on {role}; nothing to change")
         entry = _new_entry(project, action="set", knob=name, role=role, reason=reason,
                            old=old, new=stored, evidence=evidence_ids)
         text = with_value(load_document(project.knobs_path), role, name, stored)
         secrets = value_files(project, role, name, str(value)) if knob.secret else None
         return _write(project, catalog, [entry], text, options, secrets)
+
+
+def _store_secret_only(project: Project, role: str, name: str, value: str) -> Change:
+    """knobs.toml already declares this value's fingerprint, but this machine lacks the value
+    (a fresh clone): store it, with no entry and no commit, since nothing declared changes."""
+    for path, content in value_files(project, role, name, value).items():
+        atomic_write(path, content, mode=0o600)
+    return Change(entries=[], commit=None, warnings=[
+        f"{name} on {role}: knobs.toml already declares {fingerprint(value)}; stored its value on this machine "
+        f"(nothing to commit)"])
 
 
 def unset_knob(project: Project, name: str, role: str, reason: str | None,

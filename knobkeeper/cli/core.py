@@ -33,6 +33,10 @@ def _split_assignment(text: str) -> tuple[str, str]:
 
 
 def _report(change, verb: str) -> None:
+    if not change.entries:  # nothing declared changed (e.g. a secret's value stored on this machine)
+        for text in change.warnings:
+            warn(text)
+        return
     where = f" on branch {change.branch}" if change.branch else ""
     committed = f"commit {change.commit[:10]}{where}" if change.commit else "staged, not committed"
     for extra in change.entries:
