@@ -94,7 +94,10 @@ def refuse_unexplained_edits(project: Project) -> None:
         committed = tomllib.loads(shown.stdout) if shown.returncode == 0 else {}
     except tomllib.TOMLDecodeError:
         committed = None
-    if read_declared(project.knobs_path) == committed:
+    def values(declared: dict | None) -> dict | None:  # empty tables declare nothing
+        return None if declared is None else {role: table for role, table in declared.items() if table}
+
+    if values(read_declared(project.knobs_path)) == values(committed):
         return
     if unexplained_edits(project):
         raise UserError(f"{rel} has changes no entry explains; run `knobkeeper record` or undo them")
