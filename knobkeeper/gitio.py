@@ -17,18 +17,22 @@ from knobkeeper.errors import UserError
 
 
 def run(root: Path | str, *args: str, input: str | None = None,
-        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`git -C root ARGS`, never raising on a non-zero exit (the caller decides)."""
+        env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
+    """`git -C root ARGS`, never raising on a non-zero exit (the caller decides).
+
+    `pass_fds`: descriptors the child inherits; the changelog store hands it its lock, so the lock
+    is held until git exits even if this process dies first.
+    """
     return subprocess.run(
         ["git", "-C", str(root), *args], capture_output=True, text=True, input=input,
-        env={**os.environ, **env} if env else None,
+        env={**os.environ, **env} if env else None, pass_fds=pass_fds,
     )
 
 
 def output(root: Path | str, *args: str, input: str | None = None,
-           env: Mapping[str, str] | None = None) -> str:
+           env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> str:
     """The stdout of `git -C root ARGS`, or a one-line UserError quoting git's own last line."""
-    done = run(root, *args, input=input, env=env)
+    done = run(root, *args, input=input, env=env, pass_fds=pass_fds)
     if done.returncode != 0:
         raise UserError(f"git {' '.join(args[:2])}: {failure_line(done)}")
     return done.stdout
@@ -70,6 +74,20 @@ def merge_base(root: Path | str, a: str, b: str) -> str | None:
 
 def is_ancestor(root: Path | str, ancestor: str, descendant: str) -> bool:
     return run(root, "merge-base", "--is-ancestor", ancestor, descendant).returncode == 0
+
+
+def commit_paths(root: Path | str, paths: Iterable[str], message: str, pass_fds: tuple[int, ...] = ()) -> None:
+    """Commit exactly `paths` (already added) with `message` kept verbatim, read from stdin.
+
+    --only: the commit holds these paths and nothing else the user has staged; -F -: a message of
+    any size (argv is limited to ~128 KiB per argument); --no-verify: the tool's own commits are
+    checked by the tool, not by the user's hooks; no background gc/maintenance, which would
+    inherit `pass_fds` (a caller's lock) and hold it long after the commit.
+    """
+    done = run(root, "-c", "gc.auto=0", "-c", "maintenance.auto=false", "commit", "-q", "--only", "--no-verify",
+               "--cleanup=verbatim", "-F", "-", "--", *paths, input=message, pass_fds=pass_fds)
+    if done.returncode != 0:
+        raise UserError(f"git commit failed: {failure_line(done)}")
 
 
 def config(root: Path | str, key: str) -> str:

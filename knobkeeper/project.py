@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +65,17 @@ class Project:
 
     @property
     def git_dir(self) -> Path:
-        return self.root / ".git"
+        """The repository's git directory; in a linked worktree (`.git` is a file naming it) that one."""
+        dot_git = self.root / ".git"
+        if dot_git.is_file():
+            try:
+                text = dot_git.read_text()
+            except (OSError, UnicodeDecodeError):
+                raise UserError(f"{dot_git}: unreadable (expected a `gitdir: PATH` line)") from None
+            if not text.startswith("gitdir: "):
+                raise UserError(f"{dot_git}: expected a `gitdir: PATH` line (a git worktree or submodule)")
+            return (self.root / text[len("gitdir: "):].strip()).resolve()
+        return dot_git
 
     @property
     def private_dir(self) -> Path:
@@ -88,10 +97,3 @@ def find_project(repo: str | os.PathLike | None = None) -> Project:
             return Project(candidate)
     raise UserError(f"{start}: not a git repository (run `git init` or pass --repo PATH)")
 
-
-def git_output(project: Project, *args: str) -> str:
-    """Plain `git` for cheap reads (gitpython's import costs ~100 ms on every read command)."""
-    done = subprocess.run(["git", "-C", str(project.root), *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise UserError(f"git {' '.join(args)}: {done.stderr.strip() or 'failed'}")
-    return done.stdout.strip()

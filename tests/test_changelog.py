@@ -52,7 +52,7 @@ def test_shipped_catalog_has_the_field_knobs_with_their_defaults():
 
 
 @pytest.mark.parametrize("name,raw,expected", [
-    (KNOB, "512", 512), (KNOB, "0x200", 512), ("NCCL_IB_DISABLE", "yes", True), ("NCCL_IB_DISABLE", "0", False),
+    (KNOB, "512", 512), (KNOB, "+512", 512), ("NCCL_IB_DISABLE", "yes", True), ("NCCL_IB_DISABLE", "0", False),
     ("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "2.5", 2.5), ("NCCL_DEBUG", "INFO", "INFO"),
 ])
 def test_parse_typed_values(name, raw, expected):
@@ -145,7 +145,7 @@ def test_secret_value_never_reaches_git(project):
     assert secret not in out.output
     history = subprocess.run(["git", "-C", str(project.root), "log", "-p", "--all"], capture_output=True, text=True).stdout
     assert secret not in history and fingerprint(secret) in history
-    stored = project.secrets_dir / "decode" / "HF_TOKEN"
+    stored = project.secrets_dir / "decode" / "HF_TOKEN" / fingerprint(secret).removeprefix("sha256:")
     assert stored.read_text() == secret and (stored.stat().st_mode & 0o777) == 0o600
     assert git(project.root, "status", "--porcelain") == ""  # .knobkeeper-secrets/ is ignored
     assert read_declared(project.knobs_path)["decode"]["HF_TOKEN"] == fingerprint(secret)

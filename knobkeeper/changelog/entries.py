@@ -4,7 +4,14 @@ An entry is immutable once committed. Fields: id, time (UTC), author, action
 (set | unset | revert | restore | record), knob, role, old, new (absent = unset; a secret's
 values are fingerprints), reason, and links: reverts, restores, incident, hypothesis, evidence.
 
-Parsed entries are cached (see filecache.py); the files stay the truth.
+The ORDER of entries is the order of history (see order.py): the commit that brought each file
+into HEAD's first-parent line, a merged branch's entries where it was merged, in the branch's
+own order. Entries added by one commit, and entries not committed yet (last), keep file-name
+order. The stamp in `time` is for display
+only: an author's clock can be wrong and a branch can merge after newer work.
+
+Parsed entries and the commit order are cached in .git/knobkeeper/ (see filecache.py); the files
+and git stay the truth.
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ from typing import Any, Iterable
 
 import tomlkit
 
-from knobkeeper.changelog.filecache import load_folder
+from knobkeeper.changelog.filecache import files_with_id_prefix, load_folder
+from knobkeeper.changelog.order import commit_order
+from knobkeeper.changelog.store import settle
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Value
 from knobkeeper.project import Project
@@ -68,16 +77,38 @@ def entry_path(project: Project, entry: Entry) -> Path:
     return project.entries_dir / f"{entry.stem}.toml"
 
 
+_TEXT_FIELDS = ("id", "author", "action", "knob", "role", "reason")
+_LINK_FIELDS = ("reverts", "restores", "incident", "hypothesis", "refutes")
+
+
 def _from_dict(path: Path, data: dict[str, Any]) -> Entry:
     missing = [k for k in ("id", "time", "author", "action", "knob", "role", "reason") if k not in data]
     if missing:
         raise UserError(f"{path}: missing field {missing[0]!r} (an entry needs id, time, author, action, knob, role, reason)")
-    if data["action"] not in ACTIONS:
-        raise UserError(f"{path}: action = {data['action']!r}: expected one of {', '.join(ACTIONS)}")
     known = set(Entry.__dataclass_fields__)
     unknown = [k for k in data if k not in known]
     if unknown:
         raise UserError(f"{path}: unknown field {unknown[0]!r}")
+    for key in _TEXT_FIELDS:
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise UserError(f"{path}: {key}: expected a non-empty string")
+    for key in _LINK_FIELDS:
+        if key in data and not isinstance(data[key], str):
+            raise UserError(f"{path}: {key}: expected a string (an entry id or text)")
+    if not isinstance(data["time"], str):
+        raise UserError(f"{path}: time: expected an ISO 8601 UTC time string, e.g. 2026-11-29T16:47:37.123456Z")
+    try:
+        parse_time(data["time"])
+    except ValueError as exc:
+        raise UserError(f"{path}: time: {exc}") from None
+    for key in ("old", "new"):
+        if key in data and (isinstance(data[key], (dict, list)) or not isinstance(data[key], (int, float, bool, str))):
+            raise UserError(f"{path}: {key}: expected a value (integer, number, true/false or string)")
+    evidence = data.get("evidence", [])
+    if not isinstance(evidence, list) or not all(isinstance(x, str) for x in evidence):
+        raise UserError(f"{path}: evidence: expected a list of evidence id strings")
+    if data["action"] not in ACTIONS:
+        raise UserError(f"{path}: action = {data['action']!r}: expected one of {', '.join(ACTIONS)}")
     if id_from_stem(path.stem) != data["id"]:
         raise UserError(f"{path}: id = {data['id']!r} does not match the file name")
     return Entry(**data)
@@ -88,10 +119,21 @@ def parse_entry_file(path: Path) -> Entry:
 
 
 def load_entries(project: Project) -> list[Entry]:
-    """Every entry, oldest first (file names sort by time)."""
+    """Every entry, in history order (see the module docstring)."""
+    settle(project)
     parsed = load_folder(project.entries_dir, project.private_dir / "entries.json",
                          lambda path: parse_entry_file(path).to_json())
-    return [Entry(**data) for data in parsed]
+    return in_history_order(project, [Entry(**data) for data in parsed])
+
+
+def in_history_order(project: Project, entries: Iterable[Entry]) -> list[Entry]:
+    """`entries` sorted by the commit that added each (uncommitted ones last); ties by file name.
+
+    For readers that parse entry files themselves (check): replay() needs this order."""
+    order = commit_order(project)
+    last = len(order)
+    by_name = sorted(entries, key=lambda e: e.stem)
+    return sorted(by_name, key=lambda e: order.get(e.id, last))  # stable: ties keep file-name order
 
 
 def find_entry(project: Project, ident: str, entries: Iterable[Entry] | None = None) -> Entry:
@@ -100,8 +142,8 @@ def find_entry(project: Project, ident: str, entries: Iterable[Entry] | None = N
     if len(ident) < 4:
         raise UserError(f"entry id {ident!r}: give at least 4 characters of the id")
     if entries is None:
-        matches = sorted(project.entries_dir.glob(f"*-{ident}*.toml")) if project.entries_dir.is_dir() else []
-        found = [parse_entry_file(p) for p in matches if id_from_stem(p.stem).startswith(ident)]
+        settle(project)
+        found = [parse_entry_file(p) for p in files_with_id_prefix(project.entries_dir, ident) if p.suffix == ".toml"]
     else:
         found = [e for e in entries if e.id.startswith(ident)]
     if not found:

@@ -51,3 +51,12 @@ def load_folder(folder: Path, cache_path: Path, parse: Callable[[Path], dict[str
         except OSError:
             pass  # a read-only checkout still works, only slower
     return parsed
+
+
+def files_with_id_prefix(folder: Path, ident: str) -> list[Path]:
+    """Files in `folder` whose id (after the last '-') starts with `ident`, literally (no globbing)."""
+    if not folder.is_dir():
+        return []
+    with os.scandir(folder) as it:
+        names = sorted(e.name for e in it if not e.name.startswith("."))
+    return [folder / n for n in names if "." in n and n.rsplit(".", 1)[0].rsplit("-", 1)[-1].startswith(ident)]

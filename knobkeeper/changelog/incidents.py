@@ -46,10 +46,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from knobkeeper.changelog.filecache import load_folder
+from knobkeeper.changelog.store import settle
+from knobkeeper.fmt import short
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 from knobkeeper.tomlio import read_toml
-from knobkeeper.timeutil import file_stem, id_from_stem, iso, new_id, parse_time, utcnow
+from knobkeeper.timeutil import EARLIEST, file_stem, id_from_stem, iso, new_id, parse_time, utcnow
 
 
 
@@ -201,6 +203,7 @@ def _cacheable(incident: Incident) -> dict[str, Any]:
 
 def load_incidents(project: Project) -> list[Incident]:
     """Every incident, oldest first (by when it was opened; file names sort by that)."""
+    settle(project)
     parsed = load_folder(project.incidents_dir, project.private_dir / "incidents.json",
                          lambda path: _cacheable(parse_incident_file(path)))
     return [_from_json(data) for data in parsed]
@@ -212,9 +215,10 @@ def find_incident(project: Project, ident: str, incidents: Iterable[Incident] | 
     if len(ident) < 4:
         raise UserError(f"incident id {ident!r}: give at least 4 characters of the id")
     if incidents is None:
-        folder = project.incidents_dir
-        matches = sorted(folder.glob(f"*-{ident}*.toml")) if folder.is_dir() else []
-        found = [parse_incident_file(p) for p in matches if id_from_stem(p.stem).startswith(ident)]
+        from knobkeeper.changelog.filecache import files_with_id_prefix
+
+        settle(project)
+        found = [parse_incident_file(p) for p in files_with_id_prefix(project.incidents_dir, ident) if p.suffix == ".toml"]
     else:
         found = [i for i in incidents if i.id.startswith(ident)]
     if not found:
@@ -243,9 +247,8 @@ def _text(value: str | None, what: str) -> str:
     return " ".join(value.split()) if "\n" not in value.strip() else value.strip()
 
 
-def _short(text: str, width: int = 60) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 3] + "..."
+def _short(text: str) -> str:
+    return short(text, 60)
 
 
 def _revert_for(project: Project, incident: Incident, ident: str, option: str, entries) -> str:
@@ -292,6 +295,8 @@ def open_incident(project: Project, title: str | None, started: str | datetime |
             began = parse_time(started)
         except ValueError as exc:
             raise UserError(f"--started: {exc}") from None
+    if began < EARLIEST:
+        raise UserError(f"--started {iso(began)}: before {EARLIEST.date()}; give when the symptom began (ISO 8601)")
     if (began - moment).total_seconds() > 60:
         raise UserError(f"--started {iso(began)}: in the future (now is {iso(moment)})")
     with repo_lock(project):

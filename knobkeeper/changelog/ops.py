@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomllib
+
+from knobkeeper import gitio
 from knobkeeper.changelog.entries import Entry, entry_path, history, load_entries, new_entry_time, replay
+from knobkeeper.changelog.filecache import files_with_id_prefix
+from knobkeeper.changelog.secrets import secret_path, secret_value, value_files
 from knobkeeper.changelog.store import Message, atomic_write, commit_change, git_author, repo_lock
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Knob, Value, fingerprint, load_catalog
@@ -51,32 +56,53 @@ class CommitOptions:
     branch: str | None = None
 
 
-def _context(project: Project) -> tuple[Catalog, dict]:
+def _context(project: Project, change: bool = True) -> tuple[Catalog, dict]:
+    """The catalog and declared state a change starts from (`change`: refuse unexplained edits)."""
+    if change:
+        refuse_unexplained_edits(project)
     catalog = load_catalog(project.catalog_path)
     declared = read_declared(project.knobs_path, catalog)
     return catalog, declared
 
 
+def _one_id(project: Project, folder: Path, suffix: str, ident: str, option: str, what: str, see: str) -> str:
+    """The full id of the one `*suffix` file in `folder` whose id starts with `ident` (literally: no glob)."""
+    matches = [p for p in files_with_id_prefix(folder, ident.strip()) if p.suffix == suffix] if ident.strip() else []
+    if not matches:
+        raise UserError(f"{option} {ident!r}: no such {what} in {project.rel(folder)}/ (see `{see}`)")
+    if len(matches) > 1:
+        raise UserError(f"{option} {ident!r}: ambiguous; give more characters")
+    return matches[0].stem.rsplit("-", 1)[-1]
+
+
 def _check_evidence(project: Project, ids: list[str]) -> list[str]:
     """Evidence ids must name files in changelog/evidence/; returns the full ids."""
-    full = []
-    for ident in ids:
-        matches = sorted(project.evidence_dir.glob(f"*-{ident}*.json")) if project.evidence_dir.is_dir() else []
-        if not matches:
-            raise UserError(f"--evidence {ident}: no such evidence in {project.rel(project.evidence_dir)}/ (see `knobkeeper ab show`)")
-        if len(matches) > 1:
-            raise UserError(f"--evidence {ident}: ambiguous; give more characters")
-        full.append(matches[0].stem.rsplit("-", 1)[-1])
-    return full
+    return [_one_id(project, project.evidence_dir, ".json", i, "--evidence", "evidence", "knobkeeper ab show") for i in ids]
 
 
 def _check_incident(project: Project, ident: str) -> str:
-    matches = sorted(project.incidents_dir.glob(f"*-{ident}*.toml")) if project.incidents_dir.is_dir() else []
-    if not matches:
-        raise UserError(f"--incident {ident}: no such incident in {project.rel(project.incidents_dir)}/ (see `knobkeeper incident list`)")
-    if len(matches) > 1:
-        raise UserError(f"--incident {ident}: ambiguous; give more characters")
-    return matches[0].stem.rsplit("-", 1)[-1]
+    return _one_id(project, project.incidents_dir, ".toml", ident, "--incident", "incident", "knobkeeper incident list")
+
+
+def refuse_unexplained_edits(project: Project) -> None:
+    """A change commits knobs.toml whole, so it must start from HEAD's values: refuse when the
+    working file declares values HEAD does not (a hand edit, or an earlier `--no-commit`), which
+    would otherwise be committed without their entry. Comments and layout may differ."""
+    rel = project.rel(project.knobs_path)
+    shown = gitio.run(project.root, "show", f"HEAD:{rel}")
+    try:
+        committed = tomllib.loads(shown.stdout) if shown.returncode == 0 else {}
+    except tomllib.TOMLDecodeError:
+        committed = None
+    def values(declared: dict | None) -> dict | None:  # empty tables declare nothing
+        return None if declared is None else {role: table for role, table in declared.items() if table}
+
+    if values(read_declared(project.knobs_path)) == values(committed):
+        return
+    if unexplained_edits(project):
+        raise UserError(f"{rel} has changes no entry explains; run `knobkeeper record` or undo them")
+    raise UserError(f"{rel} has changes that are not committed yet (an earlier `--no-commit`?); "
+                    f"commit them with their entries (git commit) or undo them first")
 
 
 def _reason(reason: str | None, what: str) -> str:
@@ -114,6 +140,7 @@ def _trailers(entries: list[Entry], catalog: Catalog) -> list[tuple[str, str]]:
 
 def _write(project: Project, catalog: Catalog, entries: list[Entry], knobs_text: str,
            options: CommitOptions, secret_files: dict[Path, str] | None = None) -> Change:
+    """Write the entries, knobs.toml and any secret values, and commit them as one change."""
     files: dict[Path, str] = {project.knobs_path: knobs_text}
     for entry in entries:
         files[entry_path(project, entry)] = entry.to_toml()
@@ -128,11 +155,9 @@ def _write(project: Project, catalog: Catalog, entries: list[Entry], knobs_text:
     if entries[0].hypothesis:
         body += f"\n\nHypothesis: {entries[0].hypothesis}"
     message = Message(summary=summary, body=body, trailers=_trailers(entries, catalog))
-    # Secret values go to the git-ignored store, never into a commit.
-    for path, value in (secret_files or {}).items():
-        atomic_write(path, value)
-        path.chmod(0o600)
-    sha = commit_change(project, files, message, no_commit=options.no_commit, branch=options.branch, locked=True)
+    # Secret values go to the git-ignored store, never into a commit, under the same journal.
+    sha = commit_change(project, files, message, no_commit=options.no_commit, branch=options.branch, locked=True,
+                        private_files=secret_files)
     return Change(entries=entries, commit=sha, branch=options.branch)
 
 
@@ -153,12 +178,24 @@ def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str
         stored: Value = fingerprint(value) if knob.secret else value
         old = value_of(declared, role, name)
         if old == stored and type(old) is type(stored):
+            if knob.secret and secret_value(project, role, name, str(stored)) is None:
+                return _store_secret_only(project, role, name, str(value))
             raise UserError(f"{name} is already {knob.display(stored)} on {role}; nothing to change")
         entry = _new_entry(project, action="set", knob=name, role=role, reason=reason,
                            old=old, new=stored, evidence=evidence_ids)
         text = with_value(load_document(project.knobs_path), role, name, stored)
-        secrets = {project.secrets_dir / role / name: str(value)} if knob.secret else None
+        secrets = value_files(project, role, name, str(value)) if knob.secret else None
         return _write(project, catalog, [entry], text, options, secrets)
+
+
+def _store_secret_only(project: Project, role: str, name: str, value: str) -> Change:
+    """knobs.toml already declares this value's fingerprint, but this machine lacks the value
+    (a fresh clone): store it, with no entry and no commit, since nothing declared changes."""
+    for path, content in value_files(project, role, name, value).items():
+        atomic_write(path, content, mode=0o600)
+    return Change(entries=[], commit=None, warnings=[
+        f"{name} on {role}: knobs.toml already declares {fingerprint(value)}; stored its value on this machine "
+        f"(nothing to commit)"])
 
 
 def unset_knob(project: Project, name: str, role: str, reason: str | None,
@@ -175,6 +212,14 @@ def unset_knob(project: Project, name: str, role: str, reason: str | None,
         entry = _new_entry(project, action="unset", knob=name, role=role, reason=reason, old=old, new=None)
         text = with_value(load_document(project.knobs_path), role, name, None)
         return _write(project, catalog, [entry], text, options)
+
+
+def _require_secret_value(project: Project, knob: Knob, role: str, value: Value | None, verb: str) -> None:
+    """A revert/restore of a secret goes back to a fingerprint: its value must be in the store."""
+    if knob.secret and value is not None and secret_value(project, role, knob.name, str(value)) is None:
+        raise UserError(f"{verb} {knob.name} on {role}: the secret value {value} is not in "
+                        f"{project.rel(secret_path(project, role, knob.name, str(value)))} on this machine; "
+                        f"set it again with `knobkeeper set {knob.name} --role {role} --value-file PATH`")
 
 
 def revert_target(entries: list[Entry], name: str, role: str) -> Entry:
@@ -197,9 +242,10 @@ def revert_knob(project: Project, name: str, role: str, reason: str | None, inci
     options = options or CommitOptions()
     with repo_lock(project):
         catalog, declared = _context(project)
-        catalog.for_role(name, role)
+        knob = catalog.for_role(name, role)
         reason = _reason(reason, f"revert {name}")
         target = revert_target(load_entries(project), name, role)
+        _require_secret_value(project, knob, role, target.old, "revert")
         incident_id = _check_incident(project, incident) if incident else None
         current = value_of(declared, role, name)
         entry = _new_entry(project, action="revert", knob=name, role=role, reason=reason,
@@ -239,10 +285,7 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
         verdict = guard(entries, revert) if guard is not None else None
         if verdict is not None:
             refutes = refutes or verdict.refutes
-        if original.new is not None and knob.secret:
-            secret = project.secrets_dir / role / name
-            if not secret.exists() or fingerprint(secret.read_text()) != original.new:
-                raise UserError(f"restore {name}: the secret value {original.new} is no longer in {secret}; set it again")
+        _require_secret_value(project, knob, role, original.new, "restore")
         extra = _check_evidence(project, evidence or [])
         carried = list(dict.fromkeys([*original.evidence, *extra]))
         why = reason.strip() if reason and reason.strip() else f"restore {original.id}: revert {revert.id} did not hold"
@@ -261,7 +304,7 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
 
 def unexplained_edits(project: Project) -> list[tuple[str, str, Value | None, Value | None]]:
     """(role, knob, explained, declared) for every value knobs.toml holds that the entries don't explain."""
-    catalog, declared = _context(project)
+    catalog, declared = _context(project, change=False)
     explained = replay(load_entries(project))
     drift = []
     for role in sorted(set(declared) | set(explained)):
@@ -277,7 +320,7 @@ def record_edits(project: Project, reason: str | None, options: CommitOptions | 
     """Turn hand edits of knobs.toml into entries, one per changed knob, in one commit."""
     options = options or CommitOptions()
     with repo_lock(project):
-        catalog, _ = _context(project)
+        catalog, _ = _context(project, change=False)
         reason = _reason(reason, "record")
         drift = unexplained_edits(project)
         if not drift:

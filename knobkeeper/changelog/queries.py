@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from knobkeeper.changelog.entries import Entry, latest_by_knob, load_entries
+from knobkeeper.changelog.store import settle
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Value, load_catalog
 from knobkeeper.knobs.state import read_declared
@@ -30,6 +31,7 @@ class DeclaredKnob:
 
 
 def declared_knobs(project: Project, role: str | None = None) -> list[DeclaredKnob]:
+    settle(project)  # a crashed change's knobs.toml is rolled back before it is read
     catalog = load_catalog(project.catalog_path)
     declared = read_declared(project.knobs_path, catalog)
     if role is not None and role not in declared and role not in catalog.roles():

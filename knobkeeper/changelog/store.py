@@ -1,10 +1,15 @@
 """Write changelog files and commit exactly them, in one git commit, or leave the tree as it was.
 
-A change is a set of files (new or replaced). `commit_change` takes the repo lock, writes a
-journal of what the files held before, writes each file by temp file + rename, commits only
-those paths (never the user's other staged or unstaged work), then drops the journal. If
-anything fails before the commit, the old contents are put back. If the process dies instead,
-the next mutating command finds the journal and rolls the files back before doing anything.
+A change is a set of files (new or replaced) plus, for secret knobs, private files that never
+enter git. `commit_change` takes the repo lock, writes a journal of what every one of those
+files held before, writes each by temp file + rename, commits only the tracked paths (never the
+user's other staged or unstaged work), then drops the journal. If anything fails before the
+commit, the old contents are put back. If the process dies instead, the next command (read or
+write) finds the journal and rolls the files back before doing anything.
+
+The lock is an flock on .git/knobkeeper/lock. Every git child started under it inherits the
+locked descriptor, so a `git commit` whose parent was killed keeps the lock until it exits: the
+next command's recovery never runs beside a commit still landing.
 """
 
 from __future__ import annotations
@@ -12,18 +17,21 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import subprocess
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from knobkeeper import gitio
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 
 # Tests set this to prove that a crash between writing and committing leaves no mix.
 FAULT_ENV = "KNOBKEEPER_FAULT"
+
+# root -> the locked descriptor while this process holds repo_lock (git children inherit it).
+_held: dict[Path, int] = {}
 
 
 @dataclass
@@ -35,30 +43,37 @@ class Message:
     trailers: list[tuple[str, str]] = field(default_factory=list)
 
     def text(self) -> str:
-        parts = [self.summary.strip()]
-        if self.body.strip():
-            parts.append(self.body.strip())
+        parts = [" ".join(self.summary.split())]
+        body = _inert_body(self.body)
+        if body:
+            parts.append(body)
         if self.trailers:
             # A trailer value must be one line or git stops reading the block.
             parts.append("\n".join(f"{k}: {' '.join(str(v).split())}" for k, v in self.trailers))
         return "\n\n".join(parts) + "\n"
 
 
-def _git(project: Project, *args: str, env: dict | None = None) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(project.root), *args], capture_output=True, text=True,
-        env={**os.environ, **(env or {})},
-    )
-    if done.returncode != 0:
-        raise UserError(f"git {args[0]}: {(done.stderr or done.stdout).strip().splitlines()[-1:] or ['failed']}")
-    return done.stdout
+def _inert_body(body: str) -> str:
+    """The body with nothing that could end or forge the trailer block.
+
+    `git interpret-trailers` stops at a line starting with `---` (the patch divider), so such a
+    line is indented; blank runs are kept to one blank line, so the trailers always stay the
+    last paragraph, and reason lines that look like `Key: value` stay in the body's paragraphs.
+    """
+    lines = [(" " + line if line.startswith("---") else line.rstrip()) for line in body.strip().splitlines()]
+    out: list[str] = []
+    for line in lines:
+        if not line.strip() and out and not out[-1]:
+            continue
+        out.append(line if line.strip() else "")
+    return "\n".join(out).strip("\n")
 
 
 def check_repo_state(project: Project) -> None:
     """Refuse to commit on a detached HEAD or in the middle of a merge, rebase or cherry-pick."""
     git_dir = project.git_dir
     if not git_dir.is_dir():
-        raise UserError(f"{project.root}: .git is not a directory (worktrees and submodules are not supported)")
+        raise UserError(f"{project.root}/.git: not a git directory ({git_dir} is missing)")
     for marker, what in (
         ("MERGE_HEAD", "a merge"), ("rebase-merge", "a rebase"), ("rebase-apply", "a rebase or am"),
         ("CHERRY_PICK_HEAD", "a cherry-pick"), ("REVERT_HEAD", "a git revert"),
@@ -72,34 +87,100 @@ def check_repo_state(project: Project) -> None:
 
 def git_author(project: Project) -> str:
     """`Name <email>` from git config, as the commit will carry."""
-    name = _git_config(project, "user.name")
-    email = _git_config(project, "user.email")
+    name = gitio.config(project.root, "user.name")
+    email = gitio.config(project.root, "user.email")
     if not name or not email:
         raise UserError("git user.name and user.email are not set (git config user.name 'You'; git config user.email you@example.com)")
     return f"{name} <{email}>"
 
 
-def _git_config(project: Project, key: str) -> str:
-    done = subprocess.run(["git", "-C", str(project.root), "config", key], capture_output=True, text=True)
-    return done.stdout.strip()
+@contextmanager
+def _flock(project: Project) -> Iterator[int]:
+    held = _held.get(project.root)
+    if held is not None:  # re-entered by the same process (a library call inside a command)
+        yield held
+        return
+    try:
+        project.private_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(project.private_dir / "lock", "a")
+    except OSError as exc:
+        raise UserError(f"{project.private_dir}/lock: cannot open the repo lock ({exc.strerror})") from None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _held[project.root] = handle.fileno()
+        try:
+            yield handle.fileno()
+        finally:
+            _held.pop(project.root, None)
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextmanager
 def repo_lock(project: Project) -> Iterator[None]:
     """Serialise every mutating command on one flock; recover a journal left by a crash."""
-    project.private_dir.mkdir(parents=True, exist_ok=True)
-    with open(project.private_dir / "lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            check_repo_state(project)
-            recover(project)
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with _flock(project):
+        check_repo_state(project)
+        clear_stale_index_lock(project)
+        recover(project)
+        yield
+
+
+def settle(project: Project) -> None:
+    """For read commands: if a crashed change left a journal, recover it (under the lock) first,
+    so nothing is read that git does not hold. Costs one stat when there is none."""
+    if not _journal_path(project).exists():
+        return
+    with _flock(project):
+        clear_stale_index_lock(project)
+        recover(project)
 
 
 def _journal_path(project: Project) -> Path:
     return project.private_dir / "journal.json"
+
+
+def _git_pids_for(project: Project) -> list[int] | None:
+    """Live git processes working in this repository (cwd inside it or `-C` naming it);
+    None where /proc cannot tell."""
+    proc = Path("/proc")
+    if not (proc / "self" / "cmdline").exists():
+        return None
+    root = str(project.root.resolve())
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not argv or os.path.basename(argv[0].decode(errors="replace")) not in ("git", "git.exe"):
+                continue
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        named = [os.path.realpath(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "-C"]
+        if cwd == root or cwd.startswith(root + os.sep) or root in named:
+            found.append(int(entry.name))
+    return found
+
+
+def clear_stale_index_lock(project: Project) -> None:
+    """Remove a .git/index.lock that a killed git left behind, when it is provably stale.
+
+    Called under the repo lock, so no git child of knobkeeper is alive (they hold the lock);
+    the lock file is removed only if no other git process works in this repository either.
+    """
+    lock = project.git_dir / "index.lock"
+    if not lock.exists():
+        return
+    alive = _git_pids_for(project)
+    if alive is None:
+        raise UserError(f"{lock}: left by a git command that did not finish; remove it if no git command is "
+                        f"running on this repository")
+    if alive:
+        raise UserError(f"{lock}: git process {alive[0]} is working in this repository; wait for it to finish "
+                        f"(remove the file only if that process is not git's)")
+    lock.unlink(missing_ok=True)
 
 
 def recover(project: Project) -> bool:
@@ -107,41 +188,59 @@ def recover(project: Project) -> bool:
     journal = _journal_path(project)
     if not journal.exists():
         return False
-    record = json.loads(journal.read_text())
-    head_now = _head_sha(project)
-    if head_now != record["head"]:
+    try:
+        record = json.loads(journal.read_text())
+        tracked, private, head = record["files"], record.get("private", {}), record["head"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{journal}: unreadable journal of an interrupted change; inspect `git status`, "
+                        f"then delete the file") from None
+    if gitio.head_sha(project.root) != head:
         # The commit landed; only the journal removal was lost.
         journal.unlink()
         return False
-    for rel, old in record["files"].items():
-        _restore(project.root / rel, old)
-    _git(project, "reset", "-q", "--", *record["files"].keys())
+    _roll_back(project, tracked, private)
     journal.unlink()
     return True
 
 
-def _head_sha(project: Project) -> str | None:
-    done = subprocess.run(["git", "-C", str(project.root), "rev-parse", "-q", "--verify", "HEAD"],
-                          capture_output=True, text=True)
-    return done.stdout.strip() or None
+def _roll_back(project: Project, tracked: dict[str, str | None], private: dict[str, str | None]) -> None:
+    for rel, old in {**tracked, **private}.items():
+        _restore(project.root / rel, old, private=rel in private)
+    if tracked:
+        done = gitio.run(project.root, "reset", "-q", "--", *tracked, pass_fds=_lock_fds(project))
+        if done.returncode != 0 and gitio.head_sha(project.root) is not None:
+            raise UserError(f"git reset of {', '.join(tracked)}: {gitio.failure_line(done)}")
 
 
-def _restore(path: Path, old: str | None) -> None:
+def _lock_fds(project: Project) -> tuple[int, ...]:
+    fd = _held.get(project.root)
+    return (fd,) if fd is not None else ()
+
+
+def _restore(path: Path, old: str | None, private: bool = False) -> None:
     if old is None:
         path.unlink(missing_ok=True)
     else:
-        atomic_write(path, old)
+        atomic_write(path, old, mode=0o600 if private else None)
 
 
-def atomic_write(path: Path, content: str | bytes) -> None:
-    """Write via a temp file in the same folder and rename: readers see old or new, never half."""
+def atomic_write(path: Path, content: str | bytes, mode: int | None = None) -> None:
+    """Write via a temp file in the same folder and rename: readers see old or new, never half.
+
+    `mode`: the file's permissions (default: those of the file replaced, else 0644)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode() if isinstance(content, str) else content
+    if mode is None:
+        try:
+            mode = path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o644
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -158,6 +257,13 @@ def _fault(point: str) -> None:
         os._exit(70)
 
 
+def _read_old(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
 def commit_change(
     project: Project,
     files: dict[Path, str | bytes],
@@ -166,63 +272,54 @@ def commit_change(
     no_commit: bool = False,
     branch: str | None = None,
     locked: bool = False,
+    private_files: dict[Path, str] | None = None,
 ) -> str | None:
     """Write `files` and commit exactly them. Returns the new commit's sha (None with no_commit).
 
+    `private_files` (secret values) are written under the same journal, with mode 0600, but
+    never added to git: a change that fails leaves none of them behind.
     `locked=True` when the caller already holds repo_lock (it validated under the lock).
     """
     if not locked:
         with repo_lock(project):
-            return commit_change(project, files, message, no_commit=no_commit, branch=branch, locked=True)
+            return commit_change(project, files, message, no_commit=no_commit, branch=branch, locked=True,
+                                 private_files=private_files)
     check_repo_state(project)
     if branch:
         _create_branch(project, branch)
+    private_files = private_files or {}
     rels = [project.rel(p) for p in files]
-    old: dict[str, str | None] = {}
-    for path, rel in zip(files, rels):
-        old[rel] = path.read_text() if path.exists() else None
+    old = {rel: _read_old(path) for path, rel in zip(files, rels)}
+    old_private = {project.rel(path): _read_old(path) for path in private_files}
     journal = _journal_path(project)
-    atomic_write(journal, json.dumps({"head": _head_sha(project), "files": old}))
+    atomic_write(journal, json.dumps({"head": gitio.head_sha(project.root), "files": old, "private": old_private}))
+    fds = _lock_fds(project)
     try:
+        for path, content in private_files.items():
+            atomic_write(path, content, mode=0o600)
         for path, content in files.items():
             atomic_write(path, content)
             _fault("after-write")
-        _git(project, "add", "--", *rels)
+        gitio.output(project.root, "add", "--", *rels, pass_fds=fds)
         if no_commit:
             journal.unlink()
             return None
         _fault("before-commit")
-        # --only: the commit holds these paths and nothing else the user has staged.
-        _commit_paths(project, rels, message.text())
-        sha = _head_sha(project)
+        gitio.commit_paths(project.root, rels, message.text(), pass_fds=fds)
+        sha = gitio.head_sha(project.root)
     except BaseException:
-        for rel, content in old.items():
-            _restore(project.root / rel, content)
-        subprocess.run(["git", "-C", str(project.root), "reset", "-q", "--", *rels], capture_output=True)
-        journal.unlink(missing_ok=True)
+        try:
+            _roll_back(project, old, old_private)
+        finally:
+            journal.unlink(missing_ok=True)
         raise
     journal.unlink(missing_ok=True)
     return sha
 
 
-def _commit_paths(project: Project, rels: list[str], text: str) -> None:
-    import git  # gitpython; imported here so read-only commands stay fast
-
-    repo = git.Repo(project.root)
-    try:
-        # --cleanup=verbatim keeps the message exactly as built (trailers included).
-        repo.git.commit("-q", "--only", "--no-verify", "--cleanup=verbatim", "-m", text, "--", *rels)
-    except git.GitCommandError as exc:
-        raise UserError(f"git commit failed: {exc.stderr.strip() or exc}") from None
-
-
 def _create_branch(project: Project, branch: str) -> None:
-    done = subprocess.run(["git", "-C", str(project.root), "check-ref-format", "--branch", branch],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
+    if gitio.run(project.root, "check-ref-format", "--branch", branch).returncode != 0:
         raise UserError(f"--branch {branch!r}: not a valid branch name")
-    exists = subprocess.run(["git", "-C", str(project.root), "rev-parse", "-q", "--verify", f"refs/heads/{branch}"],
-                            capture_output=True, text=True)
-    if exists.returncode == 0:
+    if gitio.rev_parse(project.root, f"refs/heads/{branch}") is not None:
         raise UserError(f"--branch {branch!r}: branch already exists; pick a new name")
-    _git(project, "switch", "-q", "-c", branch)
+    gitio.output(project.root, "switch", "-q", "-c", branch, pass_fds=_lock_fds(project))

@@ -9,17 +9,30 @@ from typing import Any, Callable
 
 import click
 
+from knobkeeper import fmt
 from knobkeeper.errors import UserError
 
 
 class KKGroup(click.Group):
     """A group whose commands print UserError as one line on stderr and exit 2."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Python decodes argv bytes that are not UTF-8 to lone surrogates, which fail much later
+        # (writing a file, a commit message); refuse them here, naming the argument.
+        for index, arg in enumerate(args, 1):
+            try:
+                arg.encode("utf-8")
+            except UnicodeEncodeError:
+                click.echo(f"error: argument {index} ({fmt.safe(arg.encode('utf-8', 'backslashreplace').decode())}): "
+                           f"not valid UTF-8; knobkeeper takes UTF-8 text", err=True)
+                ctx.exit(UserError.exit_code)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {fmt.safe(exc)}", err=True)
             ctx.exit(exc.exit_code)
 
 
@@ -71,7 +84,7 @@ def exit_on_user_error(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {fmt.safe(exc)}", err=True)
             sys.exit(exc.exit_code)
 
     return wrapper

@@ -6,7 +6,7 @@ from typing import Callable
 
 import click
 
-from knobkeeper.knobs.catalog import show_value
+from knobkeeper import fmt
 from knobkeeper.cli.common import console, emit_json, example, json_option, repo_option, warn
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
@@ -33,10 +33,15 @@ def _split_assignment(text: str) -> tuple[str, str]:
 
 
 def _report(change, verb: str) -> None:
+    if not change.entries:  # nothing declared changed (e.g. a secret's value stored on this machine)
+        for text in change.warnings:
+            warn(text)
+        return
     where = f" on branch {change.branch}" if change.branch else ""
     committed = f"commit {change.commit[:10]}{where}" if change.commit else "staged, not committed"
     for extra in change.entries:
-        click.echo(f"{extra.role}: {extra.action} {extra.knob}: {show_value(extra.old)} -> {show_value(extra.new)}  (entry {extra.id})")
+        click.echo(fmt.safe(f"{extra.role}: {extra.action} {extra.knob}: {fmt.value(extra.old)} -> {fmt.value(extra.new)}")
+                   + f"  (entry {extra.id})")
     click.echo(committed)
     for text in change.warnings:
         warn(text)
@@ -61,7 +66,7 @@ def catalog_cmd(knob: str | None, repo: str | None, as_json: bool) -> None:
     if knob:
         k = knobs[0]
         for label, value in (("knob", k.name), ("type", k.type), ("accepts", k.accepted()), ("roles", ", ".join(k.roles)),
-                             ("risk", k.risk), ("default", show_value(k.default) if k.default is not None else "-"),
+                             ("risk", k.risk), ("default", fmt.value(k.default) if k.default is not None else "-"),
                              ("unset means", k.unset), ("source", k.source), ("doc", k.doc)):
             click.echo(f"{label:>12}: {value}")
         return
@@ -89,31 +94,74 @@ def knobs_cmd(role: str | None, repo: str | None, as_json: bool) -> None:
     if not rows:
         click.echo("no knobs declared" + (f" for {role}" if role else ""))
         return
+    from rich.markup import escape
     from rich.table import Table
+
+    def text(value) -> str:  # from files anyone can edit: no terminal escapes, no rich markup
+        return escape(fmt.safe(value))
 
     table = Table("role", "knob", "value", "entry", "action", "when", "by", box=None)
     for r in rows:
         if r.entry:
-            table.add_row(r.role, r.knob, r.shown, r.entry.id, r.entry.action, r.entry.time[:19] + "Z", r.entry.author)
+            table.add_row(text(r.role), text(r.knob), text(r.shown), text(r.entry.id), text(r.entry.action),
+                          text(r.entry.time[:19] + "Z"), text(r.entry.author))
         else:
-            table.add_row(r.role, r.knob, r.shown, "-", "[bold]unrecorded[/]", "-", "run `knobkeeper record`")
+            table.add_row(text(r.role), text(r.knob), text(r.shown), "-", "[bold]unrecorded[/]", "-", "run `knobkeeper record`")
     console().print(table)
 
 
 @click.command("set")
-@click.argument("assignment", metavar="KNOB=VALUE")
+@click.argument("assignment", metavar="KNOB=VALUE | KNOB --value-file PATH")
 @click.option("--role", required=True, help="The role (inventory group) it applies to.")
 @click.option("--reason", required=True, help="Why: kept in the entry and the commit.")
 @click.option("--evidence", multiple=True, metavar="ID", help="Evidence id(s) behind the change (repeatable).")
+@click.option("--value-file", "value_file", default=None, metavar="PATH",
+              help="Read the value from PATH ('-' = stdin), byte for byte (trailing newlines kept). Use it for "
+                   "secrets: a value on the command line shows in `ps` and the shell history.")
 @commit_options
-@example('knobkeeper set SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --reason "+12.8% @64" --evidence 1a2b3c4d')
-def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], repo, no_commit, branch) -> None:
-    """Declare KNOB=VALUE for a role: one entry, one commit."""
+@example('knobkeeper set SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --reason "+12.8% @64" --evidence 1a2b3c4d\n'
+         '  knobkeeper set HF_TOKEN --role decode --reason "gated weights" --value-file - < token.txt')
+def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], value_file, repo, no_commit, branch) -> None:
+    """Declare KNOB=VALUE for a role: one entry, one commit.
+
+    A secret knob's value is kept outside git (.knobkeeper-secrets/), and only its fingerprint in
+    knobs.toml and the changelog; give it with --value-file rather than KNOB=VALUE, which other
+    users of the machine can read in `ps` and which your shell history keeps.
+    """
     from knobkeeper.changelog.ops import set_knob
 
-    name, value = _split_assignment(assignment)
+    if value_file is not None:
+        if "=" in assignment:
+            raise UserError(f"{assignment.split('=')[0]}=...: give KNOB alone with --value-file (the value comes from the file)")
+        name, value = assignment.strip(), _read_value_file(value_file)
+    else:
+        name, value = _split_assignment(assignment)
     change = set_knob(find_project(repo), name, value, role, reason, list(evidence), _options(no_commit, branch))
     _report(change, "set")
+
+
+MAX_VALUE_BYTES = 64 * 1024
+
+
+def _read_value_file(path: str) -> str:
+    """The exact text of PATH (or stdin for '-'): UTF-8, at most 64 KiB, nothing stripped."""
+    import sys
+
+    where = "--value-file -" if path == "-" else f"--value-file {path}"
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_VALUE_BYTES + 1)
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_VALUE_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{where}: cannot read it ({exc.strerror})") from None
+    if len(data) > MAX_VALUE_BYTES:
+        raise UserError(f"{where}: longer than {MAX_VALUE_BYTES // 1024} KiB; a knob value is at most that")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{where}: not UTF-8 text (byte {exc.start}); a knob value is text") from None
 
 
 @click.command("unset")
@@ -195,10 +243,10 @@ def log_cmd(knob, role, since, repo, as_json: bool) -> None:
         return
     for e in rows:
         links = "".join(f" {k}={v}" for k, v in (("reverts", e.reverts), ("restores", e.restores), ("incident", e.incident)) if v)
-        click.echo(f"{e.time[:19]}Z {e.id} {e.role}: {e.action} {e.knob} {show_value(e.old)} -> {show_value(e.new)}{links}")
-        click.echo(f"    {e.author}: {e.reason}")
+        click.echo(fmt.safe(f"{e.time[:19]}Z {e.id} {e.role}: {e.action} {e.knob} {fmt.value(e.old)} -> {fmt.value(e.new)}{links}"))
+        click.echo(f"    {fmt.safe(e.author)}: {fmt.safe(e.reason)}")
         for line in _evidence_lines(project, e):
-            click.echo(f"    evidence {line}")
+            click.echo(f"    evidence {fmt.safe(line)}")
 
 
 def _evidence_lines(project, entry) -> list[str]:
@@ -233,10 +281,10 @@ def show_cmd(entry_id: str, repo, as_json: bool) -> None:
         if key == "evidence":
             value = ", ".join(value)
         elif key in ("old", "new"):
-            value = show_value(value)
-        click.echo(f"{key:>10}: {value}")
+            value = fmt.value(value)
+        click.echo(f"{key:>10}: {fmt.safe(value)}")
     for line in _evidence_lines(project, entry):
-        click.echo(f"  evidence {line}")
+        click.echo(f"  evidence {fmt.safe(line)}")
 
 
 COMMANDS = [catalog_cmd, knobs_cmd, set_cmd, unset_cmd, revert_cmd, restore_cmd, record_cmd, log_cmd, show_cmd]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from knobkeeper import fmt
 from knobkeeper.errors import UserError
 from knobkeeper.tomlio import read_toml
 
@@ -35,22 +36,26 @@ _FALSE = {"0", "false", "no", "off"}
 Value = int | float | bool | str
 
 
-def fingerprint(secret: str) -> str:
+def fingerprint(secret: str | bytes) -> str:
     """What the changelog and knobs.toml hold instead of a secret's value."""
-    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:16]
+    data = secret.encode() if isinstance(secret, str) else secret
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
 
 
-def show_value(value: Any) -> str:
-    """A stored value as people read it: (unset), true/false, or the text (secrets are stored as fingerprints)."""
-    if value is None:
-        return "(unset)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+# Kept while knobkeeper/audit.py (the review helper's file) imports it; new code calls fmt.value.
+show_value = fmt.value
+
+_FINGERPRINT = re.compile(r"sha256:[0-9a-f]{16}")
+
+# What the catalog documents for int and float values typed by people: plain ASCII decimal,
+# optional sign; a float may have a fraction and an exponent. Not Python's int()/float(), which
+# also take 1_000, 0x10, non-ASCII digits, " 1 ", inf and nan.
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,60}")
+_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def is_fingerprint(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith("sha256:") and len(value) == 23
+    return isinstance(value, str) and _FINGERPRINT.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,8 @@ class Knob:
     def accepted(self) -> str:
         """Words for what this knob accepts, for error messages."""
         if self.type in ("int", "float"):
-            lo = "-inf" if self.min is None else _fmt_num(self.min)
-            hi = "inf" if self.max is None else _fmt_num(self.max)
+            lo = "-inf" if self.min is None else fmt.plain_number(self.min)
+            hi = "inf" if self.max is None else fmt.plain_number(self.max)
             return f"{'an integer' if self.type == 'int' else 'a number'} in [{lo}, {hi}]"
         if self.type == "bool":
             return "true or false"
@@ -87,17 +92,16 @@ class Knob:
 
     def parse(self, raw: str) -> Value:
         """A command-line value (always text) to this knob's type, or UserError."""
-        bad = UserError(f"{self.name}={raw!r}: expected {self.accepted()}")
+        bad = UserError(f"{self.name}={'(not shown)' if self.secret else fmt.safe(fmt.short(repr(raw), 80))}: "
+                        f"expected {self.accepted()}")
         if self.type == "int":
-            try:
-                value: Value = int(raw.strip(), 0)
-            except ValueError:
-                raise bad from None
+            if not _INT_TEXT.fullmatch(raw.strip()):
+                raise bad
+            value: Value = int(raw.strip())
         elif self.type == "float":
-            try:
-                value = float(raw.strip())
-            except ValueError:
-                raise bad from None
+            if not _FLOAT_TEXT.fullmatch(raw.strip()):
+                raise bad
+            value = float(raw.strip())
         elif self.type == "bool":
             low = raw.strip().lower()
             if low not in _TRUE | _FALSE:
@@ -109,7 +113,8 @@ class Knob:
 
     def check(self, value: Any) -> Value:
         """A typed value (from TOML or parse) checked against type, range and choices."""
-        bad = UserError(f"{self.name}={value!r}: expected {self.accepted()}")
+        bad = UserError(f"{self.name}={'(not shown)' if self.secret else fmt.safe(fmt.short(repr(value), 80))}: "
+                        f"expected {self.accepted()}")
         if self.type == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise bad
@@ -142,11 +147,7 @@ class Knob:
         """How a value is shown to people and written to commit messages (secrets: fingerprint only)."""
         if self.secret and value is not None and not is_fingerprint(value):
             return fingerprint(str(value))
-        return show_value(value)
-
-
-def _fmt_num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
+        return fmt.value(value)
 
 
 @dataclass
@@ -188,6 +189,7 @@ def load_catalog(path: Path) -> Catalog:
         raise UserError(f"{path}: needs a [knobs.NAME] table per knob")
     catalog = Catalog(path=path)
     for name, spec in table.items():
+        check_env_name(name, f"{path}: [knobs.NAME] table")
         catalog.knobs[name] = _knob_from_toml(path, name, spec)
     return catalog
 
@@ -217,8 +219,8 @@ def _knob_from_toml(path: Path, name: str, spec: Any) -> Knob:
         if bound in spec:
             if kind not in ("int", "float"):
                 raise bad(bound, f"no {bound} on a {kind} knob")
-            if isinstance(spec[bound], bool) or not isinstance(spec[bound], (int, float)):
-                raise bad(bound, "a number")
+            if isinstance(spec[bound], bool) or not isinstance(spec[bound], (int, float)) or not math.isfinite(spec[bound]):
+                raise bad(bound, "a finite number")
     if "min" in spec and "max" in spec and spec["min"] > spec["max"]:
         raise bad("max", f"a number >= min ({spec['min']})")
     choices = spec.get("choices", [])

@@ -9,7 +9,7 @@ import tomlkit
 
 from knobkeeper.errors import UserError
 from knobkeeper.tomlio import read_toml
-from knobkeeper.knobs.catalog import Catalog, Value
+from knobkeeper.knobs.catalog import Catalog, Value, is_fingerprint
 
 Declared = dict[str, dict[str, Value]]
 
@@ -29,8 +29,9 @@ def read_declared(path: Path, catalog: Catalog | None = None) -> Declared:
                     knob = catalog.for_role(name, role)
                     if not knob.secret:
                         knob.check(value)
-                    elif not isinstance(value, str):
-                        raise UserError(f"{name}: a secret knob holds its fingerprint string")
+                    elif not is_fingerprint(value):
+                        raise UserError(f"{name}: plaintext value for secret knob {name} (not shown); "
+                                        f"knobs.toml holds only its fingerprint (sha256:...)")
                 except UserError as exc:
                     raise UserError(f"{path}: [{role}] {exc}") from None
         declared[role] = dict(table)
