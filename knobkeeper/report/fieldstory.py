@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m knobkeeper.report.fieldstory", description=__doc__.splitlines()[0])
     parser.add_argument("--screenshot", default=None, help="write a 1280x800 PNG of the report here")
     parser.add_argument("--html", default=None, help="also keep the report's HTML here")
+    parser.add_argument("--scroll-to", default="timeline", help="the section at the top of the screenshot")
     args = parser.parse_args(argv)
     from knobkeeper import gitio
     from knobkeeper.report import write_report
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 if page.errors:
                     print("page errors: " + "; ".join(page.errors), file=sys.stderr)
                     return 1
+                page.evaluate(f"window.scrollTo(0, document.getElementById({json.dumps(args.scroll_to)}).offsetTop - 100)")
                 print(f"screenshot: {page.screenshot(args.screenshot)}")
         return 0
     finally:

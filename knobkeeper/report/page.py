@@ -99,7 +99,10 @@ def _entry_cell(entry) -> str:
 def _now(src: Sources, opt: Options) -> str:
     docs = {d["id"]: d for d in src.evidence}
     out = ['<section id="now"><h2>Now</h2>']
-    # declared knobs per role
+    # what can be taken back first: the question the report is opened for
+    out.append(_reclaim_now(src, opt))
+    out.append(_incidents_now(src, opt))
+    out.append(_reverts_now(src, opt))
     out.append("<h3>Declared knobs</h3>")
     if not src.declared:
         out.append('<p class="empty">No knob is declared in inventory/knobs.toml.</p>')
@@ -117,9 +120,6 @@ def _now(src: Sources, opt: Options) -> str:
                        f'<td>{"<br>".join(ev) or "—"}</td></tr>')
         out.append("</tbody></table>")
     out.append(_deploys_now(src, opt))
-    out.append(_incidents_now(src, opt))
-    out.append(_reverts_now(src, opt))
-    out.append(_reclaim_now(src, opt))
     out.append("</section>")
     return "".join(out)
 
@@ -309,8 +309,11 @@ def _entry_mark(ev, status) -> Mark:
         lines.append(f"evidence {ident}")
         links.append(f"ev-{ident}")
     links.append(f"knob-{e.get('knob')}")
+    label = f"{e.get('action')} {fmt.short(fmt.value(e.get('new')), 12)}"
+    if e.get("action") == "revert":
+        label = f"revert: {status.status if status else 'suspected'}"
     return Mark(to_dt(ev.time), e.get("role") or "?", e.get("action", "set"), look, "\n".join(lines), links,
-                e.get("id", ""))
+                e.get("id", ""), label)
 
 
 def _gates(src: Sources) -> dict:
@@ -356,8 +359,10 @@ def _marks(src: Sources, opt: Options) -> tuple[list[Mark], list[Span]]:
             look = f"incident-{what}"
             if what == "note" and (ev.data.get("refutes") or ev.data.get("confirms")):
                 look += " refutes" if ev.data.get("refutes") else " confirms"
+            label = {"note": "note" + (": refutes" if ev.data.get("refutes") else ": confirms" if ev.data.get("confirms")
+                                       else ""), "resolved": "resolved"}.get(what, "")
             marks.append(Mark(to_dt(ev.time), "incidents", f"incident-{what}", look, f"{when(ev.time)}  {ev.text}",
-                              [f"inc-{ev.ref}"], ev.ref))
+                              [f"inc-{ev.ref}"], ev.ref, label))
     for doc in src.evidence:
         if opt.role and doc["role"] != opt.role:
             continue
@@ -428,7 +433,7 @@ def _timeline(src: Sources, opt: Options, marks: list[Mark], spans: list[Span], 
     drawn = svg.timeline(lanes, marks, spans, scale)
     grouped = len(marks) - len(svg.group_marks(marks, scale))
     note = (f"<p class=\"who\">{len(marks)} events. Marks of one lane and look closer than {svg.GROUP_PX:g} px are drawn "
-            f"as one mark with a count ({grouped} events grouped); hover or focus a mark for its entry, reason and "
+            f"as one larger, outlined mark ({grouped} events grouped; its tooltip counts them); hover or focus a mark for its entry, reason and "
             f"links.</p>" if grouped else
             f"<p class=\"who\">{len(marks)} events, one mark each; hover or focus (Tab) a mark for its entry, reason and "
             f"links.</p>")
@@ -590,9 +595,10 @@ svg.timeline{min-width:900px}.lane{fill:#fff}.lane.alt{fill:var(--alt)}.lane-lab
 .mark.restart.gate-failed rect,.mark.deploy.gate-failed rect{fill:var(--red)}.mark.evidence rect{fill:var(--purple)}
 .incident-note circle{fill:#f2c94c;stroke:#a07d10}.incident-note.refutes circle{fill:var(--teal);stroke:#0b5c5c}
 .incident-note.confirms circle{fill:var(--red)}.incident-opened rect,.incident-started rect{fill:var(--red)}
-.incident-resolved rect{fill:var(--green)}.count{font-size:10px;fill:var(--fg);font-weight:700}
+.incident-resolved rect{fill:var(--green)}.mark.grouped>*{stroke:#1d2330;stroke-width:1}
 .span rect,.span-key{fill:rgba(198,47,47,.13);stroke:rgba(198,47,47,.55)}.span.open rect{stroke-dasharray:4 3}
-.span-label{fill:#8f1f1f;font-size:11px}
+.span-label{fill:#8f1f1f;font-size:11px}.mark-label{font-size:10px;fill:var(--muted);stroke:none}
+.mark:focus .mark-label,.mark:hover .mark-label{stroke:none;fill:var(--fg)}
 .legend{display:flex;flex-wrap:wrap;gap:4px 14px;margin:4px 0 6px;font-size:12px}.key{display:inline-flex;align-items:center;gap:4px}
 .key svg{display:inline}
 #tip{position:fixed;right:16px;bottom:16px;max-width:520px;background:#10243f;color:#e8f0ff;padding:8px 11px;

@@ -13,7 +13,9 @@ from datetime import datetime, timedelta, timezone
 from knobkeeper import fmt
 
 # Marks of one lane and one kind closer than this many pixels become one grouped mark.
-GROUP_PX = 4.0
+GROUP_PX = 8.0
+# With at most this many marks drawn, each single mark gets its label (the story reads without hovering).
+LABELLED = 40
 WIDTH = 1200
 LEFT = 118
 RIGHT = 14
@@ -103,6 +105,7 @@ class Mark:
     text: str            # the tooltip: entry, reason, links in words
     links: list[str] = field(default_factory=list)   # page anchors: ev-ID, inc-ID, entry-ID
     ident: str = ""
+    label: str = ""      # a few words under the mark, drawn when the timeline has room for them
 
 
 @dataclass
@@ -199,16 +202,19 @@ def timeline(lanes: list[str], marks: list[Mark], spans: list[Span], scale: Time
                 out.append(f'<text class="span-label" x="{x0 + 4:.1f}" y="{y - 15:.1f}">'
                            f'{esc(fmt.short(sp.label.split(chr(10))[0], room))}</text>')
             out.append("</g>")
-    for x, run in group_marks(marks, scale):
+    groups = group_marks(marks, scale)
+    labelled = len(groups) <= LABELLED
+    for x, run in groups:
         m = run[0]
         y = ys.get(m.lane, ys[lanes[-1]])
         links = " ".join(dict.fromkeys(link for r in run[:20] for link in r.links))
         ident = f' data-id="{esc(m.ident)}"' if len(run) == 1 and m.ident else ""
-        out.append(f'<g class="mark {m.look}" tabindex="0" data-kind="{m.kind}" data-count="{len(run)}"{ident} '
+        grouped = " grouped" if len(run) > 1 else ""
+        out.append(f'<g class="mark {m.look}{grouped}" tabindex="0" data-kind="{m.kind}" data-count="{len(run)}"{ident} '
                    f'data-links="{esc(links)}"><title>{esc_block(_group_text(run))}</title>'
                    f'{_shape(m.kind, x, y, len(run) > 1)}')
-        if len(run) > 1:
-            out.append(f'<text class="count" x="{x:.1f}" y="{y - 10:.1f}" text-anchor="middle">{len(run)}</text>')
+        if labelled and m.label and len(run) == 1:
+            out.append(f'<text class="mark-label" x="{x:.1f}" y="{y + 17:.1f}" text-anchor="middle">{esc(m.label)}</text>')
         out.append("</g>")
     out.append("</svg>")
     return "".join(out)
