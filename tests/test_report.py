@@ -220,3 +220,15 @@ def test_no_remote_reference_in_the_page(story):
     text = path.read_text()
     for needle in ("http://", "https://", "src=", "@import", "url("):
         assert needle not in text.replace('xmlns="http://www.w3.org/2000/svg"', ""), needle
+
+
+def test_since_draws_only_the_later_events(story, tmp_path):
+    project, told, _ = story
+    from knobkeeper.changelog.incidents import find_incident
+
+    opened = find_incident(project, told.incident).opened
+    text = write_report(project, tmp_path / "since.html", since=opened).path.read_text()
+    timeline = text[text.index('<svg class="timeline"'):text.index("</svg>", text.index('<svg class="timeline"'))]
+    assert 'data-kind="set"' not in timeline and 'data-kind="evidence"' not in timeline
+    assert 'data-kind="revert"' in timeline and 'data-kind="incident-resolved"' in timeline
+    assert f"timeline since {opened[:10]}" in text
