@@ -103,9 +103,11 @@ def _deploy(project: Project, started: datetime, roles: list[str]) -> str:
 
 def build(project: Project, workdir: Path, start: datetime | None = None) -> Story:
     """The story in `project` (a committed infra repo with a git identity), each step one commit."""
+    # Imported before the clock is set, so that every `utcnow` they bound is the one it replaces.
     from knobkeeper import audit
-    from knobkeeper.changelog import incidents, ops
-    from knobkeeper.evidence import store
+    from knobkeeper.changelog import incidents, ops, store as changelog_store  # noqa: F401
+    from knobkeeper.deploy import record  # noqa: F401
+    from knobkeeper.evidence import importers, store  # noqa: F401
 
     if start is None:
         today = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
