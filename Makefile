@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-under-load demo stop bench system-deps clean
+.PHONY: test test-under-load demo stop bench system-deps clean docs-screenshot
 
 # The Debian packages of system-packages.txt that are missing (root: installs them; otherwise one
 # line naming the command). `make test` runs it first, so a new machine needs nothing else.
@@ -34,6 +34,10 @@ stop: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# docs/report.png (the README's screenshot): the report of the field story, in headless Chromium.
+docs-screenshot: system-deps $(STAMP)
+	$(PY) -m knobkeeper.report.fieldstory --screenshot docs/report.png
 
 clean:
 	rm -rf $(VENV) .knobkeeper-state

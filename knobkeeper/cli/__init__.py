@@ -14,6 +14,7 @@ from knobkeeper.cli import ab as ab_cli
 from knobkeeper.cli import audit as audit_cli
 from knobkeeper.cli import core
 from knobkeeper.cli import deploy as deploy_cli
+from knobkeeper.cli import report as report_cli
 from knobkeeper.cli import review as review_cli
 from knobkeeper.cli.common import KKGroup
 
@@ -31,3 +32,4 @@ def main() -> None:
 
 for command in [*core.COMMANDS, *audit_cli.COMMANDS, *deploy_cli.COMMANDS, *review_cli.COMMANDS, ab_cli.ab]:
     main.add_command(command)
+main.add_command(report_cli.report_cmd)
