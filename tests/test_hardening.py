@@ -152,7 +152,10 @@ def test_value_file_and_stdin_keep_the_value_byte_for_byte(project, tmp_path):
 
 
 def test_plaintext_secret_in_knobs_toml_is_reported_without_its_value(project):
-    from knobkeeper.changelog.secrets import plaintext_secret_problems
+    from knobkeeper.review import check
+
+    def plaintext_secret_problems(project):
+        return [f"{p.path}: {p.what}" for p in check(project).problems if "secret" in p.what]
 
     text = project.knobs_path.read_text().replace("[decode]\n", '[decode]\nHF_TOKEN = "hf_pasted_plaintext"\n')
     project.knobs_path.write_text(text)

@@ -17,8 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from knobkeeper import gitio
-from knobkeeper.knobs.catalog import Catalog, fingerprint, is_fingerprint, load_catalog
-from knobkeeper.knobs.state import read_declared
+from knobkeeper.knobs.catalog import fingerprint, is_fingerprint
 from knobkeeper.project import Project
 
 IGNORE_RULE = "# written by knobkeeper: nothing in the secret store is ever committed\n*\n"
@@ -92,19 +91,3 @@ def tracked_secret_files(project: Project) -> list[str]:
     rel = project.rel(project.secrets_dir)
     done = gitio.run(project.root, "-c", "core.quotepath=off", "ls-files", "--cached", "--", rel)
     return [line for line in done.stdout.splitlines() if line.strip()]
-
-
-def plaintext_secret_problems(project: Project, catalog: Catalog | None = None) -> list[str]:
-    """One line per secret knob in knobs.toml whose value is not a fingerprint (for `check`).
-
-    The value itself is never part of the line: it may be a live credential in a CI log."""
-    catalog = catalog or load_catalog(project.catalog_path)
-    rel = project.rel(project.knobs_path)
-    problems = []
-    for role, table in read_declared(project.knobs_path).items():
-        for name, value in table.items():
-            if name in catalog and catalog.get(name).secret and not is_fingerprint(value):
-                problems.append(f"{rel}: [{role}] {name}: plaintext value for secret knob {name} (not shown); "
-                                f"knobs.toml holds only its fingerprint (set it with `knobkeeper set {name} "
-                                f"--role {role} --value-file PATH`)")
-    return problems

@@ -10,7 +10,7 @@ from typing import Any
 from knobkeeper import fmt
 from knobkeeper.report import svg
 from knobkeeper.report.sources import Sources, arm_intervals
-from knobkeeper.report.svg import Mark, Span, TimeScale, esc, esc_block, to_dt, when
+from knobkeeper.report.svg import Mark, Span, TimeScale, esc, to_dt, when
 
 # The newest entries listed under each knob; older ones are counted and left to `knobkeeper log`.
 HISTORY_ROWS = 20

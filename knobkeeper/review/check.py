@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from knobkeeper import fmt, gitio
+from knobkeeper import fmt
 from knobkeeper.changelog.entries import Entry, parse_entry_file, replay
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
@@ -140,15 +140,21 @@ def check_declared(run: _Run) -> None:
 
 def check_secret_store(run: _Run) -> None:
     """Nothing under the secret store is tracked by git (an ignore rule is all that kept it out)."""
+    from knobkeeper.changelog.secrets import tracked_secret_files
+
     store = run.rel(run.project.secrets_dir)
-    for path in gitio.output(run.project.root, "ls-files", "--", store).splitlines():
+    for path in tracked_secret_files(run.project):
         run.add(path, "a secret's value is tracked by git",
                 f"`git rm --cached {path}`, keep {store}/ ignored, and rotate the secret (it is in git history)")
 
 
 def check_entries(run: _Run) -> None:
     """Every entry file parses, and knobs.toml holds what the entries replay to."""
+    from knobkeeper.changelog.entries import in_history_order
+    from knobkeeper.changelog.store import settle
+
     project = run.project
+    settle(project)  # a crashed change is rolled back before anything is judged
     paths = sorted(project.entries_dir.glob("*.toml")) if project.entries_dir.is_dir() else []
     for path in paths:
         try:
@@ -157,6 +163,7 @@ def check_entries(run: _Run) -> None:
             run.entries_ok = False
             run.add(run.rel(path), run.own_message(exc, path),
                     "fix the entry file (entries are written by knobkeeper; restore it with `git checkout`)")
+    run.entries = in_history_order(project, run.entries)  # replay follows history, never the clocks
     run.result.counts["entries"] = len(run.entries)
     if not run.entries_ok or run.declared is None:
         return
