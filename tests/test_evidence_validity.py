@@ -183,6 +183,13 @@ def test_duplicated_records_and_files_count_once(project, tmp_path):
     assert sum("is the same file as vllm_unset_c64_r1.json" in n for n in doc["validity"]["reasons"]) == 2
 
 
+def test_the_same_results_given_for_both_arms_are_refused(project):
+    head = _head(project)
+    out = _import(project, [str(DATA / "sglang_unset.jsonl")], [str(DATA / "sglang_unset.jsonl")])
+    assert out.exit_code == 2 and "the same result record as a run of arm A" in out.output, out.output
+    assert _nothing_written(project, head)
+
+
 def _fake_load(calls):
     def load(endpoint, conc, **kw):
         calls.append(conc)

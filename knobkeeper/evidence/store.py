@@ -417,7 +417,7 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
     if not baseline:
         raise UserError("--baseline: give at least one result file of the baseline arm")
     notes: list[str] = []
-    digests: dict[str, str] = {}
+    digests: dict[tuple[str, str], str] = {}
 
     def read_arm(arm: str, files: list[str]) -> list[tuple]:
         out = []
@@ -427,11 +427,11 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
             except OSError:
                 digest = None       # I.read names the file and why
             form, imp = I.read(p, fmt)
-            if digest is not None and digest in digests:
-                notes.append(f"arm {arm}: {Path(p).name} is the same file as {digests[digest]}, counted once")
+            if digest is not None and (arm, digest) in digests:
+                notes.append(f"arm {arm}: {Path(p).name} is the same file as {digests[arm, digest]}, counted once")
                 continue
             if digest is not None:
-                digests[digest] = Path(p).name
+                digests[arm, digest] = Path(p).name
             out.append((p, form, imp))
         return out
 
@@ -493,10 +493,13 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
     if not runs_a or not runs_b:
         raise UserError(f"--{'baseline' if not runs_a else 'candidate'}: the files hold no runs of that arm")
     runs = []
+    in_a = {V.record_key(r) for r in runs_a}
     for arm, arm_runs in (("A", runs_a), ("B", runs_b)):
         for r in arm_runs:
             run = {**r, "arm": arm, "repeat": 0, "concurrency": int(r["concurrency"]),
                    "errors": int(r.get("errors") or 0)}
+            if arm == "B" and V.record_key(r) in in_a:
+                run["same_record_as_arm_A"] = True
             if "knob_seen" not in run or "server_env" in run:
                 run["knob_seen"] = _knob_seen(run, knob_name, arms[arm]["knobs"].get(knob_name))
             runs.append(run)

@@ -16,9 +16,10 @@ Per run (the level is invalid when any of its runs fails):
                                 file's server info; "unverified" is noted, not invalid)
     prefill not touched         a disaggregated run whose prefill's sglang:prompt_tokens_total
                                 did not move (decode served without its prefill peer)
+    same record as arm A        (import) a candidate record identical to a baseline one: the same
+                                results given for both arms
 Per level:
     one arm only                no runs of the other arm at that level
-    the same run in both arms   a record of arm A is repeated verbatim in arm B
 Duplicates (`dedupe`, on import): the same record twice in one arm and level, or the same file
 passed for several repeats, are counted once and listed in `validity.reasons`.
 """
@@ -55,6 +56,8 @@ def run_reasons(run: dict, metric: str = METRIC) -> list[str]:
     if isinstance(seen, dict) and seen.get("status") == NOT_CARRIED:
         out.append(f"{_where(run)}: the running engine did not carry the knob "
                    f"({seen.get('detail') or 'running ' + json.dumps(seen.get('running'))})")
+    if run.get("same_record_as_arm_A"):
+        out.append(f"{_where(run)}: the same result record as a run of arm A (one file given for both arms?)")
     if run.get("prefill_prompt_tokens") == 0:
         out.append(f"{_where(run)}: prefill not touched (its sglang:prompt_tokens_total did not move)")
     return out
@@ -79,9 +82,9 @@ def _same_number(a: Any, b: Any) -> bool:
         return False
 
 
-def _record_key(run: dict) -> str:
-    return json.dumps({k: v for k, v in run.items() if k not in ("arm", "repeat", "source_file")},
-                      sort_keys=True, default=str)
+def record_key(run: dict) -> str:
+    """A run's measurement, without where it was filed (arm, repeat): equal keys = one record."""
+    return json.dumps({k: v for k, v in run.items() if k not in ("arm", "repeat")}, sort_keys=True, default=str)
 
 
 def assess(runs: list[dict], metric: str = METRIC) -> tuple[dict[str, Any], dict[int, list[str]]]:
@@ -98,9 +101,6 @@ def assess(runs: list[dict], metric: str = METRIC) -> tuple[dict[str, Any], dict
                 reasons.append(f"runs of arm {arm} only")
         for run in arms["A"] + arms["B"]:
             reasons += run_reasons(run, metric)
-        in_a = {_record_key(r) for r in arms["A"]}
-        if any(_record_key(r) in in_a for r in arms["B"]):
-            reasons.append("the same run record in both arms")
         rows.append({"concurrency": conc, "valid": not reasons, "reasons": reasons})
         if reasons:
             invalid[conc] = reasons
@@ -123,10 +123,9 @@ def dedupe(runs: list[dict]) -> tuple[list[dict], list[str]]:
     seen: dict[tuple, int] = {}
     kept, notes = [], []
     for run in runs:
-        key = (run["arm"], int(run["concurrency"]), _record_key(run))
+        key = (run["arm"], int(run["concurrency"]), record_key(run))
         if key in seen:
-            where = f" ({run['source_file']})" if run.get("source_file") else ""
-            notes.append(f"arm {run['arm']} @{run['concurrency']}: a duplicate run record{where} counted once")
+            notes.append(f"arm {run['arm']} @{run['concurrency']}: a duplicate run record counted once")
             continue
         seen[key] = 1
         kept.append(run)
