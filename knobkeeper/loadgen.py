@@ -283,7 +283,7 @@ def _summarise(records: list[Record], t0: float, t1: float, *, concurrency: int,
     window = max(t1 - t0, 1e-9)
     tokens_in_window = 0.0
     completed_in_window = 0
-    ttfts, itls, e2es = [], [], []
+    ttfts, itls, e2es, tpots = [], [], [], []
     errors: dict[str, int] = {}
     warmup_errors: dict[str, int] = {}
     n_measured = 0
@@ -314,6 +314,9 @@ def _summarise(records: list[Record], t0: float, t1: float, *, concurrency: int,
             e2es.append((rec.end - rec.start) * 1000)
             ct = rec.chunk_times
             itls.extend((b - a) * 1000 for a, b in zip(ct, ct[1:]))
+            if rec.tokens > 1:
+                # TPOT as sglang/vllm bench define it: (latency - TTFT) / (output tokens - 1).
+                tpots.append((rec.end - rec.start - rec.ttft) * 1000 / (rec.tokens - 1))
     out: dict[str, Any] = {
         "concurrency": concurrency, "api": api, "model": model, "input_len": input_len, "output_len": output_len,
         "output_range": output_range,
@@ -327,6 +330,7 @@ def _summarise(records: list[Record], t0: float, t1: float, *, concurrency: int,
         "warmup_errors": sum(warmup_errors.values()),
         "warmup_errors_by_kind": warmup_errors,
         "ttft_ms": _percentiles(ttfts), "itl_ms": _percentiles(itls), "e2e_ms": _percentiles(e2es),
+        "tpot_ms": _percentiles(tpots),
         "client_cpu_s": cpu, "client_wall_s": wall, "client_cpu_util": cpu / wall if wall else None,
         "keepalive": keepalive, "requests_target": requests, "duration_target_s": duration,
         "measured_requests": n_measured,

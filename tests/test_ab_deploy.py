@@ -6,10 +6,13 @@ The sim runs at --time-scale 0.3 (the sim's notes: below that the router's fixed
 cost distorts the ratio) with small run-to-run noise, 256-token outputs (per-request router and
 bootstrap costs matter less), and each level is measured for 1 s after a one-request-per-stream
 warm-up. Through the router the runs still vary by 2-6% (measured: CV 1.2% at 256 tokens on a
-quiet machine, single outliers of -10% under load), so with the 3 repeats CI can afford this
-test asks for the big effect (+12.8% at 64) to be judged better and for 96 to point the right
-way; the exact verdicts at 64 and 96 and the unset arm's anomaly are asserted on the sim directly
-in test_evidence_ab.py, where the noise is below 1%.
+quiet machine, single outliers of -10% under load; once a CPU-bound sim made +5.7% read -0.1%),
+so with the 3 repeats CI can afford this test asserts what the judgement guarantees on any
+machine: a real gain (+12.8% at 64, +5.7% at 96) is never judged "worse" ("inconclusive" is
+allowed), every run's engine carried its arm's value (read from started.sh, as `status` does)
+and every run went through prefill (its sglang:prompt_tokens_total moved). Exact verdicts are
+asserted in-process, where the noise is controlled (test_evidence_family.py), and the sequential
+design on the sim directly (test_evidence_ab.py).
 """
 
 from __future__ import annotations
@@ -75,8 +78,11 @@ def test_ab_run_through_the_deploy_judges_512_and_restores_the_declared_state(lo
     levels = {lv["concurrency"]: lv for lv in doc["judgement"]["levels"]}
     summary = {c: (round(lv["effect"], 3), lv["verdict"]) for c, lv in levels.items()}
     runs = sorted((r["concurrency"], r["arm"], r["repeat"], round(r["output_tokens_per_s"])) for r in doc["runs"])
-    assert levels[64]["verdict"] == "better" and 0.06 < levels[64]["effect"] < 0.20, (summary, runs)
-    assert levels[96]["effect"] > 0 and levels[96]["verdict"] != "worse", (summary, runs)
+    assert levels[64]["verdict"] in ("better", "inconclusive") and levels[64]["effect"] > 0, (summary, runs)
+    assert levels[96]["verdict"] != "worse", (summary, runs)
+    assert {r["knob_seen"]["status"] for r in doc["runs"]} == {"carried"}, doc["runs"][0]["knob_seen"]
+    assert all(r["prefill_prompt_tokens"] > 0 for r in doc["runs"]), [r.get("prefill_prompt_tokens") for r in doc["runs"]]
+    assert all(row["valid"] for row in doc["validity"]["levels"]) and doc["setup"]["schedule"]["design"] == "fixed"
     assert doc["arms"]["A"]["knobs"] == {KNOB: None} and doc["arms"]["B"]["knobs"] == {KNOB: 512}
     assert all(run["errors"] == 0 for run in doc["runs"]) and len(doc["runs"]) == 12
     assert doc["setup"]["engine"] == "sim"
@@ -91,4 +97,4 @@ def test_ab_run_through_the_deploy_judges_512_and_restores_the_declared_state(lo
                                    "--evidence", doc["id"], *repo])
     assert setting.exit_code == 0, setting.output
     shown = runner.invoke(main, ["log", KNOB, *repo])
-    assert "better" in shown.output and "@64" in shown.output, shown.output
+    assert f"{doc['id']}: " in shown.output and "@64 (95% CI" in shown.output and "p_adj" in shown.output, shown.output

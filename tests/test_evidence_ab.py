@@ -1,17 +1,27 @@
-"""`ab run` orchestration: ABBA schedule, restore always, and end-to-end against the sim engine.
+"""`ab run` orchestration: ABBA schedule, restore always, sequential stopping, and end-to-end
+against the sim engine.
 
 The end-to-end tests start a real decode sim (knobkeeper.sim) per arm block, with the arm's knobs
 in its environment (stopped by PID), and drive it with the real load generator through
 `run_ab` — the same orchestration `knobkeeper ab run` uses, with an in-process switcher instead
-of the deploy. (The lead adds a variant through the real deploy.)
+of the deploy, and the engine's own /get_server_info as the knob probe.
 
 Sim settings: --time-scale 0.25 (decode steps 7-11 ms wall, far above asyncio's timer
-resolution, and light on a shared 2-core box), --run-noise 0.005 and a fixed seed per block (the
-test checks the pipeline, not the sim's noise), short prompts so decode dominates. Each level is
-measured for a fixed window (duration mode); the block warm-up keeps the engine warm and the
-per-level warm-up is off to keep the wall time low. Keep-alive connections (the sim has no
-router in front, so no keep-alive delay). On a shared box the sim and this process ask for a
-higher CPU priority (root only): the judgement is about the sim's model, not the neighbours.
+resolution, and light on a shared 2-core box), a fixed seed per block, short prompts so decode
+dominates. Each level is measured for a fixed window (duration mode); the block warm-up keeps the
+engine warm; after the per-level warm-up (one request per stream) each 1 s window completes one or
+two 64-token requests per stream (TTFT and TPOT, the guards, come from completed requests).
+Keep-alive connections
+(the sim has no router in front, so no keep-alive delay).
+
+What is asserted holds on a busy machine by design: the judgement's guarantees (a real gain is
+never "worse"; "inconclusive" is allowed where a busy machine's noise may hide it), never a quiet
+machine's exact numbers (a neighbour can take the sim's run-to-run noise from 0.5% to 5%).
+The sequential test runs the sim at 2% run-to-run noise, capped at 4 repeats (looks after 3 and
+4, the first spending 56% of alpha): +12.8% at 64 settles at the first look up to ~3% total
+noise (p ~ 0.002 at 2% against a threshold of 0.011), while 80 (no effect) cannot settle as "no
+detectable change" there (its equivalence interval is about ±5.7% wide at 2% noise, wider with
+more), so 64 stops after 3 repeats and 80 goes on to the cap.
 """
 
 from __future__ import annotations
@@ -46,8 +56,8 @@ def _raise_priority() -> None:
 class SimSwitcher:
     """Restart a decode sim with the arm's knobs in its environment; restore = the declared arm."""
 
-    def __init__(self, tmp: Path, declared: dict, time_scale: float = 0.25):
-        self.tmp, self.declared, self.time_scale = tmp, declared, time_scale
+    def __init__(self, tmp: Path, declared: dict, time_scale: float = 0.25, run_noise: float = 0.005):
+        self.tmp, self.declared, self.time_scale, self.run_noise = tmp, declared, time_scale, run_noise
         self.port = free_port()
         self.proc = None
         self.switches: list[dict] = []
@@ -65,13 +75,18 @@ class SimSwitcher:
         env.update({k: str(v) for k, v in knobs.items() if v is not None})
         cmd = [sys.executable, "-m", "knobkeeper.sim", "--role", "decode", "--host", "127.0.0.1",
                "--port", str(self.port), "--time-scale", str(self.time_scale), "--seed", str(self.seed),
-               "--run-noise", "0.005", "--stream-interval", "8", "--log-level", "warning"]
+               "--run-noise", str(self.run_noise), "--stream-interval", "8", "--log-level", "warning"]
         # procs.start() merges over os.environ, which may hold the knob: pass the whole env instead.
         with open(self.tmp / "sim.log", "ab") as handle:
             self.proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env,
                                          cwd=str(Path(__file__).resolve().parent.parent), start_new_session=True,
                                          preexec_fn=_raise_priority)
         wait_http(f"{self.endpoint}/health", timeout=30, proc=self.proc)
+
+    def probes(self) -> AB.Probes:
+        """The knob as the running engine reports it (/get_server_info "knobs")."""
+        return AB.Probes(knob=lambda arm: AB.knob_seen(arm, KNOB, AB.server_info_knobs(self.endpoint),
+                                                       "/get_server_info"))
 
     def switch(self, arm: dict) -> None:
         self.switches.append(dict(arm["knobs"]))
@@ -112,23 +127,25 @@ def _verdicts(doc):
     return {lv["concurrency"]: lv["verdict"] for lv in doc["judgement"]["levels"]}
 
 
-def test_ab_on_sim_judges_512_better_and_flags_unset_anomaly(sim_switcher, tmp_path):
+def test_ab_on_sim_fixed_design_judges_512_and_writes_shows_plots(sim_switcher, tmp_path):
     sw = sim_switcher
-    doc = AB.run_ab(sw.switch, sw.restore, sw.endpoint, [64, 80, 96], 3, arms=_arms(None, 512), knob=KNOB,
+    doc = AB.run_ab(sw.switch, sw.restore, sw.endpoint, [64, 96], 3, arms=_arms(None, 512), knob=KNOB,
                     role="decode", duration=1.0, api="chat", input_len=8, output_len=64,
-                    setup={"engine": "knobkeeper-sim"}, load_options={"keepalive": True})
+                    setup={"engine": "knobkeeper-sim"}, load_options={"keepalive": True}, probes=sw.probes())
     print(store.summary_line(doc))
-    verdicts = _verdicts(doc)
-    assert verdicts[64] == "better" and verdicts[96] == "better", store.summary_line(doc)
     level = {lv["concurrency"]: lv for lv in doc["judgement"]["levels"]}
-    assert 0.07 < level[64]["effect"] < 0.19
-    assert 0.02 < level[96]["effect"] < 0.10
-    flagged = [(a["arm"], a["from_concurrency"], a["to_concurrency"]) for a in doc["anomalies"]]
-    assert ("A", 80, 96) in flagged and not any(arm == "B" for arm, _, _ in flagged), doc["anomalies"]
+    # +12.8% and +5.7% in the model: never "worse", "inconclusive" allowed (3 repeats on a busy box)
+    assert level[64]["verdict"] in ("better", "inconclusive") and level[64]["effect"] > 0, store.summary_line(doc)
+    assert level[96]["verdict"] != "worse", store.summary_line(doc)
+    assert level[64]["p_adjusted"] >= level[64]["p_value"] and doc["judgement"]["family"]["size"] == 2 * 5
+    # every run's engine carried its arm's value, and every gate passed
+    assert {r["knob_seen"]["status"] for r in doc["runs"]} == {"carried"}
+    assert all(row["valid"] for row in doc["validity"]["levels"]) and store.verify(doc) == []
     # ABBA, one restart per block, restored once at the end
     assert sw.switches == [{KNOB: None}, {KNOB: 512}, {KNOB: 512}, {KNOB: None}, {KNOB: None}, {KNOB: 512}]
     assert sw.restored == 1
-    assert all(r["errors"] == 0 for r in doc["runs"]) and len(doc["runs"]) == 18
+    assert all(r["errors"] == 0 for r in doc["runs"]) and len(doc["runs"]) == 12
+    assert all(r["tpot_ms"]["p50"] > 0 and r["ttft_ms"]["p99"] > 0 for r in doc["runs"])
     # it is a valid evidence doc and can be written, shown and plotted
     project = make_infra_repo(tmp_path)
     path = store.write(project, doc)
@@ -136,16 +153,27 @@ def test_ab_on_sim_judges_512_better_and_flags_unset_anomaly(sim_switcher, tmp_p
     png = tmp_path / "ab.png"
     out = CliRunner().invoke(ab, ["show", doc["id"][:5], "--repo", str(project.root), "--plot", str(png)])
     assert out.exit_code == 0, out.output
-    assert "anomaly: arm A throughput at 96" in out.output and png.stat().st_size > 10_000
+    assert "p adj" in out.output and png.stat().st_size > 10_000
 
 
-def test_aa_on_sim_is_no_detectable_change(sim_switcher):
+def test_sequential_ab_on_sim_stops_64_early_and_keeps_going_at_80(sim_switcher):
     sw = sim_switcher
-    doc = AB.run_ab(sw.switch, sw.restore, sw.endpoint, [64, 96], 3, arms=_arms(512, 512), knob=KNOB,
+    sw.run_noise = 0.02
+    doc = AB.run_ab(sw.switch, sw.restore, sw.endpoint, [64, 80], max_repeats=4, arms=_arms(None, 512), knob=KNOB,
                     role="decode", duration=1.0, api="chat", input_len=8, output_len=64,
-                    load_options={"keepalive": True})
-    print(store.summary_line(doc))
-    assert set(_verdicts(doc).values()) == {"no detectable change"}, store.summary_line(doc)
+                    load_options={"keepalive": True}, probes=sw.probes())
+    print(store.summary_line(doc), doc["sequential"]["looks"])
+    level = {lv["concurrency"]: lv for lv in doc["judgement"]["levels"]}
+    looks = doc["sequential"]["looks"]
+    assert looks[0]["repeat"] == 3 and doc["sequential"]["planned_looks"] == [3, 4]
+    stopped = {int(c): look["repeat"] for look in looks for c in look["settled"]}
+    assert level[64]["verdict"] == "better" and stopped[64] < 4, store.summary_line(doc)
+    assert level[64]["n_a"] == stopped[64] < level[80]["n_a"]        # 80 kept going after 64 stopped
+    assert "80" not in looks[0]["settled"]
+    assert level[80]["verdict"] != "worse"
+    runs_80 = [r for r in doc["runs"] if r["concurrency"] == 80]
+    assert len([r for r in doc["runs"] if r["concurrency"] == 64]) == 2 * stopped[64] < len(runs_80)
+    assert sw.restored == 1 and store.verify(doc) == []
 
 
 # ---------------------------------------------------------------- orchestration without HTTP
@@ -157,7 +185,9 @@ def _fake_load(calls, fail_at=None, interrupt_at=None):
             raise RuntimeError("load failed")
         if interrupt_at is not None and len(calls) == interrupt_at:
             raise KeyboardInterrupt
-        return {"output_tokens_per_s": 1000.0 + conc, "requests_per_s": 10.0, "errors": 0, "completed": 10}
+        return {"output_tokens_per_s": 1000.0 + conc + len(calls) % 5 + len(calls) * 1e-3, "requests_per_s": 10.0,
+                "errors": 0,
+                "completed": kw.get("requests") or 10}
     return load
 
 
@@ -223,3 +253,29 @@ def test_ab_run_cli_errors_are_one_line_exit_2(tmp_path):
     out = runner.invoke(ab, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
                              "decode", "--set", f"{KNOB}=512", "--requests", "5", "--concurrency", "64,x"])
     assert out.exit_code == 2 and "--concurrency" in out.output
+
+
+def test_ab_run_library_defaults_to_the_sequential_design(tmp_path):
+    project = make_infra_repo(tmp_path)
+    calls = []
+    doc = AB.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
+                    levels=[64, 96], requests=10, endpoint="http://x",
+                    switcher=(lambda arm: None, lambda: None, None), load=_fake_load(calls))
+    cap = doc["sequential"]["max_repeats"]
+    assert cap == AB.J.sequential_repeats(levels=2, guards=True)
+    assert doc["setup"]["schedule"]["design"] == "sequential"
+    # the fake load's arms differ by a 0.5% wobble, nothing else: both levels settle as no change early
+    assert doc["setup"]["schedule"]["blocks"] < 2 * cap
+    assert {lv["verdict"] for lv in doc["judgement"]["levels"]} == {"no detectable change"}
+    assert store.verify(doc) == []
+
+
+def test_ab_run_cli_refuses_repeats_with_max_repeats(tmp_path):
+    project = make_infra_repo(tmp_path)
+    out = CliRunner().invoke(ab, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
+                                  "decode", "--set", f"{KNOB}=512", "--requests", "5", "--repeats", "3",
+                                  "--max-repeats", "6"])
+    assert out.exit_code == 2 and "--repeats and --max-repeats" in out.output
+    with pytest.raises(UserError, match="give one of --repeats"):
+        AB.run_ab(lambda arm: None, lambda: None, "http://x", [64], arms=_arms(None, 512), knob=KNOB,
+                  role="decode", requests=10, load=_fake_load([]))

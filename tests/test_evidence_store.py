@@ -46,7 +46,8 @@ def test_summary_line_and_gains():
     assert "anomaly: A 96 < 80" in line
     g = store.gains(doc)
     assert [x["concurrency"] for x in g] == [64, 80, 96]
-    assert set(g[0]) == {"concurrency", "effect", "ci_low", "ci_high", "verdict"}
+    assert {"concurrency", "effect", "ci_low", "ci_high", "verdict", "p_value", "p_adjusted", "adjusted",
+            "regressions"} == set(g[0])
     assert g[0]["ci_low"] < g[0]["effect"] < g[0]["ci_high"]
     assert store.commit_summary(doc).startswith(f"evidence: {KNOB}=512 on decode (+1")
 

@@ -110,6 +110,8 @@ def test_chat_stream_throughput_latencies_and_usage(stub):
     assert 0.75 * expected < s["output_tokens_per_s"] < 1.1 * expected
     assert TTFT_MS * 0.9 < s["ttft_ms"]["p50"] < TTFT_MS + 25
     assert ITL_MS * 0.9 < s["itl_ms"]["p50"] < ITL_MS + 8
+    # TPOT (a guard metric): (latency - TTFT) / (tokens - 1); the stub sleeps ITL_MS per token at least
+    assert s["tpot_ms"]["p50"] >= ITL_MS * 0.9 and s["tpot_ms"]["p99"] >= s["tpot_ms"]["p50"]
     assert s["e2e_ms"]["p50"] > TTFT_MS + 15 * ITL_MS
     assert abs(s["requests_per_s"] * 16 - s["output_tokens_per_s"]) / s["output_tokens_per_s"] < 0.25
 

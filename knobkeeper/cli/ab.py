@@ -46,43 +46,72 @@ def _levels(text: str) -> list[int]:
 
 
 def _print_doc(doc: dict, *, header: bool = True) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
+    from knobkeeper import fmt
     from knobkeeper.evidence import judge as J
-    from knobkeeper.evidence.store import summary_line
+    from knobkeeper.evidence.store import adjusted, summary_line
 
     con = console()
+    safe = lambda text: escape(fmt.safe(text))  # noqa: E731  (file contents: no markup, no escapes)
     if header:
         a = doc["arms"]["A"]["knobs"].get(doc["knob"])
         b = doc["arms"]["B"]["knobs"].get(doc["knob"])
-        con.print(f"evidence {doc['id']}  {doc['knob']} on {doc['role']}: "
-                  f"A={'(unset)' if a is None else a}  B={'(unset)' if b is None else b}  "
-                  f"[{doc['source'].get('tool')}, {doc['created'][:19]}Z]")
-    table = Table(title=f"{doc['metric']} per level (B vs A)")
-    for col in ("conc", "mean A", "mean B", "effect", "95% CI", "p", "verdict", "n A/B"):
+        con.print(safe(f"evidence {doc['id']}  {doc['knob']} on {doc['role']}: A={fmt.value(a)}  B={fmt.value(b)}  "
+                       f"[{doc['source'].get('tool')}, {doc['created'][:19]}Z]"))
+    family = doc["judgement"].get("family")
+    title = f"{doc['metric']} per level (B vs A)"
+    if family:
+        title += f"; family-wise alpha {family['alpha']:g} over {family['size']} tests ({family['method']})"
+    table = Table(title=title)
+    for col in ("conc", "mean A", "mean B", "effect", "95% CI", "p", "p adj", "verdict", "n A/B"):
         table.add_column(col, justify="right" if col not in ("verdict",) else "left")
     for lv in doc["judgement"]["levels"]:
-        ci = (f"{J.fmt_pct(lv['ci_low'])}..{J.fmt_pct(lv['ci_high'])}" if lv.get("ci_low") is not None else "n/a")
+        ci = (f"{fmt.pct(lv['ci_low'])}..{fmt.pct(lv['ci_high'])}" if lv.get("ci_low") is not None else "n/a")
         verdict = lv["verdict"]
+        if not adjusted(doc) and verdict != "invalid":
+            verdict += " (unadjusted)"
         if lv.get("repeats_needed"):
             verdict += f" (needs {lv['repeats_needed']} runs/arm)"
         if lv.get("outliers_dropped"):
             verdict += f" [{len(lv['outliers_dropped'])} dropped]"
-        p = lv.get("p_value")
-        table.add_row(str(lv["concurrency"]),
-                      "n/a" if lv.get("mean_a") is None else f"{lv['mean_a']:.1f}",
-                      "n/a" if lv.get("mean_b") is None else f"{lv['mean_b']:.1f}",
-                      J.fmt_pct(lv.get("effect")), ci, "n/a" if p is None else f"{p:.3g}", verdict,
+        table.add_row(str(lv["concurrency"]), fmt.num(lv.get("mean_a")), fmt.num(lv.get("mean_b")),
+                      fmt.pct(lv.get("effect")), ci, fmt.p_value(lv.get("p_value")),
+                      fmt.p_value(lv.get("p_adjusted")) if adjusted(doc) else "unadjusted", verdict,
                       f"{lv['n_a']}/{lv['n_b']}")
     con.print(table)
+    guards = doc["judgement"].get("guards") or []
+    if guards:
+        gt = Table(title="guards: latency B vs A (+ = slower)")
+        for col in ("conc", "metric", "effect", "95% CI", "p", "p adj", "verdict"):
+            gt.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
+        for g in guards:
+            ci = f"{fmt.pct(g['ci_low'])}..{fmt.pct(g['ci_high'])}" if g.get("ci_low") is not None else "n/a"
+            word = g["verdict"] + (" REGRESSION" if g.get("regression") else "")
+            gt.add_row(str(g["concurrency"]), J.GUARDS.get(g["metric"], (0, 0, g["metric"]))[2], fmt.pct(g["effect"]),
+                       ci, fmt.p_value(g.get("p_value")), fmt.p_value(g.get("p_adjusted")), word)
+        con.print(gt)
+    validity = doc.get("validity") or {}
+    for row in validity.get("levels", []):
+        if not row["valid"]:
+            con.print(safe(f"invalid @{row['concurrency']}: " + "; ".join(row["reasons"])))
+    for note in validity.get("reasons", []):
+        con.print(safe(f"note: {note}"))
+    seq = doc.get("sequential")
+    if seq:
+        looks = ", ".join(f"after {lk['repeat']}: " + (", ".join(f"@{c} {v}" for c, v in lk["settled"].items())
+                                                       or "none settled") for lk in seq["looks"])
+        con.print(safe(f"sequential: {seq['rule']}"))
+        con.print(safe(f"looks: {looks or 'none taken'}"))
     for an in doc.get("anomalies") or []:
         conf = "unconfirmed" if an.get("confidence") is None else f"confidence {an['confidence'] * 100:.1f}%"
-        con.print(f"anomaly: arm {an['arm']} throughput at {an['to_concurrency']} is {J.fmt_pct(an['change'])} "
+        con.print(f"anomaly: arm {an['arm']} throughput at {an['to_concurrency']} is {fmt.pct(an['change'])} "
                   f"vs {an['from_concurrency']} ({conf})")
     if not doc.get("anomalies"):
         con.print("anomalies: none")
-    con.print(f"method: {doc['judgement'].get('method')}")
-    con.print(f"summary: {summary_line(doc)}")
+    con.print(safe(f"method: {doc['judgement'].get('method')}"))
+    con.print(safe(f"summary: {summary_line(doc)}"))
 
 
 @ab.command("import", cls=_MultiValueCommand)
@@ -99,23 +128,27 @@ def _print_doc(doc: dict, *, header: bool = True) -> None:
 @click.option("--inventory", default=None, help="The inventory the results came from (recorded).")
 @click.option("--engine", default=None, help="Engine name to record (default: from the format).")
 @click.option("--no-commit", is_flag=True, help="Write and stage the files but do not commit.")
+@click.option("--keep-invalid", is_flag=True, help="Write the evidence even when no level passes the validity gates.")
 @repo_option
 @json_option
 @example("knobkeeper ab import --baseline base-*.jsonl --candidate ctas512-*.jsonl --role decode "
          "--knob SGLANG_SM120_MMA_TARGET_CTAS=512")
-def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, engine, no_commit, repo, as_json):
+def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, engine, no_commit, keep_invalid,
+               repo, as_json):
     """Build one evidence file from the two arms' benchmark result files, judge it, commit it.
 
     The repeats of each level are the runs found for it. Formats: sglang bench_serving JSONL,
     vllm bench serve JSON, guidellm benchmarks.json, aiperf profile_export_aiperf.json, and the
-    kernels benchmark's evidence files. The level is the configured concurrency.
+    kernels benchmark's evidence files. The level is the configured concurrency. Knob, role
+    and values are checked against the catalog; the validity gates apply (zero tokens, lost
+    requests, errors, the knob not carried, duplicates); a set with no valid level is refused.
     """
     from knobkeeper.evidence.store import import_files
 
     project = find_project(repo)
     doc = import_files(project, baseline=list(baseline), candidate=list(candidate), role=role, knob=knob,
                        baseline_value=baseline_value, fmt=fmt, inventory=inventory, engine=engine,
-                       no_commit=no_commit)
+                       no_commit=no_commit, keep_invalid=keep_invalid)
     if as_json:
         emit_json(doc)
         return
@@ -131,7 +164,9 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
               help="The baseline arm (A): the declared state, or an explicit value.")
 @click.option("--concurrency", "levels", default="64,80,96", show_default=True, help="Levels, comma-separated.")
 @click.option("--repeats", type=int, default=None,
-              help="Blocks per arm, ABBA-interleaved (default: the judgement's recommendation at 3% noise).")
+              help="A fixed design: exactly this many blocks per arm, ABBA-interleaved.")
+@click.option("--max-repeats", type=int, default=None,
+              help="The sequential design's cap (default design; default cap: the fixed design's power at 3% noise).")
 @click.option("--requests", type=int, default=None, help="Measured requests per level and repeat.")
 @click.option("--duration", type=float, default=None, help="Measured seconds per level and repeat.")
 @click.option("--endpoint", default=None, help="Router base URL (default: from the inventory).")
@@ -139,29 +174,34 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
 @click.option("--input-len", type=int, default=128, show_default=True)
 @click.option("--output-len", type=int, default=64, show_default=True)
 @click.option("--no-commit", is_flag=True, help="Write and stage the evidence but do not commit.")
+@click.option("--keep-invalid", is_flag=True, help="Write the evidence even when no level passes the validity gates.")
 @repo_option
 @json_option
 @example("knobkeeper ab run --inventory inventory/local.py --role decode --set SGLANG_SM120_MMA_TARGET_CTAS=512 "
-         "--concurrency 64,80,96 --repeats 6 --requests 600")
-def run_cmd(inventory, role, set_spec, baseline, levels, repeats, requests, duration, endpoint, api, input_len,
-            output_len, no_commit, repo, as_json):
+         "--concurrency 64,80,96 --max-repeats 12 --requests 600")
+def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, requests, duration, endpoint, api,
+            input_len, output_len, no_commit, keep_invalid, repo, as_json):
     """A/B a knob on the live stack: switch arms through the deploy, load every level, judge, restore.
 
-    Arms are interleaved ABBA so drift cancels; each block restarts the role, warms up, then
-    loads every level. The declared state is ALWAYS restored at the end (also on Ctrl-C or error).
+    Arms are interleaved ABBA so drift cancels; each block restarts the role, checks the engine
+    carries the arm's value, warms up, then loads every open level. By default the design is
+    sequential: after 3, 5, 7, 10, ... repeats the settled levels stop (the error rate stays
+    controlled over every level and the TTFT/TPOT guards); --repeats N runs a fixed design.
+    The declared state is ALWAYS restored at the end (also on Ctrl-C or error).
     """
     from knobkeeper.evidence.ab import ab_run
-    from knobkeeper.evidence.judge import recommended_repeats
 
     if requests is None and duration is None:
         raise UserError("--requests or --duration: give one (how long each level is measured)")
     if requests is not None and duration is not None:
         raise UserError("--requests and --duration: give only one")
+    if repeats is not None and max_repeats is not None:
+        raise UserError("--repeats and --max-repeats: give only one (fixed or sequential design)")
     project = find_project(repo)
     doc = ab_run(project, inventory=inventory, role=role, set_spec=set_spec, baseline=baseline,
-                 levels=_levels(levels), repeats=repeats or recommended_repeats(), requests=requests,
+                 levels=_levels(levels), repeats=repeats, max_repeats=max_repeats, requests=requests,
                  duration=duration, endpoint=endpoint, api=api, input_len=input_len, output_len=output_len,
-                 no_commit=no_commit, progress=not as_json)
+                 no_commit=no_commit, keep_invalid=keep_invalid, progress=not as_json)
     if as_json:
         emit_json(doc)
         return
@@ -206,7 +246,8 @@ def list_cmd(repo, as_json):
     if as_json:
         emit_json(rows)
         return
+    from knobkeeper import fmt
+
     for row in rows:
-        a = "(unset)" if row["baseline"] is None else row["baseline"]
-        b = "(unset)" if row["candidate"] is None else row["candidate"]
-        click.echo(f"{row['created'][:19]}Z {row['id']} {row['role']}: {row['knob']} {a} -> {b}: {row['summary']}")
+        click.echo(fmt.safe(f"{row['created'][:19]}Z {row['id']} {row['role']}: {row['knob']} "
+                            f"{fmt.value(row['baseline'])} -> {fmt.value(row['candidate'])}: {row['summary']}"))

@@ -15,7 +15,11 @@ what the file says about the setup). Field names follow each tool's own writer
     aiperf    profile_export_aiperf.json: top-level metric tags with unit/avg/pNN; the level is
               `input_config.loadgen.concurrency`.
     kernels   the kernels benchmark (kernels/knobkeeper_kernels/bench.py): already an evidence
-              doc (schema knobkeeper.evidence/1) whose runs carry arm A/B.
+              doc (schema knobkeeper.evidence/1 or /2) whose runs carry arm A/B; a NaN, zero or
+              negative throughput anywhere is a broken file (refused).
+
+TTFT and TPOT (median, p99) are read wherever the tool writes them: they are the guards.
+A throughput of 0 is read, not refused: the validity gates name it (zero generated tokens).
 
 Anything unknown or malformed is a UserError naming the file and the field.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -54,7 +59,8 @@ class _File:
     def fail(self, where: str, what: str) -> UserError:
         return UserError(f"{self.path}: {where}: {what}")
 
-    def num(self, obj: Any, key: str, where: str, *, required: bool = True, positive: bool = False) -> float | None:
+    def num(self, obj: Any, key: str, where: str, *, required: bool = True, positive: bool = False,
+            nonnegative: bool = False) -> float | None:
         value = obj.get(key) if isinstance(obj, dict) else None
         if value is None:
             if required:
@@ -64,12 +70,16 @@ class _File:
             raise self.fail(f"{where}{key}", f"expected a finite number, got {value!r}")
         if positive and value <= 0:
             raise self.fail(f"{where}{key}", f"expected a positive number, got {value!r}")
+        if nonnegative and value < 0:
+            raise self.fail(f"{where}{key}", f"expected a number >= 0, got {value!r}")
         return float(value)
 
     def level(self, obj: Any, key: str, where: str) -> int:
         value = obj.get(key) if isinstance(obj, dict) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
-            hint = " (unlimited concurrency: a level needs a configured concurrency)" if value is None else ""
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or value != int(value) or value < 1):
+            unlimited = value is None or (isinstance(value, float) and math.isinf(value))
+            hint = " (unlimited concurrency: a level needs a configured concurrency)" if unlimited else ""
             raise self.fail(f"{where}{key}", f"expected a positive integer concurrency, got {value!r}{hint}")
         return int(value)
 
@@ -100,6 +110,24 @@ def _pct(obj: dict, mapping: dict[str, str], f: _File, where: str) -> dict | Non
     return out if any(v is not None for v in out.values()) else None
 
 
+_TPOT = {"mean": "mean_tpot_ms", "p50": "median_tpot_ms", "p90": "p90_tpot_ms", "p99": "p99_tpot_ms"}
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*_[A-Z0-9_]+$")
+
+
+def _server_env(info: Any) -> dict[str, str] | None:
+    """Environment variables a result file's server info reports ({NAME: value}), or None.
+
+    Accepted: an object with an `environ`/`env`/`environment`/`knobs` object, or upper-case
+    NAME keys at its top level (what a harness that dumps the engine's environment writes)."""
+    if not isinstance(info, dict):
+        return None
+    for key in ("environ", "env", "environment", "knobs"):
+        if isinstance(info.get(key), dict):
+            return {k: None if v is None else str(v) for k, v in info[key].items()}
+    names = {k: str(v) for k, v in info.items() if _ENV_NAME.match(k) and v is not None}
+    return names or None
+
+
 def _int_or_none(x: Any) -> int | None:
     return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
@@ -121,19 +149,25 @@ def read_sglang(path: Path, data: Any = None) -> Imported:
             raise f.fail(f"line {i + 1}", "expected a JSON object")
         run = {
             "concurrency": f.level(rec, "max_concurrency", where),
-            METRIC: f.num(rec, "output_throughput", where, positive=True),
+            METRIC: f.num(rec, "output_throughput", where, nonnegative=True),
             "requests_per_s": f.num(rec, "request_throughput", where, required=False),
             "ttft_ms": _pct(rec, {"mean": "mean_ttft_ms", "p50": "median_ttft_ms", "p90": "p90_ttft_ms",
                                   "p99": "p99_ttft_ms"}, f, where),
+            "tpot_ms": _pct(rec, _TPOT, f, where),
             "itl_ms": _pct(rec, {"mean": "mean_itl_ms", "p50": "median_itl_ms", "p90": "p90_itl_ms",
                                  "p99": "p99_itl_ms"}, f, where),
             "e2e_ms": _pct(rec, {"mean": "mean_e2e_latency_ms", "p50": "median_e2e_latency_ms",
                                  "p90": "p90_e2e_latency_ms", "p99": "p99_e2e_latency_ms"}, f, where),
             "completed": _int_or_none(rec.get("completed")),
             "errors": _int_or_none(rec.get("failed")) or 0,
+            "requested": _int_or_none(rec.get("num_prompts")),
+            "output_tokens": _int_or_none(rec.get("total_output_tokens")),
             "duration_s": f.num(rec, "duration", where, required=False),
             "measured_concurrency": f.num(rec, "concurrency", where, required=False),
         }
+        env = _server_env(rec.get("server_info"))
+        if env is not None:
+            run["server_env"] = env
         out.runs.append(run)
         out.setup.update({k: v for k, v in {
             "api": _SGLANG_API.get(rec.get("backend")),
@@ -158,18 +192,27 @@ def read_vllm(path: Path, data: Any = None) -> Imported:
         raise f.fail("(top level)", "expected one JSON object (vllm bench serve --save-result)")
     run = {
         "concurrency": f.level(rec, "max_concurrency", ""),
-        METRIC: f.num(rec, "output_throughput", "", positive=True),
+        METRIC: f.num(rec, "output_throughput", "", nonnegative=True),
         "requests_per_s": f.num(rec, "request_throughput", "", required=False),
         "ttft_ms": _pct(rec, {"mean": "mean_ttft_ms", "p50": "median_ttft_ms", "p90": "p90_ttft_ms",
                               "p99": "p99_ttft_ms"}, f, ""),
+        "tpot_ms": _pct(rec, _TPOT, f, ""),
         "itl_ms": _pct(rec, {"mean": "mean_itl_ms", "p50": "median_itl_ms", "p90": "p90_itl_ms",
                              "p99": "p99_itl_ms"}, f, ""),
         "e2e_ms": _pct(rec, {"mean": "mean_e2el_ms", "p50": "median_e2el_ms", "p90": "p90_e2el_ms",
                              "p99": "p99_e2el_ms"}, f, ""),
         "completed": _int_or_none(rec.get("completed")),
         "errors": _int_or_none(rec.get("failed")) or 0,
+        "requested": _int_or_none(rec.get("num_prompts")),
+        "output_tokens": _int_or_none(rec.get("total_output_tokens")),
         "duration_s": f.num(rec, "duration", "", required=False),
     }
+    # `vllm bench serve --metadata KEY=VALUE` puts the pairs at the top level: the way a user
+    # records the server's environment in the result file.
+    metadata = {k: v for k, v in rec.items() if _ENV_NAME.match(k) and isinstance(v, (str, int, float))}
+    env = _server_env(rec.get("server_info"))
+    if metadata or env is not None:
+        run["server_env"] = {**{k: str(v) for k, v in metadata.items()}, **(env or {})}
     setup = {k: v for k, v in {
         "api": _VLLM_API.get(rec.get("backend")),
         "model": rec.get("model_id"),
@@ -225,8 +268,8 @@ def read_guidellm(path: Path, data: Any = None) -> Imported:
             raise f.fail(f"{where}metrics", "missing (expected an object of metric distributions)")
         metrics = bench["metrics"]
         tput = _guidellm_dist(f, metrics, "output_tokens_per_second", where, required=True)
-        if tput["mean"] is None or tput["mean"] <= 0:
-            raise f.fail(f"{where}metrics.output_tokens_per_second.successful.mean", "expected a positive number")
+        if tput["mean"] is None or tput["mean"] < 0:
+            raise f.fail(f"{where}metrics.output_tokens_per_second.successful.mean", "expected a number >= 0")
         rps = _guidellm_dist(f, metrics, "requests_per_second", where)
         totals = bench.get("request_totals") if isinstance(bench.get("request_totals"), dict) else {}
         run = {
@@ -235,6 +278,7 @@ def read_guidellm(path: Path, data: Any = None) -> Imported:
             "requests_per_s": rps["mean"] if rps else None,
             "ttft_ms": _guidellm_dist(f, metrics, "time_to_first_token_ms", where),
             "itl_ms": _guidellm_dist(f, metrics, "inter_token_latency_ms", where),
+            "tpot_ms": _guidellm_dist(f, metrics, "time_per_output_token_ms", where),
             "e2e_ms": _guidellm_dist(f, metrics, "request_latency", where, scale=1000.0),  # seconds
             "completed": _int_or_none(totals.get("successful")),
             "errors": _int_or_none(totals.get("errored")) or 0,
@@ -277,10 +321,12 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
     count = doc.get("request_count")
     run = {
         "concurrency": f.level(loadgen, "concurrency", "input_config.loadgen."),
-        METRIC: f.num(tput, "avg", "output_token_throughput.", positive=True),
+        METRIC: f.num(tput, "avg", "output_token_throughput.", nonnegative=True),
         "requests_per_s": f.num(doc.get("request_throughput") or {}, "avg", "request_throughput.", required=False),
         "ttft_ms": stat("time_to_first_token"),
         "itl_ms": stat("inter_token_latency"),
+        # aiperf's inter_token_latency is per request (latency - TTFT) / (output tokens - 1): a TPOT.
+        "tpot_ms": stat("inter_token_latency"),
         "e2e_ms": stat("request_latency"),
         "completed": _int_or_none(count.get("avg")) if isinstance(count, dict) else None,
         "errors": errors,
@@ -304,17 +350,33 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
 
 # ---------------------------------------------------------------- kernels benchmark
 
+def _non_finite(value: Any, where: str) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]")
+        if found:
+            return found
+    return None
+
+
 def read_kernels(path: Path, data: Any = None) -> Imported:
-    from knobkeeper.evidence.schema import SCHEMA, validate
+    from knobkeeper.evidence.schema import SCHEMA, SCHEMAS, validate
 
     f = _File(path)
     doc = _load_json(path) if data is None else data
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") not in SCHEMAS:
         raise f.fail("schema", f"expected {SCHEMA!r} (the kernels benchmark writes evidence docs)")
+    bad = _non_finite(doc, "")
+    if bad:
+        raise f.fail(bad.lstrip("."), "not a finite number (NaN or Infinity); the benchmark's output is broken")
     problems = validate(doc)
     if problems:
         raise f.fail(problems[0].split(":", 1)[0], problems[0].split(":", 1)[-1].strip())
     metric = doc["metric"]
+    for i, run in enumerate(doc["runs"]):
+        f.num(run, metric, f"runs[{i}].", positive=True)
     split: dict[str, list[dict]] = {"A": [], "B": []}
     for run in doc["runs"]:
         r = {k: v for k, v in run.items() if k not in ("arm", "repeat")}

@@ -1,34 +1,91 @@
-"""The A/B judgement: per concurrency level, is the candidate (B) faster than the baseline (A)?
+"""The A/B judgement: per evidence file, which levels is the candidate (B) faster than the
+baseline (A) at, and did it cost latency, with the error rate controlled over the whole file.
 
-Method — Welch's t on log-throughput
-------------------------------------
+Per comparison — Welch's t on logs
+----------------------------------
 Throughput noise between benchmark repeats is multiplicative (a restart lands on a slightly
 different clock, cache layout, scheduler phase: each moves throughput by a percentage), so we
-work on y = ln(throughput). Per level, with n_a runs of A and n_b runs of B:
+work on y = ln(value). Per level and metric, with n_a runs of A and n_b runs of B:
 
     d   = mean(y_b) - mean(y_a)                       (log of the ratio of geometric means)
     se  = sqrt(s_a^2/n_a + s_b^2/n_b)                 (no equal-variance assumption)
     df  = Welch–Satterthwaite
     effect = exp(d) - 1,  95% CI = exp(d ± t(0.975, df)·se) - 1,  p = 2·P(T_df > |d/se|)
 
-Why this and not a z-test, a bootstrap or Mann–Whitney: we have 2..10 repeats per arm. Welch's
+Why this and not a z-test, a bootstrap or Mann–Whitney: we have 2..20 repeats per arm. Welch's
 t is exact for normal data with unequal variances up to the small df approximation, and
 log-normal multiplicative noise is exactly normal on the log scale, so the CI and p-value keep
-their 95% coverage at n=2..3. A bootstrap under-covers at such n; Mann–Whitney cannot reach
+their coverage at n=2..3. A bootstrap under-covers at such n; Mann–Whitney cannot reach
 p < 0.05 at all with 3 vs 3 runs (its smallest two-sided p is 0.1) and gives no interval.
-The calibration test (tests/test_evidence_judge.py) checks the false-positive rate and power
-by simulation.
+Latencies (the guards) are judged the same way: they are positive and their run-to-run noise is
+multiplicative too.
 
-Verdict (alpha = 0.05, minimum effect of interest MDE = 5%)
-----------------------------------------------------------
-    inconclusive          fewer than 2 usable runs in an arm (no variance estimate), or
-                          p >= alpha and the CI reaches beyond ±MDE (cannot tell "no effect"
-                          from "an effect we care about"); `repeats_needed` then says how many
-                          runs per arm would detect ±MDE with 80% power at the observed noise.
-    better / worse        p < alpha; sign of the effect.
-    no detectable change  p >= alpha and the whole 95% CI lies inside (-MDE, +MDE): any effect
-                          is smaller than what we care about (an equivalence statement in the
-                          TOST sense at 2.5% per side).
+The family: every level x every judged metric, weighted Holm
+------------------------------------------------------------
+A claim is made per evidence file ("+4% at 80"), so the error rate is controlled per file:
+with 3 levels at alpha 0.05 each, an A/A file showed a "better" or "worse" somewhere in 13.5% of
+files. The family is every valid level's throughput plus its guard metrics (median and p99 TTFT
+and TPOT, where the runs carry them). We use Holm's step-down procedure (Holm 1979) in its
+weighted form, and report per hypothesis the raw p (`p_value`) and the Holm-adjusted p
+(`p_adjusted`); every verdict uses the adjusted one.
+
+- Why Holm: it controls the family-wise error rate at alpha under ANY dependence between the
+  tests (levels share restarts; TTFT and throughput of one run are correlated), it is uniformly
+  more powerful than Bonferroni, and its adjusted p-values are simple to recompute (`verify`).
+  Hochberg or Hommel gain a little power but need positive dependence we cannot promise; a
+  max-t/permutation method needs more runs than we have.
+- Why weighted: throughput is the claim, the guards are a safety net that only has to catch
+  large regressions (p99 TTFT +40%). Throughput hypotheses share 80% of alpha and the guards 20%
+  (evenly within each group; all of alpha goes to throughput when no run carries latencies), so
+  four guards per level cost the throughput test little power: per level alpha 0.04/levels
+  instead of 0.05/(5·levels) with an even split.
+- `recommended_repeats(levels=k)` sizes the runs for 80% power per level at the weighted
+  Bonferroni level of one throughput hypothesis (Holm's first step; later steps only add power).
+
+A guard judged "worse" (latency up, adjusted p < alpha) is a regression and is reported even
+when throughput is better ("+12.8% throughput at 64, but p99 TTFT +40%").
+
+Sequential stopping (`ab run`): repeated looks with alpha spending, by a union bound
+-------------------------------------------------------------------------------------
+`ab run` looks at the data after planned repeats n_1 < n_2 < ... < n_K = N (max repeats) and
+stops a level once it is settled. Each look j spends a share Δf_j = f(n_j/N) - f(n_{j-1}/N) of
+alpha, f(t) = t^SPENDING_POWER (a conservative-early spending function in the spirit of
+O'Brien–Fleming: early looks only stop big effects, most alpha is left for the last look). For
+each hypothesis, the sequential p-value is
+
+    q = min over the looks it took part in of  p_j / Δf_j          (capped at 1)
+
+and weighted Holm is applied to the q's. By the union bound P(q <= a) <= sum_j a·Δf_j = a under
+the null whatever the correlation between looks, so q is a valid p-value; Holm on valid
+p-values controls the family-wise rate; and stopping a level early only removes looks (q can
+only be larger than had it continued), so data-dependent stopping keeps the bound. Why not a
+classical group-sequential boundary (exact multivariate-normal spending) or a mixture SPRT:
+both assume a known or well-estimated variance, and with 3..12 runs per arm the Student-t
+looks are far from normal; the union bound is exact-enough, easy to recompute from the runs
+(the evidence records the looks and the plan), and costs ~1 extra repeat at the last look.
+A fixed design is the one-look case (q = p).
+
+A level is settled at a look when its throughput verdict is "better"/"worse" (adjusted q <
+alpha: it cannot change with more data) or "no detectable change". "No detectable change" is an
+equivalence claim (two one-sided tests against ±MDE, TOST at 2.5% per side: the fixed design's
+"95% CI inside ±MDE") and is spent over the looks the same way: at look j each one-sided test
+runs at 2.5%·Δf_j, so over all looks a real ±5% effect is called "no change" at most 2.5% of
+the time per side and level, and an A/A level does not settle on the first lucky look. (It is
+per level, not family-wise: the claims the family protects are "better" and "worse".)
+
+Verdict (alpha = 0.05 family-wise, minimum effect of interest MDE = 5%)
+-----------------------------------------------------------------------
+    invalid               a validity gate failed (knobkeeper.evidence.validity); not in the family.
+    inconclusive          fewer than 2 usable runs in an arm, or adjusted p >= alpha and the CI
+                          reaches beyond ±MDE; `repeats_needed` says how many runs per arm would
+                          detect ±MDE with 80% power at the observed noise and this family's level.
+    better / worse        adjusted p < alpha; sign of the effect (for a latency guard: "worse"
+                          = slower, a regression).
+    no detectable change  adjusted p >= alpha and the equivalence interval (above; the 95% CI at
+                          most) lies inside (-MDE, +MDE).
+
+Schema-1 files were judged per level without a family: `judge(..., adjust=False)` reproduces
+that judgement (p_adjusted = p), and readers show "unadjusted" beside those verdicts.
 
 Outlier rule
 ------------
@@ -40,7 +97,7 @@ Outlier rule
    MAD from 4 points cannot tell an outlier from noise. Both conditions are needed because a MAD
    from 5..10 points is itself noisy: 5 MADs alone dropped a run in 13% of clean 9-vs-9
    comparisons at 3% noise and pushed the false-positive rate to 6%; with the 10% floor the rule
-   fires in ~0.5% of them (3% noise) and the calibration holds.
+   fires in ~0.5% of them (3% noise) and the calibration holds. Guards use the same kept runs.
 
 Anomaly (scaling) rule
 ----------------------
@@ -54,11 +111,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from statistics import median
 from typing import Any, Iterable
-
-from functools import lru_cache
-
 
 ALPHA = 0.05
 MDE = 0.05
@@ -69,8 +124,31 @@ OUTLIER_MIN_N = 5
 OUTLIER_FLOOR = 0.10
 UNCONFIRMED_FALL = 0.02
 MAX_REPEATS = 200
+METRIC = "output_tokens_per_s"
+THROUGHPUT_SHARE = 0.8        # of alpha, when guards are in the family (see "weighted" above)
+FIRST_LOOK = 3                # the sequential design's first look (repeats per arm)
+LOOK_GROWTH = 1.4             # each next planned look at ceil(1.4 x the previous)
+CAP_FACTOR = 1.5             # the sequential cap, relative to the fixed design's n (see sequential_repeats)
+SPENDING_POWER = 2.0          # f(t) = t^2
+
+# guard metric -> (run field, percentile key, label)
+GUARDS = {
+    "ttft_p50_ms": ("ttft_ms", "p50", "median TTFT"),
+    "ttft_p99_ms": ("ttft_ms", "p99", "p99 TTFT"),
+    "tpot_p50_ms": ("tpot_ms", "p50", "median TPOT"),
+    "tpot_p99_ms": ("tpot_ms", "p99", "p99 TPOT"),
+}
+SETTLED = ("better", "worse", "no detectable change")
+EQUIVALENCE_MAX = 0.025       # one-sided level of the equivalence tests: never looser than the 95% CI
 
 METHOD = (
+    "Welch's t-test on ln(value) per level and metric (Welch–Satterthwaite df); effect = ratio of "
+    "geometric means - 1 with 95% CI exp(d ± t·se) - 1; family-wise error 0.05 over every level x "
+    "metric by weighted Holm (throughput 80%, TTFT/TPOT guards 20%), verdicts on the adjusted p; "
+    "minimum effect of interest ±5%; outliers: errored runs, and with n >= 5 runs > 5 MAD and > 10% "
+    "from the arm's median on the log scale"
+)
+METHOD_UNADJUSTED = (
     "Welch's t-test on ln(throughput) per level (Welch–Satterthwaite df); effect = ratio of "
     "geometric means - 1 with 95% CI exp(d ± t·se) - 1; verdict at alpha 0.05 with a minimum "
     "effect of interest of ±5%; outliers: errored runs, and with n >= 5 runs > 5 MAD and > 10% "
@@ -88,6 +166,20 @@ class Comparison:
     p_value: float | None
     df: float | None
     sd_log: float | None       # pooled log-scale sd (for the power calculation)
+    d: float | None = None     # difference of log means
+    se: float | None = None    # its standard error
+
+    def interval(self, one_sided: float) -> tuple[float, float] | None:
+        """exp(d ± t(1 - one_sided, df)·se) - 1: the interval whose two one-sided tests are at
+        `one_sided` each (0.025: the 95% CI)."""
+        if self.d is None or self.se is None or self.df is None:
+            return None
+        if self.se == 0:
+            return self.effect, self.effect
+        from scipy import special
+
+        t = float(special.stdtrit(self.df, 1 - one_sided))
+        return math.expm1(self.d - t * self.se), math.expm1(self.d + t * self.se)
 
 
 def _mean(xs: list[float]) -> float:
@@ -116,7 +208,7 @@ def compare(a: Iterable[float], b: Iterable[float], alpha: float = ALPHA) -> Com
     if se2 <= 0.0:
         # Identical runs within each arm: any difference is exact.
         p = 1.0 if d == 0 else 0.0
-        return Comparison(n_a, n_b, effect, effect, effect, p, float(n_a + n_b - 2), sd_log)
+        return Comparison(n_a, n_b, effect, effect, effect, p, float(n_a + n_b - 2), sd_log, d, 0.0)
     se = math.sqrt(se2)
     df = se2 ** 2 / ((va / n_a) ** 2 / (n_a - 1) + (vb / n_b) ** 2 / (n_b - 1))
     # scipy.special's Student-t functions: the same numbers as stats.t, ~50x faster (calibration).
@@ -125,7 +217,8 @@ def compare(a: Iterable[float], b: Iterable[float], alpha: float = ALPHA) -> Com
 
     t_crit = float(special.stdtrit(df, 1 - alpha / 2))
     p = float(2 * special.stdtr(df, -abs(d) / se))
-    return Comparison(n_a, n_b, effect, math.expm1(d - t_crit * se), math.expm1(d + t_crit * se), p, df, sd_log)
+    return Comparison(n_a, n_b, effect, math.expm1(d - t_crit * se), math.expm1(d + t_crit * se), p, df, sd_log,
+                      d, se)
 
 
 def power(n: int, sd_log: float, mde: float = MDE, alpha: float = ALPHA) -> float:
@@ -147,10 +240,18 @@ def power(n: int, sd_log: float, mde: float = MDE, alpha: float = ALPHA) -> floa
     return float(1.0 - special.nctdtr(df, ncp, t_crit) + special.nctdtr(df, ncp, -t_crit))
 
 
+def level_alpha(levels: int = 1, guards: bool = False, alpha: float = ALPHA) -> float:
+    """The weighted-Bonferroni level of one level's throughput test in a family of `levels`
+    levels (with or without guard metrics): Holm's first step, the level power is sized at."""
+    share = THROUGHPUT_SHARE if guards else 1.0
+    return alpha * share / max(1, levels)
+
+
 def recommended_repeats(sd_log: float = DEFAULT_NOISE, mde: float = MDE, alpha: float = ALPHA,
-                        target_power: float = POWER) -> int:
-    """Smallest runs per arm that detect ±mde with `target_power` at log-scale noise `sd_log`."""
-    return _recommended(float(f"{sd_log:.3g}"), mde, alpha, target_power)
+                        target_power: float = POWER, *, levels: int = 1, guards: bool = False) -> int:
+    """Smallest runs per arm that detect ±mde with `target_power` at every one of `levels` levels
+    (family-wise alpha, guards in the family or not) at log-scale noise `sd_log`."""
+    return _recommended(float(f"{sd_log:.3g}"), mde, level_alpha(levels, guards, alpha), target_power)
 
 
 @lru_cache(maxsize=4096)
@@ -161,17 +262,52 @@ def _recommended(sd_log: float, mde: float, alpha: float, target_power: float) -
     return MAX_REPEATS
 
 
-def verdict_for(c: Comparison, mde: float = MDE, alpha: float = ALPHA) -> tuple[str, int | None]:
-    """(verdict, repeats_needed) for one level; see the module docstring."""
-    if c.p_value is None:
-        sd = c.sd_log if c.sd_log else DEFAULT_NOISE
-        return "inconclusive", recommended_repeats(sd, mde, alpha)
-    if c.p_value < alpha:
-        return ("better" if c.effect > 0 else "worse"), None
-    if c.ci_low > -mde and c.ci_high < mde:
-        return "no detectable change", None
-    return "inconclusive", recommended_repeats(max(c.sd_log or 0.0, 1e-6), mde, alpha)
+# ---------------------------------------------------------------- the sequential plan
 
+def planned_looks(max_repeats: int, first: int = FIRST_LOOK) -> list[int]:
+    """Repeats per arm after which the sequential design looks: 3, 5, 7, 10, 14, ... up to the cap."""
+    looks: list[int] = []
+    n = min(max(2, first), max_repeats)
+    while n < max_repeats:
+        looks.append(n)
+        n = max(n + 1, math.ceil(n * LOOK_GROWTH))
+    return looks + [max_repeats]
+
+
+def spent(look: int, previous: int, max_repeats: int) -> float:
+    """Δf: the share of alpha the look at `look` repeats spends (previous look at `previous`)."""
+    f = lambda n: (min(n, max_repeats) / max_repeats) ** SPENDING_POWER  # noqa: E731
+    return f(look) - f(previous)
+
+
+def sequential_repeats(sd_log: float = DEFAULT_NOISE, mde: float = MDE, alpha: float = ALPHA,
+                       target_power: float = POWER, *, levels: int = 1, guards: bool = False) -> int:
+    """The cap of the sequential design: the smallest N >= CAP_FACTOR x the fixed design's n
+    whose last look alone (spending Δf_K of the level's alpha) has the fixed design's power. The
+    factor leaves an A/A level room to settle as "no detectable change" before the cap (its
+    equivalence tests are spent over the looks too); big effects stop at the first looks."""
+    a = level_alpha(levels, guards, alpha)
+    fixed_n = recommended_repeats(sd_log, mde, alpha, target_power, levels=levels, guards=guards)
+    start = math.ceil(CAP_FACTOR * fixed_n)
+    for n in range(start, MAX_REPEATS + 1):
+        looks = planned_looks(n)
+        last = spent(looks[-1], looks[-2] if len(looks) > 1 else 0, n)
+        if power(n, sd_log, mde, a * last) >= target_power:
+            return n
+    return MAX_REPEATS
+
+
+def sequential_rule(max_repeats: int) -> dict[str, Any]:
+    """The plan recorded in the evidence (`sequential`), before any look is taken."""
+    return {"rule": (f"looks after {', '.join(map(str, planned_looks(max_repeats)))} repeats per arm; "
+                     f"alpha spending f(t) = t^{SPENDING_POWER:g}, t = repeats/{max_repeats}; sequential "
+                     f"p = min over looks of p/Δf (union bound), weighted Holm over the family; a level "
+                     f"stops when better/worse or its 95% CI is inside ±{MDE:.0%}"),
+            "max_repeats": max_repeats, "planned_looks": planned_looks(max_repeats),
+            "spending": f"t^{SPENDING_POWER:g}", "looks": []}
+
+
+# ---------------------------------------------------------------- one level
 
 def _drop_outliers(runs: list[dict], metric: str) -> tuple[list[dict], list[dict]]:
     """(kept, dropped) for one arm at one level, by the outlier rule above."""
@@ -190,13 +326,31 @@ def _drop_outliers(runs: list[dict], metric: str) -> tuple[list[dict], list[dict
     return kept, dropped
 
 
-def judge_level(runs_a: list[dict], runs_b: list[dict], metric: str = "output_tokens_per_s",
+def metric_value(run: dict, metric: str) -> float | None:
+    """The run's value of `metric`: a top-level number, or a guard (a percentile of ttft/tpot)."""
+    if metric in GUARDS:
+        field, key, _ = GUARDS[metric]
+        holder = run.get(field)
+        value = holder.get(key) if isinstance(holder, dict) else None
+    else:
+        value = run.get(metric)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
+def _values(runs: list[dict], metric: str) -> list[float]:
+    return [v for v in (metric_value(r, metric) for r in runs) if v is not None]
+
+
+def judge_level(runs_a: list[dict], runs_b: list[dict], metric: str = METRIC,
                 mde: float = MDE, alpha: float = ALPHA) -> dict[str, Any]:
-    """The judgement of one level from its runs (dicts with `metric`, `errors`, `repeat`)."""
+    """One level's throughput comparison from its runs (dicts with `metric`, `errors`, `repeat`),
+    before any family adjustment (verdict at `alpha` on the raw p)."""
     kept_a, drop_a = _drop_outliers(runs_a, metric)
     kept_b, drop_b = _drop_outliers(runs_b, metric)
-    c = compare([r[metric] for r in kept_a], [r[metric] for r in kept_b], alpha)
-    verdict, needed = verdict_for(c, mde, alpha)
+    c = compare([r[metric] for r in kept_a], [r[metric] for r in kept_b])
+    verdict, needed = verdict_for(c, c.p_value, mde, alpha)
     return {
         "n_a": c.n_a, "n_b": c.n_b,
         "mean_a": _mean([r[metric] for r in kept_a]) if kept_a else None,
@@ -207,7 +361,45 @@ def judge_level(runs_a: list[dict], runs_b: list[dict], metric: str = "output_to
                          "B": sum(1 for r in drop_b if r["reason"] == "errors")},
         "outliers_dropped": [{"arm": arm, "repeat": r.get("repeat"), "value": r.get(metric), "reason": r["reason"]}
                              for arm, dropped in (("A", drop_a), ("B", drop_b)) for r in dropped],
+        "_kept": (kept_a, kept_b), "_cmp": c,
     }
+
+
+def verdict_for(c: Comparison, p: float | None, mde: float = MDE, alpha: float = ALPHA,
+                power_alpha: float | None = None, equivalence_alpha: float = EQUIVALENCE_MAX) -> tuple[str, int | None]:
+    """(verdict, repeats_needed) of one comparison whose (adjusted) p is `p`; see above.
+
+    `power_alpha`: the level `repeats_needed` is sized at; `equivalence_alpha`: each one-sided
+    test of "no detectable change" (0.025: the 95% CI inside ±MDE)."""
+    need_alpha = power_alpha if power_alpha is not None else alpha
+    if p is None or c.p_value is None:
+        sd = c.sd_log if c.sd_log else DEFAULT_NOISE
+        return "inconclusive", _recommended(float(f"{sd:.3g}"), mde, need_alpha, POWER)
+    if p < alpha:
+        return ("better" if c.effect > 0 else "worse"), None
+    bounds = (c.ci_low, c.ci_high) if equivalence_alpha >= EQUIVALENCE_MAX else c.interval(equivalence_alpha)
+    if bounds is not None and bounds[0] > -mde and bounds[1] < mde:
+        return "no detectable change", None
+    return "inconclusive", _recommended(float(f"{max(c.sd_log or 0.0, 1e-6):.3g}"), mde, need_alpha, POWER)
+
+
+# ---------------------------------------------------------------- the family
+
+def holm(pvalues: list[float], weights: list[float] | None = None) -> list[float]:
+    """Weighted Holm adjusted p-values (Holm 1979): reject H_i at alpha iff adjusted_i <= alpha."""
+    m = len(pvalues)
+    if m == 0:
+        return []
+    w = weights or [1.0 / m] * m
+    order = sorted(range(m), key=lambda i: (pvalues[i] / w[i], i))
+    out = [1.0] * m
+    remaining = sum(w)
+    running = 0.0
+    for i in order:
+        running = max(running, min(1.0, pvalues[i] * remaining / w[i]))
+        out[i] = running
+        remaining -= w[i]
+    return out
 
 
 def _by_level(runs: list[dict], arm: str) -> dict[int, list[dict]]:
@@ -218,18 +410,120 @@ def _by_level(runs: list[dict], arm: str) -> dict[int, list[dict]]:
     return out
 
 
-def judge(runs: list[dict], metric: str = "output_tokens_per_s", mde: float = MDE,
-          alpha: float = ALPHA) -> dict[str, Any]:
-    """The `judgement` object of an evidence doc: one entry per level present in both arms."""
+def _upto(runs: list[dict], n: int | None) -> list[dict]:
+    return runs if n is None else [r for r in runs if int(r.get("repeat") or 0) <= n]
+
+
+def _looks_of(runs_a: list[dict], runs_b: list[dict], sequential: dict | None) -> list[tuple[int | None, float]]:
+    """[(repeats, Δf)] of the looks this level took part in (fixed design: one look, all runs)."""
+    if not sequential:
+        return [(None, 1.0)]
+    cap = int(sequential["max_repeats"])
+    out, previous = [], 0
+    for look in sequential.get("looks") or []:
+        n = int(look["repeat"] if isinstance(look, dict) else look)
+        if len(_upto(runs_a, n)) >= n and len(_upto(runs_b, n)) >= n:
+            out.append((n, spent(n, previous, cap)))
+        previous = n
+    return out or [(None, 1.0)]
+
+
+def judge(runs: list[dict], metric: str = METRIC, mde: float = MDE, alpha: float = ALPHA, *,
+          invalid: dict[int, list[str]] | None = None, sequential: dict | None = None,
+          adjust: bool = True) -> dict[str, Any]:
+    """The `judgement` of an evidence doc: per level, the guards, the family (see above).
+
+    `invalid`: {level: reasons} from the validity gates (such levels are shown, not judged);
+    `sequential`: the doc's `sequential` record (its `looks` taken and `max_repeats`), None for a
+    fixed design; `adjust=False`: the schema-1 judgement (per level, throughput only, no family).
+    """
+    invalid = invalid or {}
     a, b = _by_level(runs, "A"), _by_level(runs, "B")
-    levels = []
+    levels: list[dict] = []
+    hyps: list[dict] = []            # {"level", "metric", "q", "cmp", "entry"}
     for conc in sorted(set(a) | set(b)):
-        entry = judge_level(a.get(conc, []), b.get(conc, []), metric, mde, alpha)
-        levels.append({"concurrency": conc, **entry})
-    return {"method": METHOD, "alpha": alpha, "mde": mde, "levels": levels}
+        ra, rb = a.get(conc, []), b.get(conc, [])
+        if conc in invalid:
+            levels.append({"concurrency": conc, "n_a": len(ra), "n_b": len(rb), "mean_a": None, "mean_b": None,
+                           "effect": None, "ci_low": None, "ci_high": None, "p_value": None, "p_adjusted": None,
+                           "df": None, "verdict": "invalid", "repeats_needed": None,
+                           "errored_runs": {"A": 0, "B": 0}, "outliers_dropped": [], "invalid": invalid[conc]})
+            continue
+        looks = _looks_of(ra, rb, sequential)
+        q: dict[str, float | None] = {}
+        entry: dict[str, Any] = {}
+        cmps: dict[str, Comparison] = {}
+        last_share = 1.0
+        for n, share in looks:
+            last_share = share
+            entry = judge_level(_upto(ra, n), _upto(rb, n), metric, mde, alpha)
+            kept_a, kept_b = entry.pop("_kept")
+            cmps = {metric: entry.pop("_cmp")}
+            if adjust:
+                for guard in GUARDS:
+                    ga, gb = _values(kept_a, guard), _values(kept_b, guard)
+                    if len(ga) >= 2 and len(gb) >= 2:
+                        cmps[guard] = compare(ga, gb)
+            for name, c in cmps.items():
+                if c.p_value is not None and share > 0:
+                    seq_p = min(1.0, c.p_value / share)
+                    q[name] = seq_p if q.get(name) is None else min(q[name], seq_p)
+        entry = {"concurrency": conc, **entry}
+        levels.append(entry)
+        for name, c in cmps.items():
+            if q.get(name) is not None:
+                hyps.append({"level": conc, "metric": name, "q": q[name], "cmp": c, "entry": entry,
+                             "share": last_share})
+        if metric not in q:
+            entry["p_adjusted"] = None
+    throughput = [h for h in hyps if h["metric"] == metric]
+    guards = [h for h in hyps if h["metric"] != metric]
+    if not adjust:
+        weights = [1.0] * len(hyps)       # each level at alpha: p_adjusted = p
+        for h in hyps:
+            h["p_adj"] = h["q"]
+    else:
+        share = THROUGHPUT_SHARE if guards else 1.0
+        weights = [share / len(throughput) if h["metric"] == metric else (1 - share) / len(guards) for h in hyps]
+        for h, p_adj in zip(hyps, holm([h["q"] for h in hyps], weights)):
+            h["p_adj"] = p_adj
+    size = len(hyps)
+    guard_rows = []
+    for h, w in zip(hyps, weights):
+        c = h["cmp"]
+        level_alpha_h = alpha * min(1.0, w)
+        verdict, needed = verdict_for(c, h["p_adj"], mde, alpha, power_alpha=level_alpha_h,
+                                      equivalence_alpha=EQUIVALENCE_MAX * h["share"])
+        if h["metric"] == metric:
+            h["entry"].update({"p_adjusted": h["p_adj"], "verdict": verdict, "repeats_needed": needed})
+            if sequential:
+                h["entry"]["p_sequential"] = h["q"]
+            continue
+        # A guard is a latency: "better" means lower, so the words flip relative to the effect's sign.
+        word = {"better": "worse", "worse": "better"}.get(verdict, verdict)
+        guard_rows.append({"concurrency": h["level"], "metric": h["metric"], "effect": c.effect,
+                           "ci_low": c.ci_low, "ci_high": c.ci_high, "p_value": c.p_value,
+                           "p_adjusted": h["p_adj"], "verdict": word, "regression": word == "worse",
+                           "n_a": c.n_a, "n_b": c.n_b})
+    for entry in levels:
+        if entry["verdict"] != "invalid" and entry.get("p_value") is None:
+            entry["p_adjusted"] = None
+    if not adjust:   # the schema-1 shape: no adjusted p
+        return {"method": METHOD_UNADJUSTED, "alpha": alpha, "mde": mde,
+                "levels": [{k: v for k, v in lv.items() if k != "p_adjusted"} for lv in levels]}
+    return {"method": METHOD, "alpha": alpha, "mde": mde, "levels": levels, "guards": guard_rows,
+            "family": {"method": "holm", "alpha": alpha, "size": size,
+                       "weights": {"throughput": THROUGHPUT_SHARE if guards else 1.0,
+                                   "guards": round(1 - THROUGHPUT_SHARE, 6) if guards else 0.0},
+                       "sequential": bool(sequential)}}
 
 
-def anomalies(runs: list[dict], metric: str = "output_tokens_per_s", alpha: float = ALPHA) -> list[dict]:
+def settled(level: dict) -> bool:
+    """Whether more runs at this level cannot change its throughput verdict's meaning."""
+    return level["verdict"] in SETTLED or level["verdict"] == "invalid"
+
+
+def anomalies(runs: list[dict], metric: str = METRIC, alpha: float = ALPHA) -> list[dict]:
     """Throughput falling as concurrency rises, per arm, between adjacent levels (see above)."""
     found = []
     for arm in ("A", "B"):
@@ -254,6 +548,3 @@ def anomalies(runs: list[dict], metric: str = "output_tokens_per_s", alpha: floa
                               "p_value": p_one, "confidence": 1 - p_one})
     return found
 
-
-def fmt_pct(x: float | None, digits: int = 1) -> str:
-    return "n/a" if x is None else f"{x * 100:+.{digits}f}%"

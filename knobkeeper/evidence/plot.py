@@ -7,15 +7,17 @@ from pathlib import Path
 
 from scipy import stats
 
+from knobkeeper import fmt
 from knobkeeper.evidence import judge as J
 
 
 def arm_levels(doc: dict, arm: str) -> list[tuple[int, float, float, float, int]]:
     """[(concurrency, geometric mean, ci_low, ci_high, n)] for one arm (t-interval on logs)."""
     metric = doc["metric"]
+    invalid = {lv["concurrency"] for lv in doc["judgement"]["levels"] if lv["verdict"] == "invalid"}
     by: dict[int, list[dict]] = {}
     for r in doc["runs"]:
-        if r["arm"] == arm:
+        if r["arm"] == arm and int(r["concurrency"]) not in invalid:
             by.setdefault(int(r["concurrency"]), []).append(r)
     out = []
     for conc in sorted(by):
@@ -35,7 +37,7 @@ def arm_levels(doc: dict, arm: str) -> list[tuple[int, float, float, float, int]
 
 def _label(doc: dict, arm: str) -> str:
     value = doc["arms"][arm]["knobs"].get(doc["knob"])
-    return f"{arm}: {doc['knob']}={'(unset)' if value is None else value}"
+    return f"{arm}: {doc['knob']}={fmt.value(value)}"
 
 
 def plot(doc: dict, path: str | Path) -> Path:
@@ -62,7 +64,7 @@ def plot(doc: dict, path: str | Path) -> Path:
     for lv in doc["judgement"]["levels"]:
         y = max(points.get(("A", lv["concurrency"]), 0), points.get(("B", lv["concurrency"]), 0))
         if y and lv.get("effect") is not None:
-            ax.annotate(f"{J.fmt_pct(lv['effect'])}\n{lv['verdict']}", (lv["concurrency"], y),
+            ax.annotate(f"{fmt.pct(lv['effect'])}\n{lv['verdict']}", (lv["concurrency"], y),
                         textcoords="offset points", xytext=(0, 12), ha="center", fontsize=8)
     first = True
     for an in doc.get("anomalies") or []:
@@ -74,7 +76,7 @@ def plot(doc: dict, path: str | Path) -> Path:
         ax.plot([an["from_concurrency"], an["to_concurrency"]], [y0, y1], ls="--", lw=3, color="orange",
                 label="anomaly: falls as concurrency rises" if first else None)
         ax.scatter([an["to_concurrency"]], [y1], marker="v", s=160, color="orange", zorder=5)
-        ax.annotate(f"{an['arm']}: {J.fmt_pct(an['change'])}{conf}", (an["to_concurrency"], y1),
+        ax.annotate(f"{an['arm']}: {fmt.pct(an['change'])}{conf}", (an["to_concurrency"], y1),
                     textcoords="offset points", xytext=(0, -22), ha="center", fontsize=8, color="darkorange")
         first = False
     ax.set_xlabel("concurrency")

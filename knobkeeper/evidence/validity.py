@@ -1,0 +1,138 @@
+"""Validity gates: is this benchmark's output evidence at all, before any judgement?
+
+Each gate is a named reason stored in the evidence (`validity`), applied on import and on
+`ab run`. A level that fails one is shown as invalid and left out of the family (a broken
+benchmark must not count, for or against); a file with no valid level is refused unless the
+caller asks to keep it.
+
+Per run (the level is invalid when any of its runs fails):
+    zero generated tokens       throughput <= 0 or missing, or the tool counted 0 output tokens
+                                (sa-bench "success" with "Total generated tokens: 0")
+    completed < requested       requests were lost (the tool says how many it sent)
+    error rate above 5%         errors / (completed + errors); a few errors are dropped runs
+                                (the outlier rule), a failing server is not a measurement
+    knob not carried            the arm's running engine did not have the arm's value
+                                (`knob_seen`: read from the engine as `status` does, or from the
+                                file's server info; "unverified" is noted, not invalid)
+    prefill not touched         a disaggregated run whose prefill's sglang:prompt_tokens_total
+                                did not move (decode served without its prefill peer)
+    same record as arm A        (import) a candidate record identical to a baseline one: the same
+                                results given for both arms
+Per level:
+    one arm only                no runs of the other arm at that level
+Duplicates (`dedupe`, on import): the same record twice in one arm and level, or the same file
+passed for several repeats, are counted once and listed in `validity.reasons`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from knobkeeper import fmt
+from knobkeeper.evidence.judge import METRIC, metric_value
+
+ERROR_RATE_MAX = 0.05
+CARRIED, NOT_CARRIED, UNVERIFIED = "carried", "not carried", "unverified"
+
+
+def _where(run: dict) -> str:
+    return f"arm {run['arm']} repeat {run.get('repeat')}"
+
+
+def run_reasons(run: dict, metric: str = METRIC) -> list[str]:
+    """Every gate this one run fails, as words a person reads."""
+    out = []
+    tokens = run.get("output_tokens")
+    if metric_value(run, metric) is None or tokens == 0:
+        out.append(f"{_where(run)}: zero or missing generated tokens")
+    completed, requested, errors = run.get("completed"), run.get("requested"), int(run.get("errors") or 0)
+    if isinstance(completed, int) and isinstance(requested, int) and completed + errors < requested:
+        out.append(f"{_where(run)}: completed {completed} of {requested} requests")
+    if isinstance(completed, int) and errors and errors / (completed + errors) > ERROR_RATE_MAX:
+        out.append(f"{_where(run)}: error rate {errors / (completed + errors):.0%} "
+                   f"(above {ERROR_RATE_MAX:.0%})")
+    seen = run.get("knob_seen")
+    if isinstance(seen, dict) and seen.get("status") == NOT_CARRIED:
+        out.append(f"{_where(run)}: the running engine did not carry the knob "
+                   f"({seen.get('detail') or 'running ' + json.dumps(seen.get('running'))})")
+    if run.get("same_record_as_arm_A"):
+        out.append(f"{_where(run)}: the same result record as a run of arm A (one file given for both arms?)")
+    if run.get("prefill_prompt_tokens") == 0:
+        out.append(f"{_where(run)}: prefill not touched (its sglang:prompt_tokens_total did not move)")
+    return out
+
+
+def knob_seen(want: Any, knob: str, running: dict | None, source: str) -> dict:
+    """A run's `knob_seen`: does the engine's environment (`running`: {name: value}, None when
+    nothing could be read: unverified) carry the value `want` (None = unset) of `knob`?"""
+    if running is None:
+        return {"status": UNVERIFIED, "running": None, "detail": f"{source}: nothing reports the environment"}
+    have = running.get(knob)
+    same = (have is None and want is None) or (have is not None and want is not None and
+                                               (str(have) == fmt.value(want) or _same_number(have, want)))
+    return {"status": CARRIED if same else NOT_CARRIED, "running": have,
+            "detail": f"{source}: {knob}={fmt.value(have)}, arm wants {fmt.value(want)}"}
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
+
+
+def record_key(run: dict) -> str:
+    """A run's measurement, without where it was filed (arm, repeat): equal keys = one record."""
+    return json.dumps({k: v for k, v in run.items() if k not in ("arm", "repeat")}, sort_keys=True, default=str)
+
+
+def assess(runs: list[dict], metric: str = METRIC) -> tuple[dict[str, Any], dict[int, list[str]]]:
+    """(`validity` for the evidence, {invalid level: reasons}) from the runs (+ stored notes)."""
+    levels: dict[int, dict[str, list]] = {}
+    for run in runs:
+        levels.setdefault(int(run["concurrency"]), {"A": [], "B": []})[run["arm"]].append(run)
+    rows, invalid = [], {}
+    for conc in sorted(levels):
+        arms = levels[conc]
+        reasons: list[str] = []
+        for arm, other in (("A", "B"), ("B", "A")):
+            if arms[arm] and not arms[other]:
+                reasons.append(f"runs of arm {arm} only")
+        for run in arms["A"] + arms["B"]:
+            reasons += run_reasons(run, metric)
+        rows.append({"concurrency": conc, "valid": not reasons, "reasons": reasons})
+        if reasons:
+            invalid[conc] = reasons
+    return {"levels": rows, "reasons": []}, invalid
+
+
+def knob_note(runs: Iterable[dict]) -> list[str]:
+    """File-level note when no run says what the engine was running."""
+    statuses = {(r.get("knob_seen") or {}).get("status", UNVERIFIED) for r in runs}
+    if statuses <= {UNVERIFIED}:
+        return ["knob value unverified: nothing reports the running engine's environment"]
+    if UNVERIFIED in statuses:
+        return ["knob value unverified for some runs"]
+    return []
+
+
+def dedupe(runs: list[dict]) -> tuple[list[dict], list[str]]:
+    """The runs with exact repeats of a record (same arm and level) counted once, renumbered,
+    and one note per duplicate."""
+    seen: dict[tuple, int] = {}
+    kept, notes = [], []
+    for run in runs:
+        key = (run["arm"], int(run["concurrency"]), record_key(run))
+        if key in seen:
+            notes.append(f"arm {run['arm']} @{run['concurrency']}: a duplicate run record counted once")
+            continue
+        seen[key] = 1
+        kept.append(run)
+    counts: dict[tuple, int] = {}
+    out = []
+    for run in kept:
+        slot = (run["arm"], int(run["concurrency"]))
+        counts[slot] = counts.get(slot, 0) + 1
+        out.append({**run, "repeat": counts[slot]})
+    return out, notes
