@@ -47,12 +47,12 @@ def load_evidence(project: Project, ident: str) -> dict | str:
 
 
 def levels(doc: dict) -> list[dict]:
-    """Per concurrency level: the store's gains (concurrency, effect, ci_low, ci_high, verdict) and the
-    p-value the verdict rests on (schema 2: adjusted for the family; schema 1: raw)."""
+    """Per valid concurrency level: the store's gains (concurrency, effect, ci_low, ci_high, verdict)
+    with `p_value` the p the verdict rests on (schema 2: adjusted for the family; schema 1: raw)."""
     from knobkeeper.evidence import store
 
-    return [{**gain, "p_value": lv.get("p_adjusted", lv.get("p_value"))}
-            for gain, lv in zip(store.gains(doc), doc["judgement"]["levels"])]
+    return [{**gain, "p_value": gain["p_adjusted"] if gain["adjusted"] else gain["p_value"]}
+            for gain in store.gains(doc)]
 
 
 def positive_levels(doc: dict) -> list[dict]:

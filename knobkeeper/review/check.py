@@ -9,6 +9,8 @@ named, not shown.
 
 from __future__ import annotations
 
+import json
+
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -211,6 +213,15 @@ def check_links(run: _Run) -> None:
                 run.add(rel, f"{key} = {ident!r} names an entry that does not exist", "restore the missing entry from git")
 
 
+def _claimed_schema(path: Path, default: str) -> str:
+    """The schema an evidence file says it follows (a schema-1 file is judged as one), else `default`."""
+    try:
+        claimed = json.loads(path.read_text()).get("schema")
+    except (ValueError, AttributeError, OSError):
+        return default
+    return claimed if isinstance(claimed, str) else default
+
+
 def check_evidence(run: _Run) -> None:
     """Every evidence file loads through the store, its id matches its name, its raw files exist, and
     its judgement is what its runs give (store.verify: recomputed, no NaN)."""
@@ -230,7 +241,7 @@ def check_evidence(run: _Run) -> None:
             text = relative(str(exc), project.root)
             if text.startswith(f"{rel}: "):  # the store names the file: the JSON or the schema is wrong
                 what = text.removeprefix(f"{rel}: ")
-                text = what if what.startswith("not JSON") else f"fails schema {SCHEMA}: {what}"
+                text = what if what.startswith("not JSON") else f"fails schema {_claimed_schema(path, SCHEMA)}: {what}"
             run.add(rel, text, fix)
             continue
         if doc.get("id") != ident:

@@ -89,17 +89,28 @@ def _evidence_doc(ident: str, doc: dict, w) -> None:
       f"engine {fmt.cell(setup.get('engine') or '?')}, metric `{fmt.cell(doc.get('metric'))}`): "
       f"A = {fmt.cell(fmt.value(a_val))}, B = {fmt.cell(fmt.value(b_val))}")
     w("")
-    w("| concurrency | n (A/B) | mean A | mean B | effect | 95% CI | p | verdict |")
-    w("|---|---|---|---|---|---|---|---|")
+    w("| concurrency | n (A/B) | mean A | mean B | effect | 95% CI | p | p adjusted | verdict |")
+    w("|---|---|---|---|---|---|---|---|---|")
+    # Schema 2 judges on p adjusted for the family of levels and metrics; schema 1 did not adjust.
+    reasons = {lv.get("concurrency"): lv.get("reasons") or []
+               for lv in (doc.get("validity") or {}).get("levels", []) if not lv.get("valid", True)}
     for lv in doc.get("judgement", {}).get("levels", []):
         ci = f"{fmt.pct(lv.get('ci_low'))} .. {fmt.pct(lv.get('ci_high'))}" if lv.get("ci_low") is not None else "n/a"
-        # Schema 2 judges on p adjusted for the family of levels and metrics; schema 1 did not adjust.
         adjusted = "p_adjusted" in lv
-        p = fmt.p_value(lv.get("p_adjusted") if adjusted else lv.get("p_value"))
-        verdict = lv.get("verdict") if adjusted else f"{lv.get('verdict')} (unadjusted)"
+        p_adj = fmt.p_value(lv.get("p_adjusted")) if adjusted else "unadjusted"
+        verdict = lv.get("verdict")
+        if lv.get("concurrency") in reasons:
+            verdict = f"{verdict}: {'; '.join(reasons[lv.get('concurrency')])}"
         w(f"| {lv.get('concurrency')} | {lv.get('n_a')}/{lv.get('n_b')} | {fmt.num(lv.get('mean_a'))} | "
-          f"{fmt.num(lv.get('mean_b'))} | {fmt.pct(lv.get('effect'))} | {ci} | {p} | {fmt.cell(verdict)} |")
+          f"{fmt.num(lv.get('mean_b'))} | {fmt.pct(lv.get('effect'))} | {ci} | {fmt.p_value(lv.get('p_value'))} | "
+          f"{p_adj} | {fmt.cell(verdict)} |")
     w("")
+    regressions = [g for g in doc.get("judgement", {}).get("guards") or [] if g.get("regression")]
+    for g in regressions:
+        w(f"- **Guard regression** at concurrency {g.get('concurrency')}: {fmt.cell(g.get('metric'))} "
+          f"{fmt.pct(g.get('effect'))} (p adjusted {fmt.p_value(g.get('p_adjusted'))})")
+    if regressions:
+        w("")
     anomalies = doc.get("anomalies") or []
     if anomalies:
         w("Anomalies:")
