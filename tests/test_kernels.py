@@ -40,7 +40,6 @@ if os.environ.get("TRITON_INTERPRET") not in ("0", "1"):
 
 import ast  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import subprocess  # noqa: E402
 from importlib import metadata  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -49,6 +48,7 @@ import pytest  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
+from knobkeeper_kernels.cases import make_case as shared_case  # noqa: E402
 from knobkeeper_kernels.reference import combine_ref, decode_attention_ref  # noqa: E402
 from knobkeeper_kernels.splitkv import (  # noqa: E402
     BROKEN_COMBINE_ENV,
@@ -103,35 +103,8 @@ def test_split_bounds_cover_every_block_once_and_are_never_empty():
 
 
 def make_case(seq_lens, q_heads, kv_heads, head_dim, page_size, dtype=torch.float32, seed=0):
-    """q, k_cache, v_cache, block_table, seq_lens. page_size=None: contiguous [B, L, H_kv, D].
-
-    Everything the kernel must not read (slots past a sequence's end, pages no sequence owns)
-    is NaN, so a read outside a sequence poisons the output.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    batch, max_len = len(seq_lens), max(seq_lens)
-    q = torch.randn(batch, q_heads, head_dim, generator=gen).to(dtype)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    if page_size is None:
-        k = torch.full((batch, max_len, kv_heads, head_dim), math.nan)
-        v = torch.full_like(k, math.nan)
-        for b, length in enumerate(seq_lens):
-            k[b, :length] = torch.randn(length, kv_heads, head_dim, generator=gen)
-            v[b, :length] = torch.randn(length, kv_heads, head_dim, generator=gen)
-        return q, k.to(dtype).to(DEVICE), v.to(dtype).to(DEVICE), None, lens.to(DEVICE)
-    pages_per_seq = -(-max_len // page_size)
-    num_pages = batch * pages_per_seq + 3  # spare pages nobody owns
-    perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
-    block_table = perm[: batch * pages_per_seq].view(batch, pages_per_seq)
-    k = torch.full((num_pages, page_size, kv_heads, head_dim), math.nan)
-    v = torch.full_like(k, math.nan)
-    for b, length in enumerate(seq_lens):
-        for t in range(length):
-            page, slot = int(block_table[b, t // page_size]), t % page_size
-            k[page, slot] = torch.randn(kv_heads, head_dim, generator=gen)
-            v[page, slot] = torch.randn(kv_heads, head_dim, generator=gen)
-    to = lambda x: x.to(DEVICE)  # noqa: E731
-    return to(q), to(k.to(dtype)), to(v.to(dtype)), to(block_table), to(lens)
+    """The shared case builder (unused cache slots are NaN: a read outside a sequence poisons the output)."""
+    return shared_case(seq_lens, q_heads, kv_heads, head_dim, page_size, dtype=dtype, seed=seed, device=DEVICE)
 
 
 # name -> (seq_lens, H_q, H_kv, D, page_size or None for contiguous)
@@ -294,14 +267,20 @@ def test_kernels_compile_for_sm90_and_sm120(tmp_path):
     """triton.compile for Hopper and Blackwell targets in a process without the interpreter."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # a real compile, not a cache hit
+    from knobkeeper_kernels.splitkv import CANDIDATE_CONFIGS
+
     done = subprocess.run([sys.executable, "-m", "knobkeeper_kernels.compile_check", "--arch", "90,120",
-                           "--dtype", "bf16"], capture_output=True, text=True, env=env, timeout=240)
+                           "--dtype", "bf16", "--configs", "all"], capture_output=True, text=True, env=env, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     got = {(r["kernel"], r["arch"]) for r in records}
     assert got == {(kernel, arch) for kernel in ("_splitkv_stage1", "_splitkv_combine")
                    for arch in ("sm_90", "sm_120")}
     assert all(r["cubin_bytes"] > 0 and r["ptx_bytes"] > 0 for r in records), records
+    # Every config the GPU check may tune to compiles for Hopper (the table's default among them).
+    tuned = {r["config"] for r in records if r["kernel"] == "_splitkv_stage1" and r["arch"] == "sm_90"}
+    assert tuned == {c.name for c in CANDIDATE_CONFIGS}
+    assert all(r["mma"] for r in records if r["kernel"] == "_splitkv_stage1")
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -353,7 +332,9 @@ def _imports(path: Path) -> set[str]:
 def test_controller_never_imports_torch_or_triton_and_kernels_never_import_the_controller():
     for path in sorted((ROOT / "knobkeeper").rglob("*.py")):
         assert not _imports(path) & {"torch", "triton"}, f"{path.relative_to(ROOT)} imports torch/triton"
-    for path in sorted((ROOT / "kernels" / "knobkeeper_kernels").rglob("*.py")):
+    kernel_files = sorted((ROOT / "kernels").rglob("*.py"))
+    assert ROOT / "kernels" / "gpu_check.py" in kernel_files  # the GPU check runs on a machine with kernels/ only
+    for path in kernel_files:
         assert "knobkeeper" not in _imports(path), f"{path.relative_to(ROOT)} imports the controller"
 
 
