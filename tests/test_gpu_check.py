@@ -248,3 +248,65 @@ def test_budget_stops_cleanly_and_still_writes(tmp_path):
     assert all(s["why"].startswith("budget") for s in doc["skipped"])
     with tarfile.open(out / "evidence-FAKE.tar") as tar:
         assert tar.getmembers() == []
+
+
+# ----------------------------------------------------------------------------- GPU-only pieces, on stand-ins
+
+
+class _Event:
+    clock = 0.0
+
+    def __init__(self, enable_timing):
+        assert enable_timing is True
+        self.at = None
+
+    def record(self):
+        _Event.clock += 1.0
+        self.at = _Event.clock
+
+    def elapsed_time(self, end):  # milliseconds, as torch.cuda.Event's
+        return (end.at - self.at) * 0.5
+
+
+class _Flush:
+    def __init__(self, log):
+        self.log = log
+
+    def zero_(self):
+        self.log.append("flush")
+
+
+def test_cuda_timer_flushes_before_every_call_and_times_each_call():
+    """The events branch of Check.time_us on a stand-in torch.cuda: warm-up untimed, the L2 flush
+    outside each timed region, one event pair per call, a GPU sleep queued first."""
+    from types import SimpleNamespace
+
+    log = []
+    cuda = SimpleNamespace(Event=_Event, synchronize=lambda: log.append("sync"),
+                           _sleep=lambda cycles: log.append(("sleep", cycles)))
+    check = gpu_check.Check.__new__(gpu_check.Check)
+    check.fake, check.torch, check.flush = False, SimpleNamespace(cuda=cuda), _Flush(log)
+    check.args = SimpleNamespace(warmup=2)
+    times = check.time_us(lambda: log.append("call"), iters=3)
+    assert times == [pytest.approx(500.0)] * 3  # each pair: start, (call), end = 1 tick = 0.5 ms
+    assert log[:3] == ["call", "call", "sync"] and log[3][0] == "sleep" and log[3][1] > 0
+    assert log[4:] == ["flush", "call"] * 3 + ["sync"]
+
+
+def test_sdpa_backends_are_pinned_one_at_a_time():
+    """On the GPU each SDPA backend is tried alone (no silent fallback to math's 8x K/V copy); at
+    least one runs here on CPU tensors and gives plain SDPA's answer."""
+    torch = pytest.importorskip("torch")
+    variants = gpu_check._sdpa_variants(torch, fake=False)
+    assert variants and all(name != "math" for name, _ in variants)
+    q, k, v = torch.randn(2, 8, 32), torch.randn(2, 2, 40, 32), torch.randn(2, 2, 40, 32)
+    plain = gpu_check._sdpa_variants(torch, fake=True)[0][1](q, k, v)
+    ran = []
+    for name, call in variants:
+        try:
+            out = call(q, k, v)
+        except RuntimeError:
+            continue
+        ran.append(name)
+        assert (out - plain).abs().max().item() < 1e-5
+    assert ran, "no pinned SDPA backend runs on CPU tensors"

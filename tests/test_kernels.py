@@ -192,6 +192,21 @@ def test_half_precision_inputs_accumulate_in_fp32(dtype):
     assert ((native.double() - ref_o).abs() <= ulp).all(), f"{dtype} output more than 1 ulp off"
 
 
+def test_fp16_tensor_core_path_is_fp32_accurate():
+    """The GPU's path for bf16/fp16 (q.k in the inputs' type, p.v with p in three 16-bit parts, fp32
+    sums), run here with fp16, which the interpreter computes faithfully (its bf16 it does not). With
+    p rounded to one fp16 part the error would be ~5e-4."""
+    seq_lens, q_heads, kv_heads, head_dim, page_size = [70, 5, 130], 8, 2, 32, 16
+    q, k, v, bt, lens = make_case(seq_lens, q_heads, kv_heads, head_dim, page_size, dtype=torch.float16, seed=7)
+    ref_o, ref_lse = decode_attention_ref(q, k, v, bt, lens)
+    for splits in (1, 3, 9):
+        out, lse, _ = run(q, k, v, bt, lens, splits, out_dtype=torch.float32, native_dot=True)
+        assert (out.double() - ref_o).abs().max().item() <= ATOL, splits
+        assert (lse.double() - ref_lse).abs().max().item() <= ATOL, splits
+    with pytest.raises(ValueError, match="native_dot"):
+        decode_attention(q.float(), k.float(), v.float(), bt, lens, native_dot=True)
+
+
 # ----------------------------------------------------------------------------- the combine can fail
 
 
@@ -267,7 +282,7 @@ def test_kernels_compile_for_sm90_and_sm120(tmp_path):
     """triton.compile for Hopper and Blackwell targets in a process without the interpreter."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # a real compile, not a cache hit
-    from knobkeeper_kernels.splitkv import CANDIDATE_CONFIGS
+    from knobkeeper_kernels.splitkv import CANDIDATE_CONFIGS, launch_config
 
     done = subprocess.run([sys.executable, "-m", "knobkeeper_kernels.compile_check", "--arch", "90,120",
                            "--dtype", "bf16", "--configs", "all"], capture_output=True, text=True, env=env, timeout=400)
@@ -281,6 +296,14 @@ def test_kernels_compile_for_sm90_and_sm120(tmp_path):
     tuned = {r["config"] for r in records if r["kernel"] == "_splitkv_stage1" and r["arch"] == "sm_90"}
     assert tuned == {c.name for c in CANDIDATE_CONFIGS}
     assert all(r["mma"] for r in records if r["kernel"] == "_splitkv_stage1")
+    # No candidate spills registers on Hopper, and the table's tile leaves room for 4 programs per SM
+    # (p.v in 16-bit parts; tf32x3 on a widened V spilled at 128-token blocks, 255 registers at 64).
+    hopper = [r for r in records if r["kernel"] == "_splitkv_stage1" and r["arch"] == "sm_90"]
+    assert all(r["spill_bytes"] == 0 for r in hopper), hopper
+    table = launch_config(128, 2).name
+    assert [r["registers"] <= 128 for r in hopper if r["config"] == table] == [True, True], hopper
+    # The combine for one split, a few, and the 256 a batch of 1 gets at 2048 targets.
+    assert {r["block_s"] for r in records if r["kernel"] == "_splitkv_combine" and r["arch"] == "sm_90"} == {1, 16, 256}
 
 
 # ----------------------------------------------------------------------------- the benchmark

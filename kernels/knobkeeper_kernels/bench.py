@@ -90,14 +90,22 @@ def peak_bandwidth(device_name: str) -> float | None:
     return None
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def positive_ints(text: str, flag: str) -> list[int]:
+    """'1,8,64' -> [1, 8, 64]; a ValueError naming the flag for anything else."""
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise SystemExit(f"{flag}: {text!r} is not a comma-separated list of integers") from None
+        values = []
     if not values or any(v < 1 for v in values):
-        raise SystemExit(f"{flag}: {text!r}: expected positive integers")
+        raise ValueError(f"{flag} {text!r}: expected comma-separated positive integers")
     return values
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return positive_ints(text, flag)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -3,7 +3,8 @@
     python -m knobkeeper_kernels.compile_check --arch 90,120 [--dtype bf16,fp16,fp32] [--configs table|all]
 
 Prints one JSON line per (kernel, arch, dtype, stage-1 config) with the sizes of the PTX and
-cubin produced, and exits 1 if any compile fails. `--configs all` compiles stage 1 with every
+cubin produced (and, for stage 1, the registers and spill bytes ptxas reports), and exits 1 if
+any compile fails. `--configs all` compiles stage 1 with every
 config the GPU check tunes over (splitkv.CANDIDATE_CONFIGS), not only the table's default. Must run WITHOUT TRITON_INTERPRET (the interpreter replaces
 the compiler); ptxas ships inside the triton wheel, so no CUDA toolkit or driver is needed.
 """
@@ -24,7 +25,7 @@ _ALIGNED_STRIDES = {"stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_
 def _signatures(dtype: str, group: int = 8, head_dim: int = 128, page_size: int = 16, block_n: int = 64):
     """(kernel, signature, constexprs) for stage 1 and the combine, one decode configuration
     (GQA 8, D=128, 16-token pages: the GPU check's sweep shape)."""
-    from .splitkv import _splitkv_combine, _splitkv_stage1
+    from .splitkv import COMBINE_CHUNK, _splitkv_combine, _splitkv_stage1
 
     stage1_sig = {
         "Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}",
@@ -44,9 +45,43 @@ def _signatures(dtype: str, group: int = 8, head_dim: int = 128, page_size: int 
     for name in ("stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh", "stride_ob", "stride_oh",
                  "NUM_SPLITS", "num_q_heads"):
         combine_sig[name] = "i32"
-    combine_const = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "BLOCK_S": 16, "BLOCK_D": head_dim, "UNIFORM": False}
-    combine_sig.update({name: "constexpr" for name in combine_const})
-    return [(_splitkv_stage1, stage1_sig, stage1_const), (_splitkv_combine, combine_sig, combine_const)]
+    combine_sig.update({name: "constexpr" for name in ("HEAD_DIM", "BLOCK_N", "BLOCK_S", "BLOCK_D", "CHUNK_S",
+                                                        "UNIFORM")})
+    # One split, a typical count, and the most a small batch asks for (2048 targets / 8 KV heads).
+    combines = [(_splitkv_combine, combine_sig, {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "BLOCK_S": block_s,
+                                                 "BLOCK_D": head_dim, "CHUNK_S": min(COMBINE_CHUNK, block_s),
+                                                 "UNIFORM": False})
+                for block_s in (1, 16, 256)]
+    return [(_splitkv_stage1, stage1_sig, stage1_const), *combines]
+
+
+def ptxas_report(ptx: str) -> dict:
+    """Registers and spill bytes per thread from ptxas -v (the ptxas inside the triton wheel), or
+    Nones when it is not there or does not know the target."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    target = re.search(r"^\s*\.target\s+(\w+)", ptx, re.M)
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = next((p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas")
+                  if p.exists() and (p.name == "ptxas" or (target and "sm_1" in target.group(1)))), None)
+    report = {"registers": None, "spill_bytes": None}
+    if ptxas is None or target is None:
+        return report
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "k.ptx"
+        source.write_text(ptx)
+        done = subprocess.run([str(ptxas), f"-arch={target.group(1)}", "-v", str(source), "-o", str(Path(tmp) / "k.o")],
+                              capture_output=True, text=True, timeout=120)
+    regs = re.search(r"Used (\d+) registers", done.stderr)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    if done.returncode == 0 and regs and spills:
+        report = {"registers": int(regs.group(1)), "spill_bytes": int(spills.group(1)) + int(spills.group(2))}
+    return report
 
 
 def compile_for(arch: int, dtype: str = "bf16", config=None) -> list[dict]:
@@ -77,10 +112,12 @@ def compile_for(arch: int, dtype: str = "bf16", config=None) -> list[dict]:
                                   target=GPUTarget("cuda", arch, 32), options=options)
         records.append({
             "kernel": fn.__name__, "arch": f"sm_{arch}", "dtype": dtype,
-            "config": config.name if is_stage1 else None,
+            "config": config.name if is_stage1 else None, "block_s": None if is_stage1 else constexprs["BLOCK_S"],
             "ptx_bytes": len(compiled.asm.get("ptx", "")),
-            "mma": "mma.sync" in compiled.asm.get("ptx", "") or "wgmma" in compiled.asm.get("ptx", ""), "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+            "mma": "mma.sync" in compiled.asm.get("ptx", "") or "wgmma" in compiled.asm.get("ptx", ""),
+            "cubin_bytes": len(compiled.asm.get("cubin", b"")),
             "shared_bytes": compiled.metadata.shared, "num_warps": compiled.metadata.num_warps,
+            **(ptxas_report(compiled.asm["ptx"]) if is_stage1 else {}),
             "seconds": round(time.perf_counter() - start, 2),
         })
     return records

@@ -60,6 +60,7 @@ from .bench import (
     evidence_doc,
     evidence_name,
     peak_bandwidth,
+    positive_ints,
     run_record,
     write_atomic,
 )
@@ -94,12 +95,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _int_list(text: str, flag: str) -> list[int]:
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ArgError(f"{flag} {text!r}: expected comma-separated positive integers") from None
-    if not values or any(v < 1 for v in values):
-        raise ArgError(f"{flag} {text!r}: expected comma-separated positive integers")
-    return sorted(set(values))
+        return sorted(set(positive_ints(text, flag)))
+    except ValueError as exc:
+        raise ArgError(str(exc)) from None
 
 
 def _targets(text: str) -> list[int]:
@@ -382,7 +380,7 @@ class Check:
         k_pool = torch.randn(pool_shape, generator=gen, device=self.device, dtype=dtype)
         v_pool = torch.randn(pool_shape, generator=gen, device=self.device, dtype=dtype)
         self.flush = None if self.fake else torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=self.device)
-        sdpa_call = _sdpa(torch, self.fake)
+        sdpa_variants = _sdpa_variants(torch, self.fake)
         flash = _optional_flash_attn()
         self.doc["others"] = {"flash_attn": flash[0], "flashinfer": _importable("flashinfer") and
                               "installed, not timed (no wrapper here)" or "not installed"}
@@ -406,7 +404,7 @@ class Check:
                 continue
             shape_start = time.monotonic()
             try:
-                self.measure_shape(shape, moved, k_pool, v_pool, table, sdpa_call, flash[1], decode_attention,
+                self.measure_shape(shape, moved, k_pool, v_pool, table, sdpa_variants, flash[1], decode_attention,
                                    num_splits, DEFAULT_TARGET_CTAS, CANDIDATE_CONFIGS)
             except Exception as exc:  # one shape's failure (an OOM, say) must not lose the others
                 message = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -424,7 +422,7 @@ class Check:
         self.doc["skipped"].append({"batch": shape[0], "context": shape[1], "why": why})
         self.say(f"{shape[0]:>5} {shape[1]:>7} skipped: {why}")
 
-    def measure_shape(self, shape, moved, k_pool, v_pool, table, sdpa_call, flash_call, decode_attention,
+    def measure_shape(self, shape, moved, k_pool, v_pool, table, sdpa_variants, flash_call, decode_attention,
                       num_splits, default_target, candidates) -> None:
         torch, args = self.torch, self.args
         batch, context = shape
@@ -469,21 +467,26 @@ class Check:
         record["config"] = config.name
 
         # Correctness on this shape: every arm against SDPA's output on the same bytes. SDPA reads
-        # [B, H_kv, L, D]: a transposed view of the pool, or (if this torch refuses the strides) a copy.
-        reference, sdpa_kv, sdpa_errors = None, None, []
-        for layout in ("view", "copy") if sdpa_call is not None else ():
-            try:
-                kv = tuple(x.transpose(1, 2) for x in (k_bld, v_bld))
-                kv = kv if layout == "view" else tuple(x.contiguous() for x in kv)
-                reference = sdpa_call(q, *kv).float()
-            except Exception as exc:
-                sdpa_errors.append(f"{layout}: {type(exc).__name__}: {exc}".splitlines()[0][:300])
-                kv = None
-                if not self.fake:
-                    torch.cuda.empty_cache()
-                continue
-            sdpa_kv, record["sdpa_layout"] = kv, layout
-            break
+        # [B, H_kv, L, D]: a transposed view of the pool, or (if this torch refuses the strides) a
+        # copy; the first backend that runs is the one timed (each alone: no silent fallback).
+        reference, sdpa_kv, sdpa_call, sdpa_errors = None, None, None, []
+        for layout in ("view", "copy"):
+            for backend, call in sdpa_variants:
+                try:
+                    kv = tuple(x.transpose(1, 2) for x in (k_bld, v_bld))
+                    kv = kv if layout == "view" else tuple(x.contiguous() for x in kv)
+                    reference = call(q, *kv).float()
+                except Exception as exc:
+                    sdpa_errors.append(f"{layout}/{backend}: {type(exc).__name__}: {exc}".splitlines()[0][:300])
+                    kv = None
+                    if not self.fake:
+                        torch.cuda.empty_cache()
+                    continue
+                sdpa_kv, sdpa_call = kv, call
+                record["sdpa_layout"], record["sdpa_backend"] = layout, backend
+                break
+            if sdpa_call is not None:
+                break
         if sdpa_kv is None:
             record["sdpa"] = {"error": "; ".join(sdpa_errors) or "torch SDPA unavailable"}
             sdpa_call = None
@@ -581,6 +584,30 @@ class Check:
             rows.append(row)
         return rows
 
+    def summary(self) -> None:
+        """The last lines of the output (what a cut-off terminal keeps): one row per shape, with the goals."""
+        if not self.doc["shapes"]:
+            return
+        self.say("# summary: best arm per shape; goals: >= 80% of peak at batch >= 64 and context >= 32k, "
+                 "faster than SDPA at context >= 4k")
+        self.say(f"{'batch':>5} {'context':>7} {'unset us':>9} {'best':>6} {'best us':>9} {'%peak':>6} "
+                 f"{'sdpa us':>9} {'backend':<10} {'vs sdpa':>7} {'recommended':>11} goals")
+        by_shape = {(g["batch"], g["context"]): g for g in self.doc["goals"]}
+        for shape in self.doc["shapes"]:
+            best_key = min(shape["arms"], key=lambda k: shape["arms"][k]["median_us"])
+            best = shape["arms"][best_key]
+            sdpa_us = (shape.get("sdpa") or {}).get("median_us")
+            frac = f"{best['bandwidth_fraction'] * 100:>5.1f}%" if best["bandwidth_fraction"] is not None else f"{'-':>6}"
+            goal = by_shape[(shape["batch"], shape["context"])]
+            marks = [f"{name}={'yes' if goal[name] else 'NO'}" for name in ("bandwidth_goal_met", "faster_than_sdpa")
+                     if name in goal]
+            self.say(f"{shape['batch']:>5} {shape['context']:>7} {shape['arms'][UNSET]['median_us']:>9.1f} "
+                     f"{best_key:>6} {best['median_us']:>9.1f} {frac} "
+                     + (f"{sdpa_us:>9.1f} " if sdpa_us else f"{'-':>9} ")
+                     + f"{shape.get('sdpa_backend') or '-':<10} "
+                     + (f"{sdpa_us / best['median_us'] - 1:>+7.1%} " if sdpa_us else f"{'-':>7} ")
+                     + f"{shape['recommended']!s:>11} {' '.join(marks)}")
+
     # ---------------------------------------------------------------- phase 3: evidence
 
     def evidence_docs(self) -> list[dict]:
@@ -634,26 +661,30 @@ def _importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _sdpa(torch, fake: bool):
-    """torch SDPA with GQA on K, V as [B, H_kv, L, D], never the math backend on a GPU (it would
-    repeat K and V per query head: 8x the memory at 128k x 128)."""
+def _sdpa_variants(torch, fake: bool) -> list[tuple[str, object]]:
+    """[(backend name, call(q, k, v))]: torch SDPA with GQA on K, V as [B, H_kv, L, D], one entry
+    per backend, tried in this order. Never the math backend on a GPU: it repeats K and V per query
+    head (8x the memory at 128k x 128). On the CPU (fake mode) the default dispatch."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def plain(q, k, v):
+        return sdpa(q[:, :, None, :], k, v, enable_gqa=True)[:, :, 0, :]
+
+    if fake:
+        return [("default", plain)]
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:
-        sdpa_kernel = None
-    backends = None
-    if sdpa_kernel is not None and not fake:
-        backends = [getattr(SDPBackend, name) for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
-                    if hasattr(SDPBackend, name)]
+    except ImportError:  # a torch without backend selection: nothing safe to time
+        return []
 
-    def call(q, k, v):
-        if backends is None:
-            return sdpa(q[:, :, None, :], k, v, enable_gqa=True)[:, :, 0, :]
-        with sdpa_kernel(backends):
-            return sdpa(q[:, :, None, :], k, v, enable_gqa=True)[:, :, 0, :]
+    def pinned(backend):
+        def call(q, k, v):
+            with sdpa_kernel([backend]):
+                return plain(q, k, v)
+        return call
 
-    return call
+    return [(name.lower(), pinned(getattr(SDPBackend, name)))
+            for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION") if hasattr(SDPBackend, name)]
 
 
 def _optional_flash_attn():
@@ -684,6 +715,8 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton
     else:
         os.environ.pop("TRITON_INTERPRET", None)  # a GPU run compiles: never the interpreter
+    # "unset" must mean unset: the kernel reads the knob from the environment when not passed one.
+    inherited = os.environ.pop(KNOB, None)
     try:
         import torch
     except ImportError as exc:
@@ -696,6 +729,7 @@ def main(argv=None) -> int:
     import triton
 
     check = Check(args, torch, triton)
+    check.doc["inherited_env"] = {KNOB: inherited}
     check.say(f"# gpu_check {check.doc['started']} on {check.device_name}: python {check.doc['python']}, "
               f"torch {torch.__version__}, triton {triton.__version__}; budget {args.budget_s:.0f} s"
               + ("; timings are FAKE (a model), not measurements" if check.fake else ""))
@@ -706,13 +740,10 @@ def main(argv=None) -> int:
     check.run_sweep()
     check.doc["phase"] = "done"
     check.doc["finished"] = True
-    for row in check.doc["goals"]:
-        goals = [f"{name}={'yes' if row[name] else 'NO'}" for name in ("bandwidth_goal_met", "faster_than_sdpa")
-                 if name in row]
-        if goals:
-            check.say(f"goal batch {row['batch']} context {row['context']}: {' '.join(goals)}")
+    check.summary()
     ok &= not check.doc["errors"]
-    check.say(f"# done in {check.elapsed():.0f} s: tests {'passed' if ok else 'FAILED or errors'}; "
+    tests = "skipped" if args.skip_tests else ("passed" if check.doc["tests_passed"] else "FAILED")
+    check.say(f"# done in {check.elapsed():.0f} s: tests {tests}; {len(check.doc['errors'])} sweep errors; "
               f"{len(check.doc['shapes'])} shapes measured, {len(check.doc['skipped'])} skipped; "
               f"files in {args.out}: {', '.join(check.names.values())}")
     check.save()

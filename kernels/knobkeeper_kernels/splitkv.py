@@ -28,12 +28,13 @@ block (BLOCK_N tokens) is independent of it and looks the page up per token.
 A contiguous cache [B, L, H_kv, D] is the special case of one page per sequence
 (block_table=None).
 
-Inputs may be fp32, fp16 or bf16; all arithmetic and accumulation is fp32. The q.k
-product of bf16/fp16 inputs runs on the GPU in the inputs' own tensor-core format (the
-product of two bf16 numbers is exact in fp32, and the MMA accumulates in fp32), so it
-equals the convert-first result up to summation order; p.v, and q.k of fp32 inputs, use
-3xTF32 on fp32 values (~fp32-accurate). In Triton's CPU interpreter every load is
-converted to fp32 first: its bf16 arithmetic works on raw bits.
+Inputs may be fp32, fp16 or bf16; all arithmetic and accumulation is fp32. With bf16/fp16
+inputs on the GPU both products run in the inputs' own tensor-core format: q.k directly
+(the product of two bf16 numbers is exact in fp32, and the MMA sums in fp32), p.v with the
+fp32 p split into three bf16 (fp16) parts, which together hold its 24 bits, so K and V stay
+16-bit in registers. fp32 inputs use 3xTF32 (~fp32-accurate). In Triton's CPU interpreter
+every load is converted to fp32 first (its bf16 arithmetic works on raw bits); the
+native path is tested there with fp16, and with bf16 by the GPU check.
 
 Stage 1's tile and schedule (KV block, warps, pipeline stages) come from `launch_config`
 (a table derived from the bytes in flight an H200 needs) unless the caller passes them;
@@ -57,6 +58,9 @@ DEFAULT_TARGET_CTAS = 256  # the catalog default (inventory/catalog.toml)
 # splits with equal weights instead of their LSE weights, so the suite can be shown to
 # catch a wrong combine. Never set it on an engine host.
 BROKEN_COMBINE_ENV = "KNOBKEEPER_KERNELS_BROKEN_COMBINE"
+
+# Splits the combine reads per step: 8 x 128 fp32 partials is 8 registers a thread at 4 warps.
+COMBINE_CHUNK = 8
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -120,7 +124,7 @@ def _splitkv_stage1(
     BLOCK_H: tl.constexpr,      # GROUP padded to a power of two >= 16 (tl.dot's minimum)
     BLOCK_D: tl.constexpr,      # HEAD_DIM padded to a power of two >= 16
     BLOCK_N: tl.constexpr,      # tokens per KV block
-    NATIVE_DOT: tl.constexpr,   # q.k in the inputs' own bf16/fp16 (exact products, fp32 sums); GPU only
+    NATIVE_DOT: tl.constexpr,   # q.k and p.v in the inputs' own bf16/fp16 (fp32 sums); see the docstring
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -160,13 +164,14 @@ def _splitkv_stage1(
             k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_ks
                         + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vs
-                        + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+                        + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
 
             if NATIVE_DOT:
                 # A bf16 x bf16 (fp16 x fp16) product is exact in fp32 and the MMA sums in fp32: the
                 # same scores as converting first, at a third of the tensor-core work of tf32x3.
                 s = tl.dot(q, tl.trans(k))                                     # [BLOCK_H, BLOCK_N]
             else:
+                v = v.to(tl.float32)
                 s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
             s = s * sm_scale_log2e  # scores in base-2 units: exp2 below
             s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -175,7 +180,20 @@ def _splitkv_stage1(
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32x3")
+            acc = acc * alpha[:, None]
+            if NATIVE_DOT:
+                # p (fp32) as the sum of three numbers of V's own type, each times V on the tensor
+                # cores with fp32 sums: 3 x 8 bits of bf16 mantissa hold all 24 of fp32's, so this
+                # is p.v to fp32 accuracy, while V stays 16-bit in registers (tf32x3 would widen it).
+                p_hi = p.to(v.dtype)
+                rest = p - p_hi.to(tl.float32)
+                p_mid = rest.to(v.dtype)
+                p_lo = (rest - p_mid.to(tl.float32)).to(v.dtype)
+                acc = tl.dot(p_hi, v, acc)
+                acc = tl.dot(p_mid, v, acc)
+                acc = tl.dot(p_lo, v, acc)
+            else:
+                acc += tl.dot(p, v, input_precision="tf32x3")
             m_i = m_new
 
         o = acc / l_i[:, None]
@@ -200,6 +218,7 @@ def _splitkv_combine(
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,      # NUM_SPLITS padded to a power of two
+    CHUNK_S: tl.constexpr,      # splits combined per step (a power of two)
     BLOCK_D: tl.constexpr,
     UNIFORM: tl.constexpr,      # True only to demonstrate that the tests catch a wrong combine
 ):
@@ -215,17 +234,27 @@ def _splitkv_combine(
     d_mask = offs_d < HEAD_DIM
 
     lse_s = tl.load(MidLse + b * stride_mlb + h * stride_mlh + offs_s, mask=s_mask, other=float("-inf"))
-    o_s = tl.load(MidO + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
-                  mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-
     lse_max = tl.max(lse_s, axis=0)                   # finite: split 0 is always real
-    if UNIFORM:
-        w = tl.where(s_mask, 1.0, 0.0)                # WRONG on purpose: ignores each split's mass
-    else:
-        w = tl.exp2(lse_s - lse_max)                  # 0 for the masked (-inf) slots
-    w_sum = tl.sum(w, axis=0)
-    o = tl.sum(o_s * w[:, None], axis=0) / w_sum
     lse = (lse_max + tl.log2(tl.sum(tl.exp2(lse_s - lse_max), axis=0))) * 0.6931471805599453  # natural log
+
+    # The partial outputs CHUNK_S splits at a time: a [BLOCK_S, D] tile would not fit in registers
+    # when a small batch asks for hundreds of splits.
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    w_sum = 0.0
+    offs_c = tl.arange(0, CHUNK_S)
+    for start in range(0, splits_here, CHUNK_S):
+        c_mask = start + offs_c < splits_here
+        lse_c = tl.load(MidLse + b * stride_mlb + h * stride_mlh + start + offs_c, mask=c_mask,
+                        other=float("-inf"))
+        o_c = tl.load(MidO + b * stride_mob + h * stride_moh + (start + offs_c)[:, None] * stride_mos
+                      + offs_d[None, :], mask=c_mask[:, None] & d_mask[None, :], other=0.0)
+        if UNIFORM:
+            w = tl.where(c_mask, 1.0, 0.0)            # WRONG on purpose: ignores each split's mass
+        else:
+            w = tl.exp2(lse_c - lse_max)              # 0 for the masked (-inf) slots
+        acc += tl.sum(o_c * w[:, None], axis=0)
+        w_sum += tl.sum(w, axis=0)
+    o = acc / w_sum
 
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=d_mask)
     tl.store(Lse + b * num_q_heads + h, lse)
@@ -284,9 +313,9 @@ def launch_config(head_dim: int, itemsize: int) -> LaunchConfig:
     byte once, so a program should keep ~32 KiB of K+V in flight per stage (Little's law on
     an H200: 4.8 TB/s x ~1 us over 132 SMs is ~36 KB per SM). For bf16/fp16 at D=128 a
     64-token block is 16 KiB of K and 16 KiB of V, and three stages keep the next blocks'
-    loads in flight; compiled for sm_90 it takes ~45 KB of shared memory (compile_check),
-    so several programs fit on one SM. fp32 rows are twice as wide, so half the tokens.
-    Four warps cover a 64 x 128 tile with 16-byte loads (8 per thread).
+    loads in flight (cp.async, 16 bytes a thread). Compiled for sm_90 (compile_check) it
+    takes 124 registers a thread and 43 KB of shared memory, no spills: four programs (16
+    warps, ~170 KB of K/V staged) per SM. fp32 rows are twice as wide, so half the tokens.
     """
     row_bytes = head_dim * itemsize
     block_n = max(16, min(128, triton.next_power_of_2(max(1, 16384 // row_bytes))))
@@ -307,6 +336,7 @@ def decode_attention(
     num_stages: int | None = None,
     max_seq_len: int | None = None,
     out_dtype: torch.dtype | None = None,
+    native_dot: bool | None = None,
     return_lse: bool = False,
     return_partials: bool = False,
     combine: str | None = None,
@@ -325,6 +355,9 @@ def decode_attention(
     max_seq_len  the longest seq_len if the caller knows it (avoids a device sync; must be
                >= the real maximum; it only sets the grid's S)
     out_dtype  default q.dtype; the output is computed in fp32 and rounded once at the end
+    native_dot  bf16/fp16 inputs: q.k and p.v on the tensor cores in the inputs' own type
+               (exact products, fp32 sums); default on CUDA. Triton's interpreter gets fp16 right
+               (tests force it there) but not bf16, whose arithmetic it does on raw bits.
 
     Returns out [B, H_q, D]; with return_lse also lse [B, H_q] (fp32, natural log);
     with return_partials also a dict of the stage-1 buffers and the split count S.
@@ -347,6 +380,10 @@ def decode_attention(
     num_stages = table.num_stages if num_stages is None else num_stages
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n={block_n}: expected a power of two >= 16")
+    if native_dot is None:  # the interpreter's bf16 arithmetic works on raw bits: convert first there
+        native_dot = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    if native_dot and q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"native_dot: needs bf16 or fp16 inputs, got {q.dtype}")
     if num_warps not in (1, 2, 4, 8, 16) or not 1 <= num_stages <= 8:
         raise ValueError(f"num_warps={num_warps}, num_stages={num_stages}: expected warps 1/2/4/8/16, stages 1..8")
     if seq_lens.shape != (batch,):
@@ -404,8 +441,7 @@ def decode_attention(
         splits,
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_H=_pow2_at_least(group, 16), BLOCK_D=block_d, BLOCK_N=block_n,
-        # The interpreter's bf16 arithmetic works on raw bits: it keeps the convert-first path.
-        NATIVE_DOT=q.is_cuda and q.dtype in (torch.float16, torch.bfloat16),
+        NATIVE_DOT=native_dot,
         num_warps=num_warps, num_stages=num_stages,
     )
     _splitkv_combine[(batch, q_heads)](
@@ -415,6 +451,7 @@ def decode_attention(
         out.stride(0), out.stride(1),
         splits, q_heads,
         HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_S=_pow2_at_least(splits, 1), BLOCK_D=block_d,
+        CHUNK_S=min(COMBINE_CHUNK, _pow2_at_least(splits, 1)),
         UNIFORM=(combine == "uniform"),
     )
 
