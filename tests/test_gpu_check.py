@@ -310,3 +310,57 @@ def test_sdpa_backends_are_pinned_one_at_a_time():
         ran.append(name)
         assert (out - plain).abs().max().item() < 1e-5
     assert ran, "no pinned SDPA backend runs on CPU tensors"
+
+
+STAND_IN = r'''
+import os, sys, time
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+
+class Event:
+    def __init__(self, enable_timing):
+        self.at = None
+    def record(self):
+        self.at = time.perf_counter()
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1e3
+
+cuda = torch.cuda
+cuda.is_available = lambda: True
+cuda.get_device_name = lambda *a: "NVIDIA H200 (stand-in: CPU tensors, interpreter)"
+cuda.Event, cuda.synchronize, cuda.empty_cache = Event, lambda: None, lambda: None
+cuda.mem_get_info = lambda *a: (8 << 30, 141 << 30)
+cuda._sleep = lambda cycles: None
+from knobkeeper_kernels import gpu_check
+gpu_check.Check.gpu_device = "cpu"
+gpu_check.select_triton_mode = lambda fake: None  # keep the interpreter a real run would switch off
+sys.exit(gpu_check.main(sys.argv[1:]))
+'''
+
+
+def test_real_path_runs_on_a_stand_in_cuda(tmp_path):
+    """Everything of a GPU run but the GPU: the events timer, the memory check, the pools, the L2
+    flush buffer, SDPA with pinned backends, real (not FAKE) labels, on CPU tensors in the interpreter
+    behind a stand-in torch.cuda. One small shape: the path, not the figures."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(script), "--out", str(out), "--skip-tests", "--no-tune",
+                           "--batch", "2", "--context", "64", "--kv-heads", "1", "--head-dim", "16",
+                           "--page-size", "8", "--targets", "2048", "--repeats", "2", "--warmup", "0"],
+                          capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["evidence.tar", "gpu_check.json", "gpu_check.txt"]
+    assert "FAKE" not in done.stdout
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert doc["fake_timing"] is False and doc["peak_bandwidth_gbps"] == 4800 and doc["errors"] == []
+    (shape,) = doc["shapes"]
+    assert shape["sdpa_backend"] in ("flash_attention", "cudnn_attention", "efficient_attention")
+    assert shape["sdpa_layout"] == "view" and shape["sdpa"]["median_us"] > 0
+    assert shape["config"] == shape["table_config"]
+    assert all(len(a["runs"]) == 2 and a["median_us"] > 0 and a["max_abs_diff_vs_sdpa"] <= 2 ** -5
+               for a in shape["arms"].values())
+    with tarfile.open(out / "evidence.tar") as tar:
+        docs = [json.loads(tar.extractfile(m).read()) for m in tar.getmembers()]
+    assert [d["arms"]["B"]["knobs"][KNOB] for d in docs] == [2048]
+    assert all(validate(d) == [] and not d["setup"]["kernel"]["fake_timing"] for d in docs)

@@ -1,6 +1,6 @@
 """The GPU check: one command that proves the split-KV kernel on a CUDA device and measures its knob.
 
-    python3 kernels/gpu_check.py --out DIR [--budget-s 420] [--evidence-dir DIR]   # `make gpu-check`
+    python3 kernels/gpu_check.py --out DIR [--budget-s 400] [--evidence-dir DIR]   # `make gpu-check`
     python3 kernels/gpu_check.py --fake-timing --out DIR       # the same path on a CPU, FAKE timings
 
 Made for a lent GPU that starts bare (its own python3, torch and triton; nothing to install):
@@ -51,6 +51,7 @@ import secrets
 import sys
 import tarfile
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -123,7 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = _Parser(prog="gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/out/gpu", help="folder for gpu_check.json, .txt and evidence.tar")
     parser.add_argument("--evidence-dir", help="also write the evidence files loose into this folder")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting shapes past this (default 420)")
+    parser.add_argument("--budget-s", type=float, default=400.0,
+                        help="start no shape that would end past this many seconds (default 400)")
     parser.add_argument("--targets", default=TARGETS, help=f"knob values (default {TARGETS}; unset is the baseline)")
     parser.add_argument("--batch", help=f"decode batch sizes (default {REAL['batch']})")
     parser.add_argument("--context", help=f"KV lengths (default {REAL['context']})")
@@ -186,10 +188,12 @@ def _check_out(out: Path, fake: bool) -> None:
 class Check:
     """One run: its arguments, the torch/triton modules, the report and the output files."""
 
+    gpu_device = "cuda"  # tests/test_gpu_check.py runs the real path on CPU tensors with a stand-in torch.cuda
+
     def __init__(self, args, torch, triton):
         self.args, self.torch, self.triton = args, torch, triton
         self.fake = args.fake_timing
-        self.device = "cpu" if self.fake else "cuda"
+        self.device = "cpu" if self.fake else self.gpu_device
         self.started = time.monotonic()
         self.out = Path(args.out)
         self.names = output_names(self.fake)
@@ -339,7 +343,8 @@ class Check:
                     record.update(rel_err=rel, max_abs_err=max_abs, lse_err=lse_err, native_within_1ulp=native_ok,
                                   diff_vs_one_split=split_diff, passed=passed)
                 except Exception as exc:  # a compile or launch failure is a failed check, not a crash
-                    record.update(passed=False, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+                    record.update(passed=False, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                                  traceback=traceback.format_exc()[-4000:])
                     rel = max_abs = lse_err = math.nan
                 ok_all &= record["passed"]
                 self.doc["tests"].append(record)
@@ -408,7 +413,8 @@ class Check:
                                    num_splits, DEFAULT_TARGET_CTAS, CANDIDATE_CONFIGS)
             except Exception as exc:  # one shape's failure (an OOM, say) must not lose the others
                 message = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                self.doc["errors"].append({"batch": batch, "context": context, "error": message})
+                self.doc["errors"].append({"batch": batch, "context": context, "error": message,
+                                           "traceback": traceback.format_exc()[-4000:]})
                 self.say(f"{batch:>5} {context:>7} ERROR {message}")
                 if not self.fake:
                     torch.cuda.empty_cache()
@@ -591,7 +597,7 @@ class Check:
         self.say("# summary: best arm per shape; goals: >= 80% of peak at batch >= 64 and context >= 32k, "
                  "faster than SDPA at context >= 4k")
         self.say(f"{'batch':>5} {'context':>7} {'unset us':>9} {'best':>6} {'best us':>9} {'%peak':>6} "
-                 f"{'sdpa us':>9} {'backend':<10} {'vs sdpa':>7} {'recommended':>11} goals")
+                 f"{'sdpa us':>9} {'backend':<19} {'vs sdpa':>7} {'recommended':>11} goals")
         by_shape = {(g["batch"], g["context"]): g for g in self.doc["goals"]}
         for shape in self.doc["shapes"]:
             best_key = min(shape["arms"], key=lambda k: shape["arms"][k]["median_us"])
@@ -604,7 +610,7 @@ class Check:
             self.say(f"{shape['batch']:>5} {shape['context']:>7} {shape['arms'][UNSET]['median_us']:>9.1f} "
                      f"{best_key:>6} {best['median_us']:>9.1f} {frac} "
                      + (f"{sdpa_us:>9.1f} " if sdpa_us else f"{'-':>9} ")
-                     + f"{shape.get('sdpa_backend') or '-':<10} "
+                     + f"{shape.get('sdpa_backend') or '-':<19} "
                      + (f"{sdpa_us / best['median_us'] - 1:>+7.1%} " if sdpa_us else f"{'-':>7} ")
                      + f"{shape['recommended']!s:>11} {' '.join(marks)}")
 
@@ -700,6 +706,18 @@ def _optional_flash_attn():
     return "installed", call
 
 
+def select_triton_mode(fake: bool) -> str | None:
+    """The interpreter for a fake run (before triton is imported), the compiler for a real one;
+    a problem line if it is too late to choose."""
+    if fake:
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            return "--fake-timing: triton was imported before the interpreter could be switched on"
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        os.environ.pop("TRITON_INTERPRET", None)  # a GPU run compiles: never the interpreter
+    return None
+
+
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
@@ -707,14 +725,10 @@ def main(argv=None) -> int:
     except ArgError as exc:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
-    if args.fake_timing:
-        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            print("gpu_check: --fake-timing: triton was imported before the interpreter could be switched on",
-                  file=sys.stderr)
-            return 2
-        os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton
-    else:
-        os.environ.pop("TRITON_INTERPRET", None)  # a GPU run compiles: never the interpreter
+    problem = select_triton_mode(args.fake_timing)
+    if problem:
+        print(f"gpu_check: {problem}", file=sys.stderr)
+        return 2
     # "unset" must mean unset: the kernel reads the knob from the environment when not passed one.
     inherited = os.environ.pop(KNOB, None)
     try:

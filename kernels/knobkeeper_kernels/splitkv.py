@@ -240,7 +240,7 @@ def _splitkv_combine(
     # The partial outputs CHUNK_S splits at a time: a [BLOCK_S, D] tile would not fit in registers
     # when a small batch asks for hundreds of splits.
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    w_sum = 0.0
+    w_acc = tl.zeros([CHUNK_S], dtype=tl.float32)
     offs_c = tl.arange(0, CHUNK_S)
     for start in range(0, splits_here, CHUNK_S):
         c_mask = start + offs_c < splits_here
@@ -253,8 +253,8 @@ def _splitkv_combine(
         else:
             w = tl.exp2(lse_c - lse_max)              # 0 for the masked (-inf) slots
         acc += tl.sum(o_c * w[:, None], axis=0)
-        w_sum += tl.sum(w, axis=0)
-    o = acc / w_sum
+        w_acc += w
+    o = acc / tl.sum(w_acc, axis=0)
 
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=d_mask)
     tl.store(Lse + b * num_q_heads + h, lse)
