@@ -10,23 +10,30 @@ imported otherwise. Timings of a fake run are a made-up model; nothing here asse
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import subprocess
 import sys
-import tarfile
-from pathlib import Path
 
-import pytest
+# As tests/test_kernels.py: whichever of the two is collected first, triton (imported by the tests
+# below through knobkeeper_kernels.splitkv) must come up in interpreter mode.
+if os.environ.get("TRITON_INTERPRET") not in ("0", "1"):
+    if "triton" in sys.modules:
+        raise RuntimeError("tests/test_gpu_check.py: triton was imported before TRITON_INTERPRET=1 could be set")
+    os.environ["TRITON_INTERPRET"] = "1"
 
-from knobkeeper.evidence import importers, store
-from knobkeeper.evidence.schema import validate
-from knobkeeper.knobs.catalog import load_catalog
-from knobkeeper_kernels import gpu_check
-from knobkeeper_kernels.bench import KNOB, ROLE
-from knobkeeper_kernels.splitkv import DEFAULT_TARGET_CTAS
-from tests.infra import kk, make_infra_repo
+import json  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import tarfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from knobkeeper.evidence import importers, store  # noqa: E402
+from knobkeeper.evidence.schema import validate  # noqa: E402
+from knobkeeper.knobs.catalog import load_catalog  # noqa: E402
+from knobkeeper_kernels import gpu_check  # noqa: E402
+from knobkeeper_kernels.bench import KNOB, ROLE  # noqa: E402
+from tests.infra import kk, make_infra_repo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "kernels" / "gpu_check.py"
@@ -94,6 +101,8 @@ def test_out_must_be_a_folder(tmp_path, capsys):
 
 
 def test_defaults_are_the_issues_sweep_and_the_catalogs_knob():
+    from knobkeeper_kernels.splitkv import DEFAULT_TARGET_CTAS
+
     args = gpu_check.parse_args([])
     assert args.targets == CANDIDATES and args.batch == [1, 8, 64, 128] and args.context == [4096, 32768, 131072]
     assert (args.q_heads, args.kv_heads, args.head_dim) == (64, 8, 128)   # GQA 8
@@ -182,6 +191,8 @@ def _evidence(fake_run) -> list[dict]:
 
 
 def test_fake_evidence_one_file_per_candidate_and_context(fake_run):
+    from knobkeeper_kernels.splitkv import DEFAULT_TARGET_CTAS
+
     docs = _evidence(fake_run)
     assert sorted((d["arms"]["B"]["knobs"][KNOB], d["setup"]["workload"]["input_len"]) for d in docs) == sorted(
         (c, ctx) for c in CANDIDATES for ctx in (64, 300))

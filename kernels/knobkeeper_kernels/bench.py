@@ -141,7 +141,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _git_sha() -> str | None:
+def git_sha() -> str | None:
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
@@ -300,7 +300,7 @@ def run(args) -> list[Path]:
                 torch.cuda.empty_cache()
 
     setup = {
-        "inventory": None, "git_sha": _git_sha(), "engine": "knobkeeper-kernels",
+        "inventory": None, "git_sha": git_sha(), "engine": "knobkeeper-kernels",
         "engine_version": f"{__version__} (torch {torch.__version__}, triton {triton.__version__})",
         "model": None, "device": device_name,
         "workload": {"api": "kernel", "input_len": None, "output_len": 1, "requests_per_run": None, "duration_s": None},

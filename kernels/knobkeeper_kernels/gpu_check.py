@@ -60,6 +60,7 @@ from .bench import (
     bytes_moved,
     evidence_doc,
     evidence_name,
+    git_sha,
     peak_bandwidth,
     positive_ints,
     run_record,
@@ -221,6 +222,7 @@ class Check:
         self.evidence_ids: dict[tuple[int, int], str] = {}
         self.created = datetime.now(timezone.utc)
         self.flush = None  # the L2-flush buffer, allocated by the sweep on a GPU
+        self.git_sha = self.doc["git_sha"] = git_sha()  # None where the copy has no git (a device's may not)
 
     # ---------------------------------------------------------------- reporting
 
@@ -632,7 +634,7 @@ class Check:
                         runs += [{"arm": arm, "repeat": i, **r} for i, r in enumerate(shape["arms"][key]["runs"])]
                 ident = self.evidence_ids.setdefault((candidate, context), secrets.token_hex(4))
                 setup = {
-                    "inventory": None, "git_sha": None, "engine": "knobkeeper-kernels",
+                    "inventory": None, "git_sha": self.git_sha, "engine": "knobkeeper-kernels",
                     "engine_version": f"{__version__} (torch {self.torch.__version__}, triton {self.triton.__version__})",
                     "model": None, "device": self.device_name,
                     "workload": {"api": "kernel", "input_len": context, "output_len": 1, "requests_per_run": None,
