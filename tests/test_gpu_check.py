@@ -129,6 +129,16 @@ def test_without_cuda_one_line_exit_0_nothing_written(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_make_gpu_check_runs_the_machines_python3(tmp_path):
+    """`make gpu-check` with $OUT set (as on a lent device): the machine's python3, not .venv. Here
+    that python3 has no CUDA (and maybe no torch): one line, exit 0, nothing written."""
+    done = subprocess.run(["make", "-s", "-C", str(ROOT), "gpu-check"], capture_output=True, text=True,
+                          env=_env(OUT=str(tmp_path / "out")), timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no CUDA device" in done.stdout and len(done.stdout.strip().splitlines()) == 1, done.stdout
+    assert not (tmp_path / "out").exists()
+
+
 def test_bare_python_needs_no_install(tmp_path):
     """python -S: no site-packages at all (no torch, no editable install): the wrapper still finds the
     package beside it and says there is nothing to check."""
