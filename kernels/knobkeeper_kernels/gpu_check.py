@@ -371,6 +371,7 @@ class Check:
         page_bytes = args.page_size * args.kv_heads * args.head_dim * itemsize
         pages_needed = {s: s[0] * -(-s[1] // args.page_size) for s in shapes}
         if not self.fake:
+            torch.cuda.empty_cache()  # what the tests phase left cached is free for the pools
             free = torch.cuda.mem_get_info()[0]
             room = 0.85 * free - L2_FLUSH_BYTES - (2 << 30)  # headroom for SDPA, partials, the allocator
             for shape in sorted(shapes, key=lambda s: -pages_needed[s]):
@@ -385,9 +386,15 @@ class Check:
         pool_shape = (pool_pages, args.page_size, args.kv_heads, args.head_dim)
         # One pool for every shape: a shape uses its first B * pages_per_seq pages, in order, so the
         # SDPA view below is the same bytes with no copy. Random, never zeros (zeros can time faster).
-        k_pool = torch.randn(pool_shape, generator=gen, device=self.device, dtype=dtype)
-        v_pool = torch.randn(pool_shape, generator=gen, device=self.device, dtype=dtype)
-        self.flush = None if self.fake else torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=self.device)
+        try:
+            k_pool = torch.randn(pool_shape, generator=gen, device=self.device, dtype=dtype)
+            v_pool = torch.randn(pool_shape, generator=gen, device=self.device, dtype=dtype)
+            self.flush = None if self.fake else torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=self.device)
+        except Exception as exc:  # e.g. less memory free than mem_get_info said
+            message = f"K/V pools of {2 * pool_pages * page_bytes / 2**30:.1f} GiB: {type(exc).__name__}: {exc}"
+            self.doc["errors"].append({"error": message.splitlines()[0][:300]})
+            self.say(f"sweep not run: {message.splitlines()[0][:300]}")
+            return
         sdpa_variants = _sdpa_variants(torch, self.fake)
         flash = _optional_flash_attn()
         self.doc["others"] = {"flash_attn": flash[0], "flashinfer": _importable("flashinfer") and
@@ -754,9 +761,14 @@ def main(argv=None) -> int:
               + ("; timings are FAKE (a model), not measurements" if check.fake else ""))
     check.save()
     ok = True
-    if not args.skip_tests:
-        ok = check.run_tests()
-    check.run_sweep()
+    try:
+        if not args.skip_tests:
+            ok = check.run_tests()
+        check.run_sweep()
+    except Exception as exc:  # keep what was measured, say where it broke, exit 1
+        check.doc["errors"].append({"phase": check.doc["phase"], "error": f"{type(exc).__name__}: {exc}"[:300],
+                                    "traceback": traceback.format_exc()[-4000:]})
+        check.say(f"# {check.doc['phase']} stopped: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
     check.doc["phase"] = "done"
     check.doc["finished"] = True
     check.summary()
