@@ -351,6 +351,10 @@ cuda.is_available = lambda: True
 cuda.get_device_name = lambda *a: "NVIDIA H200 (stand-in: CPU tensors, interpreter)"
 cuda.Event, cuda.synchronize, cuda.empty_cache = Event, lambda: None, lambda: None
 cuda.mem_get_info = lambda *a: (8 << 30, 141 << 30)
+if os.environ.get("STAND_IN_BROKEN_MEMINFO"):
+    def broken(*a):
+        raise RuntimeError("CUDA error: stand-in failure")
+    cuda.mem_get_info = broken
 cuda._sleep = lambda cycles: None
 from knobkeeper_kernels import gpu_check
 gpu_check.Check.gpu_device = "cpu"
@@ -385,3 +389,16 @@ def test_real_path_runs_on_a_stand_in_cuda(tmp_path):
         docs = [json.loads(tar.extractfile(m).read()) for m in tar.getmembers()]
     assert [d["arms"]["B"]["knobs"][KNOB] for d in docs] == [2048]
     assert all(validate(d) == [] and not d["setup"]["kernel"]["fake_timing"] for d in docs)
+
+
+def test_a_phase_that_breaks_is_recorded_and_exits_1(tmp_path):
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(script), "--out", str(out), "--skip-tests", "--batch", "2",
+                           "--context", "64", "--kv-heads", "1", "--head-dim", "16"], capture_output=True, text=True,
+                          env=_env(STAND_IN_BROKEN_MEMINFO="1"), cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert doc["finished"] is True and doc["errors"][0]["phase"] == "sweep"
+    assert "stand-in failure" in doc["errors"][0]["error"] and "sweep stopped" in done.stdout
