@@ -371,7 +371,7 @@ def test_real_path_runs_on_a_stand_in_cuda(tmp_path):
     script.write_text(STAND_IN)
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(script), "--out", str(out), "--skip-tests", "--no-tune",
-                           "--batch", "2", "--context", "64", "--kv-heads", "1", "--head-dim", "16",
+                           "--batch", "1", "--context", "64", "--kv-heads", "1", "--head-dim", "16",
                            "--page-size", "8", "--targets", "2048", "--repeats", "2", "--warmup", "0"],
                           capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
