@@ -41,3 +41,10 @@ docs-screenshot: system-deps $(STAMP)
 
 clean:
 	rm -rf $(VENV) .knobkeeper-state
+
+# The kernels' GPU check (kernels/knobkeeper_kernels/gpu_check.py): the machine's own python3, no
+# venv and no install (a lent GPU runs it bare). Files go to $OUT if set, else bench/out/gpu;
+# without CUDA it says so in one line and exits 0. GPU_CHECK_ARGS="--budget-s 300" etc.
+.PHONY: gpu-check
+gpu-check:
+	python3 kernels/gpu_check.py --out $${OUT:-bench/out/gpu} $(GPU_CHECK_ARGS)

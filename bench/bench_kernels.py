@@ -5,6 +5,9 @@ package). With a CUDA device it runs the issue's sweep (targets 128,256,512,1024
 1,16,64,96; context 4096,32768) and writes evidence into bench/out/kernels/; without one it
 runs the smoke mode in Triton's CPU interpreter (tiny sizes: proves the path, not performance).
 Extra arguments are passed through, e.g. `bench/bench_kernels.py --smoke`.
+
+The full device check (tests on CUDA, per-shape tuning, the issue's TARGET_CTAS sweep at GQA 8 up
+to 128k context, evidence.tar) is `make gpu-check`: see kernels/README.md.
 """
 
 from __future__ import annotations

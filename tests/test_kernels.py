@@ -40,7 +40,6 @@ if os.environ.get("TRITON_INTERPRET") not in ("0", "1"):
 
 import ast  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import subprocess  # noqa: E402
 from importlib import metadata  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -49,6 +48,7 @@ import pytest  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
+from knobkeeper_kernels.cases import make_case as shared_case  # noqa: E402
 from knobkeeper_kernels.reference import combine_ref, decode_attention_ref  # noqa: E402
 from knobkeeper_kernels.splitkv import (  # noqa: E402
     BROKEN_COMBINE_ENV,
@@ -103,35 +103,8 @@ def test_split_bounds_cover_every_block_once_and_are_never_empty():
 
 
 def make_case(seq_lens, q_heads, kv_heads, head_dim, page_size, dtype=torch.float32, seed=0):
-    """q, k_cache, v_cache, block_table, seq_lens. page_size=None: contiguous [B, L, H_kv, D].
-
-    Everything the kernel must not read (slots past a sequence's end, pages no sequence owns)
-    is NaN, so a read outside a sequence poisons the output.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    batch, max_len = len(seq_lens), max(seq_lens)
-    q = torch.randn(batch, q_heads, head_dim, generator=gen).to(dtype)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    if page_size is None:
-        k = torch.full((batch, max_len, kv_heads, head_dim), math.nan)
-        v = torch.full_like(k, math.nan)
-        for b, length in enumerate(seq_lens):
-            k[b, :length] = torch.randn(length, kv_heads, head_dim, generator=gen)
-            v[b, :length] = torch.randn(length, kv_heads, head_dim, generator=gen)
-        return q, k.to(dtype).to(DEVICE), v.to(dtype).to(DEVICE), None, lens.to(DEVICE)
-    pages_per_seq = -(-max_len // page_size)
-    num_pages = batch * pages_per_seq + 3  # spare pages nobody owns
-    perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
-    block_table = perm[: batch * pages_per_seq].view(batch, pages_per_seq)
-    k = torch.full((num_pages, page_size, kv_heads, head_dim), math.nan)
-    v = torch.full_like(k, math.nan)
-    for b, length in enumerate(seq_lens):
-        for t in range(length):
-            page, slot = int(block_table[b, t // page_size]), t % page_size
-            k[page, slot] = torch.randn(kv_heads, head_dim, generator=gen)
-            v[page, slot] = torch.randn(kv_heads, head_dim, generator=gen)
-    to = lambda x: x.to(DEVICE)  # noqa: E731
-    return to(q), to(k.to(dtype)), to(v.to(dtype)), to(block_table), to(lens)
+    """The shared case builder (unused cache slots are NaN: a read outside a sequence poisons the output)."""
+    return shared_case(seq_lens, q_heads, kv_heads, head_dim, page_size, dtype=dtype, seed=seed, device=DEVICE)
 
 
 # name -> (seq_lens, H_q, H_kv, D, page_size or None for contiguous)
@@ -219,6 +192,21 @@ def test_half_precision_inputs_accumulate_in_fp32(dtype):
     assert ((native.double() - ref_o).abs() <= ulp).all(), f"{dtype} output more than 1 ulp off"
 
 
+def test_fp16_tensor_core_path_is_fp32_accurate():
+    """The GPU's path for bf16/fp16 (q.k in the inputs' type, p.v with p in three 16-bit parts, fp32
+    sums), run here with fp16, which the interpreter computes faithfully (its bf16 it does not). With
+    p rounded to one fp16 part the error would be ~5e-4."""
+    seq_lens, q_heads, kv_heads, head_dim, page_size = [70, 5, 130], 8, 2, 32, 16
+    q, k, v, bt, lens = make_case(seq_lens, q_heads, kv_heads, head_dim, page_size, dtype=torch.float16, seed=7)
+    ref_o, ref_lse = decode_attention_ref(q, k, v, bt, lens)
+    for splits in (1, 3, 9):
+        out, lse, _ = run(q, k, v, bt, lens, splits, out_dtype=torch.float32, native_dot=True)
+        assert (out.double() - ref_o).abs().max().item() <= ATOL, splits
+        assert (lse.double() - ref_lse).abs().max().item() <= ATOL, splits
+    with pytest.raises(ValueError, match="native_dot"):
+        decode_attention(q.float(), k.float(), v.float(), bt, lens, native_dot=True)
+
+
 # ----------------------------------------------------------------------------- the combine can fail
 
 
@@ -294,14 +282,31 @@ def test_kernels_compile_for_sm90_and_sm120(tmp_path):
     """triton.compile for Hopper and Blackwell targets in a process without the interpreter."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # a real compile, not a cache hit
-    done = subprocess.run([sys.executable, "-m", "knobkeeper_kernels.compile_check", "--arch", "90,120",
-                           "--dtype", "bf16"], capture_output=True, text=True, env=env, timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
-    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    from knobkeeper_kernels.splitkv import CANDIDATE_CONFIGS, launch_config
+
+    records = []
+    for arch, configs in (("90", "all"), ("120", "table")):  # every tuning candidate for Hopper
+        done = subprocess.run([sys.executable, "-m", "knobkeeper_kernels.compile_check", "--arch", arch,
+                               "--dtype", "bf16", "--configs", configs], capture_output=True, text=True, env=env,
+                              timeout=400)
+        assert done.returncode == 0, done.stdout + done.stderr
+        records += [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     got = {(r["kernel"], r["arch"]) for r in records}
     assert got == {(kernel, arch) for kernel in ("_splitkv_stage1", "_splitkv_combine")
                    for arch in ("sm_90", "sm_120")}
     assert all(r["cubin_bytes"] > 0 and r["ptx_bytes"] > 0 for r in records), records
+    # Every config the GPU check may tune to compiles for Hopper (the table's default among them).
+    tuned = {r["config"] for r in records if r["kernel"] == "_splitkv_stage1" and r["arch"] == "sm_90"}
+    assert tuned == {c.name for c in CANDIDATE_CONFIGS}
+    assert all(r["mma"] for r in records if r["kernel"] == "_splitkv_stage1")
+    # No candidate spills registers on Hopper, and the table's tile leaves room for 4 programs per SM
+    # (p.v in 16-bit parts; tf32x3 on a widened V spilled at 128-token blocks, 255 registers at 64).
+    hopper = [r for r in records if r["kernel"] == "_splitkv_stage1" and r["arch"] == "sm_90"]
+    assert all(r["spill_bytes"] == 0 for r in hopper), hopper
+    table = launch_config(128, 2).name
+    assert [r["registers"] <= 128 for r in hopper if r["config"] == table] == [True, True], hopper
+    # The combine for one split, a few, and the 256 a batch of 1 gets at 2048 targets.
+    assert {r["block_s"] for r in records if r["kernel"] == "_splitkv_combine" and r["arch"] == "sm_90"} == {1, 16, 256}
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -353,7 +358,9 @@ def _imports(path: Path) -> set[str]:
 def test_controller_never_imports_torch_or_triton_and_kernels_never_import_the_controller():
     for path in sorted((ROOT / "knobkeeper").rglob("*.py")):
         assert not _imports(path) & {"torch", "triton"}, f"{path.relative_to(ROOT)} imports torch/triton"
-    for path in sorted((ROOT / "kernels" / "knobkeeper_kernels").rglob("*.py")):
+    kernel_files = sorted((ROOT / "kernels").rglob("*.py"))
+    assert ROOT / "kernels" / "gpu_check.py" in kernel_files  # the GPU check runs on a machine with kernels/ only
+    for path in kernel_files:
         assert "knobkeeper" not in _imports(path), f"{path.relative_to(ROOT)} imports the controller"
 
 

@@ -22,6 +22,9 @@ _EXPORTS = {
     "target_ctas_from_env": "splitkv",
     "TARGET_CTAS_ENV": "splitkv",
     "DEFAULT_TARGET_CTAS": "splitkv",
+    "LaunchConfig": "splitkv",
+    "launch_config": "splitkv",
+    "CANDIDATE_CONFIGS": "splitkv",
     "decode_attention_ref": "reference",
     "combine_ref": "reference",
 }

@@ -26,7 +26,8 @@ and these kernel fields, for `knobkeeper ab import --format kernels`:
     num_splits            S chosen by the split rule; ctas = batch * kv_heads * S (stage 1 grid)
     time_per_call_us      median time of one decode_attention call (stage 1 + combine)
     kv_bytes              bytes of K and V read per call: sum(seq_lens) * kv_heads * head_dim * 2 * itemsize
-    bandwidth_gbps        kv_bytes / time, in GB/s (1e9)
+    qo_bytes, bytes_moved q read and o written (batch * q_heads * head_dim * 2 * itemsize); kv + qo
+    bandwidth_gbps        bytes_moved / time, in GB/s (1e9)
     bandwidth_fraction    bandwidth / the device's peak HBM bandwidth (null when unknown or on CPU)
     sdpa_time_per_call_us, sdpa_bandwidth_gbps, sdpa_bandwidth_fraction
                           the same for torch.nn.functional.scaled_dot_product_attention, measured in
@@ -52,17 +53,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 KNOB = "KNOBKEEPER_SPLITKV_TARGET_CTAS"
+ROLE = "decode"  # the role inventory/catalog.toml gives the knob
 SCHEMA = "knobkeeper.evidence/1"
 
 # Peak HBM bandwidth in bytes/s by device-name fragment (first match wins: specific names first).
 PEAK_BANDWIDTH = [
+    ("GH200", 4.0e12),  # before "H200", which its name contains
     ("H200", 4.8e12),
     ("H100 PCIe", 2.0e12),
     ("H100 NVL", 3.9e12),
     ("H100", 3.35e12),
     ("H800", 3.35e12),
     ("H20", 4.0e12),
-    ("GH200", 4.0e12),
     ("B200", 8.0e12),
     ("B300", 8.0e12),
     ("A100-SXM4-80GB", 2.039e12),
@@ -88,14 +90,22 @@ def peak_bandwidth(device_name: str) -> float | None:
     return None
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def positive_ints(text: str, flag: str) -> list[int]:
+    """'1,8,64' -> [1, 8, 64]; a ValueError naming the flag for anything else."""
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise SystemExit(f"{flag}: {text!r} is not a comma-separated list of integers") from None
+        values = []
     if not values or any(v < 1 for v in values):
-        raise SystemExit(f"{flag}: {text!r}: expected positive integers")
+        raise ValueError(f"{flag} {text!r}: expected comma-separated positive integers")
     return values
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return positive_ints(text, flag)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -131,7 +141,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _git_sha() -> str | None:
+def git_sha() -> str | None:
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
@@ -155,6 +165,78 @@ def _make_inputs(torch, batch, context, args, device, dtype):
                                                  args.head_dim)[:, :context].transpose(1, 2).contiguous()
 
     return q, k_cache, v_cache, block_table, seq_lens, contiguous(k_cache), contiguous(v_cache)
+
+
+def bytes_moved(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int, itemsize: int) -> dict:
+    """The bytes one decode call must move through HBM: K and V of every token once, q in, o out.
+
+    (The splits' fp32 partials are extra traffic of the split-KV method itself, not counted:
+    the figure is what any decode attention must move, so kernels compare on one scale.)
+    """
+    kv = batch * context * kv_heads * head_dim * 2 * itemsize
+    qo = batch * q_heads * head_dim * 2 * itemsize
+    return {"kv_bytes": kv, "qo_bytes": qo, "bytes_moved": kv + qo}
+
+
+def run_record(*, batch: int, context: int, target: int | None, splits: int, kv_heads: int, moved: dict,
+               time_us: float, sdpa_us: float | None, peak: float | None, max_abs_diff: float | None,
+               **extra) -> dict:
+    """One run's fields (see the module docstring): one arm, one batch size, one repeat."""
+    def bandwidth(us):
+        return None if us is None else moved["bytes_moved"] / (us * 1e-6)
+
+    return {
+        "concurrency": batch,
+        "output_tokens_per_s": batch / (time_us * 1e-6),
+        "requests_per_s": None, "ttft_ms": None, "itl_ms": None, "e2e_ms": None, "completed": None, "errors": 0,
+        "context": context, "target_ctas": target, "num_splits": splits, "ctas": batch * kv_heads * splits,
+        "time_per_call_us": time_us, **moved,
+        "bandwidth_gbps": bandwidth(time_us) / 1e9,
+        "bandwidth_fraction": bandwidth(time_us) / peak if peak else None,
+        "sdpa_time_per_call_us": sdpa_us,
+        "sdpa_bandwidth_gbps": None if sdpa_us is None else bandwidth(sdpa_us) / 1e9,
+        "sdpa_bandwidth_fraction": bandwidth(sdpa_us) / peak if peak and sdpa_us is not None else None,
+        "max_abs_diff_vs_sdpa": max_abs_diff,
+        **extra,
+    }
+
+
+def evidence_doc(*, baseline: int | None, candidate: int, runs: list[dict], setup: dict, tool: str,
+                 ident: str | None = None, created: datetime | None = None) -> dict:
+    """One evidence doc: arm A = `baseline` (None = the knob unset), arm B = `candidate`.
+
+    `runs` are run_record dicts with "arm" and "repeat" added.
+    """
+    created = created or datetime.now(timezone.utc)
+    return {
+        "schema": SCHEMA, "id": ident or secrets.token_hex(4), "created": created.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "knob": KNOB, "role": ROLE, "metric": "output_tokens_per_s",
+        "arms": {"A": {"label": "baseline", "knobs": {KNOB: baseline}},
+                 "B": {"label": "candidate", "knobs": {KNOB: candidate}}},
+        "setup": setup,
+        "runs": runs,
+        "judgement": {"method": "none (raw kernel timings; judge with knobkeeper ab import)", "alpha": 0.05,
+                      "levels": []},
+        "anomalies": [],
+        "source": {"tool": tool, "raw_files": [], "format": "kernels"},
+    }
+
+
+def evidence_name(doc: dict) -> str:
+    """<UTC stamp>-<id>.json, the name the changelog's evidence folder uses."""
+    stamp = datetime.strptime(doc["created"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    return f"{stamp.strftime('%Y%m%dT%H%M%S.%fZ')}-{doc['id']}.json"
+
+
+def write_atomic(path: Path, data: bytes | str) -> Path:
+    """Write `path` through a temporary file and a rename: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    tmp.replace(path)
+    return path
 
 
 def run(args) -> list[Path]:
@@ -192,7 +274,7 @@ def run(args) -> list[Path]:
         for batch in args.batch:
             q, k_cache, v_cache, block_table, seq_lens, k_dense, v_dense = _make_inputs(
                 torch, batch, context, args, device, dtype)
-            kv_bytes = batch * context * args.kv_heads * args.head_dim * 2 * itemsize
+            moved = bytes_moved(batch, context, args.heads, args.kv_heads, args.head_dim, itemsize)
             num_kv_blocks = -(-context // args.block_n)
 
             def call(target):
@@ -210,26 +292,15 @@ def run(args) -> list[Path]:
                     s_us = timed_us(call_sdpa)
                     splits = num_splits(target, batch, args.kv_heads, num_kv_blocks)
                     measured.setdefault((context, batch, target), []).append({
-                        "repeat": repeat, "concurrency": batch,
-                        "output_tokens_per_s": batch / (t_us * 1e-6),
-                        "requests_per_s": None, "ttft_ms": None, "itl_ms": None, "e2e_ms": None,
-                        "completed": None, "errors": 0,
-                        "context": context, "target_ctas": target, "num_splits": splits,
-                        "ctas": batch * args.kv_heads * splits,
-                        "time_per_call_us": t_us, "kv_bytes": kv_bytes,
-                        "bandwidth_gbps": kv_bytes / (t_us * 1e-6) / 1e9,
-                        "bandwidth_fraction": kv_bytes / (t_us * 1e-6) / peak if peak else None,
-                        "sdpa_time_per_call_us": s_us,
-                        "sdpa_bandwidth_gbps": kv_bytes / (s_us * 1e-6) / 1e9,
-                        "sdpa_bandwidth_fraction": kv_bytes / (s_us * 1e-6) / peak if peak else None,
-                        "max_abs_diff_vs_sdpa": diffs[target],
-                    })
+                        "repeat": repeat, **run_record(batch=batch, context=context, target=target, splits=splits,
+                                                       kv_heads=args.kv_heads, moved=moved, time_us=t_us,
+                                                       sdpa_us=s_us, peak=peak, max_abs_diff=diffs[target])})
             del q, k_cache, v_cache, k_dense, v_dense
             if on_gpu:
                 torch.cuda.empty_cache()
 
     setup = {
-        "inventory": None, "git_sha": _git_sha(), "engine": "knobkeeper-kernels",
+        "inventory": None, "git_sha": git_sha(), "engine": "knobkeeper-kernels",
         "engine_version": f"{__version__} (torch {torch.__version__}, triton {triton.__version__})",
         "model": None, "device": device_name,
         "workload": {"api": "kernel", "input_len": None, "output_len": 1, "requests_per_run": None, "duration_s": None},
@@ -249,25 +320,10 @@ def run(args) -> list[Path]:
             for batch in args.batch:
                 for arm, target in (("A", args.baseline_ctas), ("B", candidate)):
                     runs += [{"arm": arm, **fields} for fields in measured[(context, batch, target)]]
-            now = datetime.now(timezone.utc)
-            ident = secrets.token_hex(4)
-            doc = {
-                "schema": SCHEMA, "id": ident, "created": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-                "knob": KNOB, "role": "decode", "metric": "output_tokens_per_s",
-                "arms": {"A": {"label": "baseline", "knobs": {KNOB: args.baseline_ctas}},
-                         "B": {"label": "candidate", "knobs": {KNOB: candidate}}},
-                "setup": {**setup, "workload": {**setup["workload"], "input_len": context}},
-                "runs": runs,
-                "judgement": {"method": "none (raw kernel timings; judge with knobkeeper ab import)",
-                              "alpha": 0.05, "levels": []},
-                "anomalies": [],
-                "source": {"tool": "knobkeeper_kernels.bench", "raw_files": [], "format": "kernels"},
-            }
-            path = out_dir / f"{now.strftime('%Y%m%dT%H%M%S.%fZ')}-{ident}.json"
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(doc, indent=2) + "\n")
-            tmp.replace(path)
-            written.append(path)
+            doc = evidence_doc(baseline=args.baseline_ctas, candidate=candidate, runs=runs,
+                               setup={**setup, "workload": {**setup["workload"], "input_len": context}},
+                               tool="knobkeeper_kernels.bench")
+            written.append(write_atomic(out_dir / evidence_name(doc), json.dumps(doc, indent=2) + "\n"))
     _print_table(measured, args, device_name)
     for path in written:
         print(f"wrote {path}")

@@ -28,16 +28,24 @@ block (BLOCK_N tokens) is independent of it and looks the page up per token.
 A contiguous cache [B, L, H_kv, D] is the special case of one page per sequence
 (block_table=None).
 
-Inputs may be fp32, fp16 or bf16; every load is converted to fp32 and all arithmetic
-and accumulation is fp32 (the matmuls use 3xTF32 on NVIDIA tensor cores, which is
-exact for bf16/fp16 operands and ~fp32-accurate for fp32 ones). Converting on load
-also keeps Triton's CPU interpreter right: its bf16 arithmetic works on raw bits.
+Inputs may be fp32, fp16 or bf16; all arithmetic and accumulation is fp32. With bf16/fp16
+inputs on the GPU both products run in the inputs' own tensor-core format: q.k directly
+(the product of two bf16 numbers is exact in fp32, and the MMA sums in fp32), p.v with the
+fp32 p split into three bf16 (fp16) parts, which together hold its 24 bits, so K and V stay
+16-bit in registers. fp32 inputs use 3xTF32 (~fp32-accurate). In Triton's CPU interpreter
+every load is converted to fp32 first (its bf16 arithmetic works on raw bits); the
+native path is tested there with fp16, and with bf16 by the GPU check.
+
+Stage 1's tile and schedule (KV block, warps, pipeline stages) come from `launch_config`
+(a table derived from the bytes in flight an H200 needs) unless the caller passes them;
+the GPU check tunes over CANDIDATE_CONFIGS per shape and reports the best beside it.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -45,12 +53,14 @@ import triton.language as tl
 
 TARGET_CTAS_ENV = "KNOBKEEPER_SPLITKV_TARGET_CTAS"
 DEFAULT_TARGET_CTAS = 256  # the catalog default (inventory/catalog.toml)
-DEFAULT_BLOCK_N = 64
 
 # For tests only: KNOBKEEPER_KERNELS_BROKEN_COMBINE=uniform makes stage 2 average the
 # splits with equal weights instead of their LSE weights, so the suite can be shown to
 # catch a wrong combine. Never set it on an engine host.
 BROKEN_COMBINE_ENV = "KNOBKEEPER_KERNELS_BROKEN_COMBINE"
+
+# Splits the combine reads per step: 8 x 128 fp32 partials is 8 registers a thread at 4 warps.
+COMBINE_CHUNK = 8
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -114,6 +124,7 @@ def _splitkv_stage1(
     BLOCK_H: tl.constexpr,      # GROUP padded to a power of two >= 16 (tl.dot's minimum)
     BLOCK_D: tl.constexpr,      # HEAD_DIM padded to a power of two >= 16
     BLOCK_N: tl.constexpr,      # tokens per KV block
+    NATIVE_DOT: tl.constexpr,   # q.k and p.v in the inputs' own bf16/fp16 (fp32 sums); see the docstring
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -135,8 +146,9 @@ def _splitkv_stage1(
         d_mask = offs_d < HEAD_DIM
 
         q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=h_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
-        q = q * sm_scale_log2e  # scores in base-2 units: exp2 below
+                    mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+        if not NATIVE_DOT:
+            q = q.to(tl.float32)
 
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)  # running max
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)                # running denominator
@@ -150,18 +162,38 @@ def _splitkv_stage1(
             slot = tok % PAGE_SIZE
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_ks
-                        + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+                        + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vs
-                        + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+                        + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
 
-            s = tl.dot(q, tl.trans(k), input_precision="tf32x3")            # [BLOCK_H, BLOCK_N]
+            if NATIVE_DOT:
+                # A bf16 x bf16 (fp16 x fp16) product is exact in fp32 and the MMA sums in fp32: the
+                # same scores as converting first, at a third of the tensor-core work of tf32x3.
+                s = tl.dot(q, tl.trans(k))                                     # [BLOCK_H, BLOCK_N]
+            else:
+                v = v.to(tl.float32)
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
+            s = s * sm_scale_log2e  # scores in base-2 units: exp2 below
             s = tl.where(n_mask[None, :], s, float("-inf"))
             # Every block of a split holds a real token, so m_new is finite: no -inf - -inf.
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32x3")
+            acc = acc * alpha[:, None]
+            if NATIVE_DOT:
+                # p (fp32) as the sum of three numbers of V's own type, each times V on the tensor
+                # cores with fp32 sums: 3 x 8 bits of bf16 mantissa hold all 24 of fp32's, so this
+                # is p.v to fp32 accuracy, while V stays 16-bit in registers (tf32x3 would widen it).
+                p_hi = p.to(v.dtype)
+                rest = p - p_hi.to(tl.float32)
+                p_mid = rest.to(v.dtype)
+                p_lo = (rest - p_mid.to(tl.float32)).to(v.dtype)
+                acc = tl.dot(p_hi, v, acc)
+                acc = tl.dot(p_mid, v, acc)
+                acc = tl.dot(p_lo, v, acc)
+            else:
+                acc += tl.dot(p, v, input_precision="tf32x3")
             m_i = m_new
 
         o = acc / l_i[:, None]
@@ -186,6 +218,7 @@ def _splitkv_combine(
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,      # NUM_SPLITS padded to a power of two
+    CHUNK_S: tl.constexpr,      # splits combined per step (a power of two)
     BLOCK_D: tl.constexpr,
     UNIFORM: tl.constexpr,      # True only to demonstrate that the tests catch a wrong combine
 ):
@@ -201,17 +234,27 @@ def _splitkv_combine(
     d_mask = offs_d < HEAD_DIM
 
     lse_s = tl.load(MidLse + b * stride_mlb + h * stride_mlh + offs_s, mask=s_mask, other=float("-inf"))
-    o_s = tl.load(MidO + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
-                  mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-
     lse_max = tl.max(lse_s, axis=0)                   # finite: split 0 is always real
-    if UNIFORM:
-        w = tl.where(s_mask, 1.0, 0.0)                # WRONG on purpose: ignores each split's mass
-    else:
-        w = tl.exp2(lse_s - lse_max)                  # 0 for the masked (-inf) slots
-    w_sum = tl.sum(w, axis=0)
-    o = tl.sum(o_s * w[:, None], axis=0) / w_sum
     lse = (lse_max + tl.log2(tl.sum(tl.exp2(lse_s - lse_max), axis=0))) * 0.6931471805599453  # natural log
+
+    # The partial outputs CHUNK_S splits at a time: a [BLOCK_S, D] tile would not fit in registers
+    # when a small batch asks for hundreds of splits.
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    w_acc = tl.zeros([CHUNK_S], dtype=tl.float32)
+    offs_c = tl.arange(0, CHUNK_S)
+    for start in range(0, splits_here, CHUNK_S):
+        c_mask = start + offs_c < splits_here
+        lse_c = tl.load(MidLse + b * stride_mlb + h * stride_mlh + start + offs_c, mask=c_mask,
+                        other=float("-inf"))
+        o_c = tl.load(MidO + b * stride_mob + h * stride_moh + (start + offs_c)[:, None] * stride_mos
+                      + offs_d[None, :], mask=c_mask[:, None] & d_mask[None, :], other=0.0)
+        if UNIFORM:
+            w = tl.where(c_mask, 1.0, 0.0)            # WRONG on purpose: ignores each split's mass
+        else:
+            w = tl.exp2(lse_c - lse_max)              # 0 for the masked (-inf) slots
+        acc += tl.sum(o_c * w[:, None], axis=0)
+        w_acc += w
+    o = acc / tl.sum(w_acc, axis=0)
 
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=d_mask)
     tl.store(Lse + b * num_q_heads + h, lse)
@@ -241,6 +284,44 @@ def _pow2_at_least(n: int, floor: int) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
+class LaunchConfig(NamedTuple):
+    """Stage 1's tile and schedule: tokens per KV block, warps per program, pipelining depth."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
+
+
+# What the GPU check (gpu_check.py) tunes over, per shape, before it measures the knob. The
+# larger tiles need 16-byte loads of a 256-byte bf16 row: every one of these keeps the head dim
+# whole in one tile, so a program still reads its K and V exactly once.
+CANDIDATE_CONFIGS = (
+    LaunchConfig(32, 4, 2), LaunchConfig(32, 4, 3), LaunchConfig(64, 4, 2), LaunchConfig(64, 4, 3),
+    LaunchConfig(64, 8, 3), LaunchConfig(128, 4, 2), LaunchConfig(128, 8, 2), LaunchConfig(128, 8, 3),
+)
+
+
+def launch_config(head_dim: int, itemsize: int) -> LaunchConfig:
+    """The default tile for a head dim and element size (the table; not yet measured on a GPU).
+
+    Why these, from the arithmetic rather than a measurement (the GPU check's tuning pass
+    reports the measured best per shape beside this choice): decode attention reads every K/V
+    byte once, so a program should keep ~32 KiB of K+V in flight per stage (Little's law on
+    an H200: 4.8 TB/s x ~1 us over 132 SMs is ~36 KB per SM). For bf16/fp16 at D=128 a
+    64-token block is 16 KiB of K and 16 KiB of V, and three stages keep the next blocks'
+    loads in flight (cp.async, 16 bytes a thread). Compiled for sm_90 (compile_check) it
+    takes 124 registers a thread and 43 KB of shared memory, no spills: four programs (16
+    warps, ~170 KB of K/V staged) per SM. fp32 rows are twice as wide, so half the tokens.
+    """
+    row_bytes = head_dim * itemsize
+    block_n = max(16, min(128, triton.next_power_of_2(max(1, 16384 // row_bytes))))
+    return LaunchConfig(block_n, 8 if block_n * row_bytes > 16384 else 4, 3)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -250,9 +331,12 @@ def decode_attention(
     *,
     target_ctas: int | None = None,
     sm_scale: float | None = None,
-    block_n: int = DEFAULT_BLOCK_N,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     max_seq_len: int | None = None,
     out_dtype: torch.dtype | None = None,
+    native_dot: bool | None = None,
     return_lse: bool = False,
     return_partials: bool = False,
     combine: str | None = None,
@@ -265,10 +349,15 @@ def decode_attention(
     seq_lens   [B] int32, each in 1 .. max_pages*page_size (or L)
     target_ctas  the knob; None reads KNOBKEEPER_SPLITKV_TARGET_CTAS (default 256)
     sm_scale   default 1/sqrt(D)
-    block_n    tokens per KV block (a power of two >= 16)
+    block_n, num_warps, num_stages  stage 1's tile and schedule; None takes launch_config's
+               (block_n must be a power of two >= 16; it also sets how many blocks the split
+               rule counts)
     max_seq_len  the longest seq_len if the caller knows it (avoids a device sync; must be
                >= the real maximum; it only sets the grid's S)
     out_dtype  default q.dtype; the output is computed in fp32 and rounded once at the end
+    native_dot  bf16/fp16 inputs: q.k and p.v on the tensor cores in the inputs' own type
+               (exact products, fp32 sums); default on CUDA. Triton's interpreter gets fp16 right
+               (tests force it there) but not bf16, whose arithmetic it does on raw bits.
 
     Returns out [B, H_q, D]; with return_lse also lse [B, H_q] (fp32, natural log);
     with return_partials also a dict of the stage-1 buffers and the split count S.
@@ -285,8 +374,18 @@ def decode_attention(
         raise ValueError(f"k_cache: head dim {k_cache.shape[3]} != q's {head_dim}")
     if q_heads % kv_heads:
         raise ValueError(f"heads: H_q={q_heads} is not a multiple of H_kv={kv_heads}")
+    table = launch_config(head_dim, q.element_size())
+    block_n = table.block_n if block_n is None else block_n
+    num_warps = table.num_warps if num_warps is None else num_warps
+    num_stages = table.num_stages if num_stages is None else num_stages
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n={block_n}: expected a power of two >= 16")
+    if native_dot is None:  # the interpreter's bf16 arithmetic works on raw bits: convert first there
+        native_dot = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    if native_dot and q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"native_dot: needs bf16 or fp16 inputs, got {q.dtype}")
+    if num_warps not in (1, 2, 4, 8, 16) or not 1 <= num_stages <= 8:
+        raise ValueError(f"num_warps={num_warps}, num_stages={num_stages}: expected warps 1/2/4/8/16, stages 1..8")
     if seq_lens.shape != (batch,):
         raise ValueError(f"seq_lens: expected shape ({batch},), got {tuple(seq_lens.shape)}")
     device = q.device
@@ -342,6 +441,8 @@ def decode_attention(
         splits,
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_H=_pow2_at_least(group, 16), BLOCK_D=block_d, BLOCK_N=block_n,
+        NATIVE_DOT=native_dot,
+        num_warps=num_warps, num_stages=num_stages,
     )
     _splitkv_combine[(batch, q_heads)](
         mid_o, mid_lse, seq_lens, out, lse,
@@ -350,6 +451,7 @@ def decode_attention(
         out.stride(0), out.stride(1),
         splits, q_heads,
         HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_S=_pow2_at_least(splits, 1), BLOCK_D=block_d,
+        CHUNK_S=min(COMBINE_CHUNK, _pow2_at_least(splits, 1)),
         UNIFORM=(combine == "uniform"),
     )
 
