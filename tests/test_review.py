@@ -229,3 +229,11 @@ def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tm
     assert KNOB not in prefill and "--cuda-graph-max-bs" not in prefill and "interpreter" in prefill
     assert "sha256:" not in plan
     assert fmt.cell("full co-restart in dependency order: prefill -> decode -> router") in prod
+
+
+def test_the_body_says_where_the_report_is():
+    from knobkeeper.review.markdown import report_pointer
+
+    assert "`knobkeeper report --open`" in report_pointer({})
+    ci = report_pointer({"GITHUB_RUN_ID": "42", "GITHUB_REPOSITORY": "acme/infra"})
+    assert "`knobkeeper-report` artifact of https://github.com/acme/infra/actions/runs/42" in ci
