@@ -7,7 +7,8 @@ import os
 import sys
 
 from .model import EffectsError, expected_throughput, knobs_from_env, load_effects, PerfModel
-from .server import SimConfig, run
+from .config import SimConfig
+from .server import run
 
 ENV_PREFIX = "KNOBKEEPER_SIM_"
 
