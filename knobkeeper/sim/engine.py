@@ -25,7 +25,7 @@ from .config import SimConfig
 from .model import PerfModel
 
 #: A lag of the event loop behind the virtual clock above this (seconds, wall) is saturation, dropped.
-MAX_LAG_S = 0.05
+MAX_LAG_S = 1.0
 #: Decode steps per gen_throughput sample (SGLang logs decode stats every 40 steps by default).
 THROUGHPUT_INTERVAL_STEPS = 40
 
