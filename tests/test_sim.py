@@ -299,9 +299,78 @@ def test_info_endpoints(stack):
     st, text = get(dec.url + "/metrics")
     assert st == 200
     assert f'sim_knob{{name="{KNOB}",value="512"}} 1' in text
-    assert 'sglang:num_running_reqs{model_name="knobkeeper-sim"}' in text
+    assert 'sglang:num_running_reqs{' in text and 'model_name="knobkeeper-sim"' in text
     assert "sglang:generation_tokens_total" in text and "sglang:prompt_tokens_total" in text
     assert get(dec.url + "/health_generate")[0] == 200
+
+
+# sglang 0.5.23's own layouts (sglang/srt/observability/metrics_collector.py, TokenizerMetricsCollector)
+SGLANG_TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
+SGLANG_E2E_BUCKETS = SGLANG_TTFT_BUCKETS + [600, 1200, 1800, 2400]
+SGLANG_ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                      0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000]
+
+
+def scrape(url: str) -> dict:
+    """GET /metrics parsed by prometheus_client's own parser: {family name: family}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    st, text = get(url + "/metrics")
+    assert st == 200
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def sample(families: dict, series: str, **labels) -> float:
+    """The value of the one sample named `series` (e.g. a counter's _total, a histogram's _count)."""
+    family = next(families[f] for f in (series, *(series.removesuffix(x) for x in ("_total", "_count", "_sum")))
+                  if f in families)
+    hits = [s.value for s in family.samples if s.name == series and all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(hits) == 1, (series, labels, family.samples)
+    return hits[0]
+
+
+def test_metrics_speak_the_engine_names_types_and_buckets(stack):
+    url = stack["decode"].url
+    before = scrape(url)
+    types = {name: f.type for name, f in before.items()}
+    for name in ("sglang:prompt_tokens", "sglang:generation_tokens", "sglang:num_requests"):
+        assert types[name] == "counter", name
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",
+                 "sglang:num_used_tokens", "sglang:cache_hit_rate", "sim_knob", "sim_info"):
+        assert types[name] == "gauge", name
+    layouts = {"sglang:time_to_first_token_seconds": SGLANG_TTFT_BUCKETS,
+               "sglang:e2e_request_latency_seconds": SGLANG_E2E_BUCKETS,
+               "sglang:inter_token_latency_seconds": SGLANG_ITL_BUCKETS,
+               "sglang:request_time_per_output_token_seconds": SGLANG_ITL_BUCKETS}
+    for name, buckets in layouts.items():
+        assert types[name] == "histogram", name
+        les = [s.labels["le"] for s in before[name].samples if s.name == name + "_bucket"
+               and s.labels.get("is_streaming", "false") == "false"]
+        assert les == [repr(float(b)) for b in buckets] + ["+Inf"], (name, les)
+    # every series is the engine's (sglang:*) or clearly the sim's own (sim_*), labelled with the model
+    assert all(n.startswith(("sglang:", "sim_")) for n in before), sorted(before)
+    for name, f in before.items():
+        if name.startswith("sglang:"):
+            assert all(s.labels["model_name"] == "knobkeeper-sim" and s.labels["engine_type"] == "decode"
+                       for s in f.samples), name
+    assert sample(before, "sim_knob", name=KNOB, value="512") == 1
+    # traffic moves the counters and histograms, by the request's own numbers
+    assert post(url + "/v1/completions", {"prompt": "x" * 40, "max_tokens": 5})[0] == 200
+    assert post(url + "/generate", {"input_ids": [1] * 9, "stream": True, "sampling_params": {"max_new_tokens": 3}})[0] == 200
+    after = scrape(url)
+
+    def delta(name, streaming):
+        return (sample(after, name, is_streaming=streaming) - sample(before, name, is_streaming=streaming))
+
+    assert (delta("sglang:prompt_tokens_total", "false"), delta("sglang:prompt_tokens_total", "true")) == (10, 9)
+    assert (delta("sglang:generation_tokens_total", "false"), delta("sglang:generation_tokens_total", "true")) == (5, 3)
+    assert delta("sglang:num_requests_total", "false") == delta("sglang:num_requests_total", "true") == 1
+    for name in ("sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
+                 "sglang:request_time_per_output_token_seconds"):
+        assert delta(name + "_count", "false") == delta(name + "_count", "true") == 1, name
+        assert delta(name + "_sum", "false") > 0, name
+    itl = "sglang:inter_token_latency_seconds_count"
+    assert sample(after, itl) - sample(before, itl) == (5 - 1) + (3 - 1)
 
 
 def test_direct_openai_shapes_and_usage(stack):

@@ -3,7 +3,7 @@
 The server is the routes and the glue: a request is parsed by `protocol` (three dialects), passes the
 fault gate (`faults`), goes through the PD bootstrap when it carries bootstrap fields (`bootstrap`),
 is scheduled by the engine (`engine`, the scheduler loop on a virtual clock), and is answered in its
-dialect's shape (`protocol`).
+dialect's shape (`protocol`); /metrics is `metrics` (prometheus-client, the engine's real names).
 
 Server library: aiohttp. It is already a dependency (the load generator uses it too), its HTTP
 parser is in C (llhttp), a handler is a plain coroutine with no validation layer, and a streamed
@@ -36,6 +36,7 @@ from .bootstrap import Bootstrap, RoomLog, wait_prefill
 from .config import SimConfig
 from .engine import Engine, Req
 from .faults import Faults
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from .model import EffectsTable, PerfModel, knobs_from_env, load_effects
 from .protocol import GenRequest, SimError, Stream, complete_body, error_body, filler_text, parse
 
@@ -82,6 +83,7 @@ class SimServer:
         self.waiting_bootstrap = 0
         self.session: ClientSession | None = None
         self.model_json = json.dumps(cfg.served_model_name)
+        self.metrics = Metrics(self)
 
     # ---------- info ----------
     def server_info(self) -> dict:
@@ -162,40 +164,7 @@ class SimServer:
                                    "num_waiting_reqs": waiting, "num_tokens": tokens}])
 
     async def h_metrics(self, request: web.Request) -> web.Response:
-        running, waiting, tokens = self.load()
-        e = self.engine
-        lbl = f'model_name="{_prom_escape(self.cfg.served_model_name)}"'
-        lines = []
-
-        def metric(name, kind, help_, samples):
-            lines.append(f"# HELP {name} {help_}")
-            lines.append(f"# TYPE {name} {kind}")
-            for labels, value in samples:
-                lines.append(f"{name}{{{labels}}} {value}")
-
-        metric("sglang:num_running_reqs", "gauge", "Running decode requests.", [(lbl, running)])
-        metric("sglang:num_queue_reqs", "gauge", "Waiting requests (prefill, decode admission, KV).",
-               [(lbl, waiting)])
-        metric("sglang:num_used_tokens", "gauge", "Tokens held by running requests.", [(lbl, tokens)])
-        metric("sglang:prompt_tokens_total", "counter", "Prefilled prompt tokens.", [(lbl, e.prompt_tokens)])
-        metric("sglang:generation_tokens_total", "counter", "Generated tokens.", [(lbl, e.generated_tokens)])
-        metric("sglang:num_requests_total", "counter", "Finished generation requests.",
-               [(lbl, self.counts.get("ok", 0))])
-        metric("sim_requests_total", "counter", "Generation requests by outcome.",
-               [(f'{lbl},outcome="{k}"', v) for k, v in sorted(self.counts.items())] or [(f'{lbl},outcome="ok"', 0)])
-        metric("sim_decode_steps_total", "counter", "Decode steps run.", [(lbl, e.decode_steps)])
-        metric("sim_prefill_steps_total", "counter", "Prefill steps run.", [(lbl, e.prefill_steps)])
-        metric("sim_busy_seconds_total", "counter", "Modelled engine busy time (scaled).", [(lbl, round(e.busy_s, 6))])
-        metric("sim_knob", "gauge", "Knob values read from the environment at start-up (1 = set, 0 = unset).",
-               [(f'name="{_prom_escape(k)}",value="{_prom_escape(v or "")}"', 1 if v is not None else 0)
-                for k, v in self.knobs.items()])
-        metric("sim_info", "gauge", "Simulated engine (not a GPU).",
-               [(f'{lbl},role="{self.cfg.role}",version="{SIM_VERSION}",seed="{self.cfg.seed}",'
-                 f'time_scale="{self.cfg.time_scale}"', 1)])
-        metric("sim_run_factor", "gauge", "Per-process multiplicative noise on step times.", [(lbl, self.run_factor)])
-        metric("sim_started_at_seconds", "gauge", "Process start (unix time).", [(lbl, self.started_at)])
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type-Options": "nosniff"})
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def h_debug_rooms(self, request: web.Request) -> web.Response:
         return web.json_response({"role": self.cfg.role, "rooms": self.rooms.select(request.query.get("room"))})
@@ -254,11 +223,13 @@ class SimServer:
             return error_response(exc.status, exc.message, exc.type)
         except (asyncio.CancelledError, ConnectionError):
             self.counts["client_gone"] += 1
+            self.metrics.aborted_one()
             raise
         finally:
             if not req.finished:
                 req.cancelled = True
         self.counts["ok"] += 1
+        self.metrics.finished(req, p.stream)
         if req.room is not None and not req.prefill_only:
             self.rooms.record(req.room, {k: req.t.get(k) for k in
                                          ("prefill_done_at", "kv_ready_at", "first_token_at", "finished_at")})
@@ -344,10 +315,6 @@ class SimServer:
         for path in ("/flush_cache", "/abort_request"):
             r.add_route("*", path, self.h_ok)
         return app
-
-
-def _prom_escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class _QuietBadMessage(logging.Filter):
