@@ -1,5 +1,5 @@
 """The simulated engine (knobkeeper.sim): model calibration, the HTTP API, disaggregation, faults,
-and the real sglang-router in front of it. Every process is started by a fixture on a free loopback
+and the real router (smg) in front of it. Every process is started by a fixture on a free loopback
 port and stopped by PID in its teardown."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from knobkeeper.deploy.routers import SMG
 from knobkeeper.sim import model as M
 from knobkeeper.sim.__main__ import build_parser, parse_config
 from knobkeeper.sim.server import Engine, Req, SimConfig, filler_text
@@ -250,7 +251,7 @@ def test_filler_text_is_consistent():
     assert filler_text(7, 250) == whole[len(filler_text(0, 7)):len(filler_text(0, 250))]
 
 
-# ---------------------------------------------------------------- a PD pair and the real router
+# ---------------------------------------------------------------- a PD pair and the real router (smg)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
@@ -265,11 +266,10 @@ def stack(tmp_path_factory):
         pre.wait()
         dec.wait()
         rport, pport = free_port(), free_port()
-        router = Proc("router", [PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(rport),
-                                 "--pd-disaggregation", "--prefill", pre.url, str(pre.bootstrap), "--decode", dec.url,
-                                 "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-                                 "--prometheus-port", str(pport), "--disable-circuit-breaker", "--log-level", "warn"],
-                      tmp / "router.log", url=f"http://127.0.0.1:{rport}")
+        cmd = SMG.command(PY, "127.0.0.1", rport, [(pre.url, pre.bootstrap)], [dec.url], "round_robin",
+                          "127.0.0.1", pport)
+        router = Proc("router", cmd + ["--disable-circuit-breaker", "--shutdown-grace-period-secs", "1",
+                                       "--log-level", "warn"], tmp / "router.log", url=f"http://127.0.0.1:{rport}")
         procs.append(router)
         router.wait("/readiness", timeout=60)
         yield {"prefill": pre, "decode": dec, "router": router}
