@@ -45,7 +45,7 @@ _local = (
         "listen_host": "127.0.0.1",
         "advertise_host": "127.0.0.1",
         "python": _sys.executable,
-        "engines": {"prefill": "sim", "decode": "sim", "router": "sglang-router"},
+        "engines": {"prefill": "sim", "decode": "sim", "router": "smg"},
         "engine_args": {
             "prefill": ["--time-scale", "0.1"],
             "decode": ["--time-scale", "0.1"],

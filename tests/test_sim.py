@@ -1,5 +1,5 @@
 """The simulated engine (knobkeeper.sim): model calibration, the HTTP API, disaggregation, faults,
-and the real sglang-router in front of it. Every process is started by a fixture on a free loopback
+and the real router (smg) in front of it. Every process is started by a fixture on a free loopback
 port and stopped by PID in its teardown."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from knobkeeper.deploy.routers import SMG
 from knobkeeper.sim import model as M
 from knobkeeper.sim.__main__ import build_parser, parse_config
 from knobkeeper.sim.server import Engine, Req, SimConfig, filler_text
@@ -132,46 +133,96 @@ def test_effects_table_is_data_and_overridable(tmp_path):
         M.load_effects([bad])
 
 
+async def _closed_loop(table, arms: dict, levels, out_len: int, scale: float, warmup: float, window: float,
+                       marks=None) -> dict:
+    """The real scheduler loop (no HTTP) of one engine per (arm, concurrency), all in this event loop,
+    each fed by a closed loop of clients; output tokens/s per (arm, concurrency) over `window`. With
+    `marks` (a list the caller fills with loop.time() at chosen instants), the window runs from the
+    first mark after the warm-up to the last mark, and token counts are taken at those instants."""
+    import random
+
+    loop = asyncio.get_running_loop()
+    engines, tasks = {}, []
+    for arm, knobs in arms.items():
+        for conc in levels:
+            cfg = SimConfig(time_scale=scale, step_jitter=0.05, max_running_requests=256)
+            eng = engines[arm, conc] = Engine(M.PerfModel(table, knobs), cfg, random.Random(7 + conc), 1.0)
+            tasks.append(loop.create_task(eng.run()))
+
+            async def client(eng=eng):
+                while True:
+                    r = Req("r", 8, out_len, "length", loop)
+                    eng.join_decode(r)
+                    await r.done
+
+            tasks += [loop.create_task(client()) for _ in range(conc)]
+    counts = {}
+    if marks is None:
+        await asyncio.sleep(warmup)
+        t0, n0 = loop.time(), {k: e.generated_tokens for k, e in engines.items()}
+        await asyncio.sleep(window)
+        t1, n1 = loop.time(), {k: e.generated_tokens for k, e in engines.items()}
+    else:
+        marks.append(lambda: {k: e.generated_tokens for k, e in engines.items()})
+        await asyncio.sleep(warmup + window)
+        (t0, n0), (t1, n1) = marks[1], marks[-1]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {k: (n1[k] - n0[k]) / (t1 - t0) for k in engines}
+
+
+ARMS = {"unset": {KNOB: None}, "512": {KNOB: "512"}}
+
+
 def test_engine_loop_reproduces_calibration_within_noise():
     """The real scheduler loop (no HTTP), closed loop, decode-bound: measured ratios match the field."""
-    table = M.load_effects()
-    scale, out_len, window = 0.25, 64, 1.6
-
-    async def measure(knobs, conc, seed):
-        cfg = SimConfig(time_scale=scale, step_jitter=0.05, max_running_requests=256)
-        import random
-        eng = Engine(M.PerfModel(table, knobs), cfg, random.Random(seed), 1.0)
-        task = asyncio.get_running_loop().create_task(eng.run())
-        loop = asyncio.get_running_loop()
-
-        async def client():
-            while True:
-                r = Req("r", 8, out_len, "length", loop)
-                eng.join_decode(r)
-                await r.done
-
-        clients = [loop.create_task(client()) for _ in range(conc)]
-        await asyncio.sleep(0.3)
-        t0, n0 = loop.time(), eng.generated_tokens
-        await asyncio.sleep(window)
-        thr = (eng.generated_tokens - n0) / (loop.time() - t0)
-        for t in clients + [task]:
-            t.cancel()
-        return thr
-
-    async def main():
-        jobs = {(arm, c): measure(knobs, c, 7 + c) for arm, knobs in (("unset", {KNOB: None}), ("512", {KNOB: "512"}))
-                for c in (64, 80, 96)}
-        res = await asyncio.gather(*jobs.values())
-        return dict(zip(jobs, res))
-
-    thr = asyncio.run(main())
+    thr = asyncio.run(_closed_loop(M.load_effects(), ARMS, (64, 80, 96), out_len=64, scale=0.25, warmup=0.3,
+                                   window=1.6))
     r64, r96 = thr["512", 64] / thr["unset", 64], thr["512", 96] / thr["unset", 96]
     print({k: round(v) for k, v in thr.items()}, "ratios", round(r64, 4), round(r96, 4))
     assert r64 == pytest.approx(1.128, abs=0.03)
     assert r96 == pytest.approx(1.057, abs=0.03)
     assert thr["unset", 96] < thr["unset", 80]
     assert thr["512", 96] > thr["512", 80] * 0.99
+
+
+def test_engine_time_model_is_immune_to_scheduler_delay():
+    """The event loop is blocked 60 ms in every 200 ms (a blocking call; as a CPU hog descheduling the
+    process would). The engine's steps run on a virtual clock, so after each stall it catches up and the
+    throughput over the window is the model's own: each engine's measured tokens/s is its modelled
+    tokens/s, and the 512/unset ratios are the field's. By design the window is measured at instants
+    when every engine has caught up (just before a stall), so the only errors are the step jitter and
+    one step at each end (~1% at ~100 steps); the tolerance is 4% per engine. A loop that forgave
+    lateness (restarting its clock when more than 50 ms late, as it did) loses each stall, ~30%."""
+    table = M.load_effects()
+    scale, out_len, stall_s, period_s = 0.5, 64, 0.06, 0.2
+    marks: list = []
+
+    async def stall():
+        loop = asyncio.get_running_loop()
+        while not marks:
+            await asyncio.sleep(0.01)
+        counts = marks.pop()
+        while True:
+            await asyncio.sleep(period_s - stall_s)
+            marks.append((loop.time(), counts()))  # every engine caught up: it slept through its last step
+            time.sleep(stall_s)  # blocks the whole event loop
+
+    async def main():
+        hog = asyncio.get_running_loop().create_task(stall())
+        try:
+            return await _closed_loop(table, ARMS, (64, 96), out_len, scale, warmup=0.25, window=2.0, marks=marks)
+        finally:
+            hog.cancel()
+
+    thr = asyncio.run(main())
+    for (arm, conc), measured in thr.items():
+        step_s = M.PerfModel(table, ARMS[arm]).decode_step_ms(conc) * scale / 1000
+        modelled = conc / step_s * out_len / (out_len - 1)  # the first token comes with the KV, not a step
+        assert measured == pytest.approx(modelled, rel=0.04), (arm, conc, measured, modelled)
+    assert thr["512", 64] / thr["unset", 64] == pytest.approx(1.128, abs=0.03)
+    assert thr["512", 96] / thr["unset", 96] == pytest.approx(1.057, abs=0.03)
 
 
 # ---------------------------------------------------------------- CLI
@@ -200,7 +251,7 @@ def test_filler_text_is_consistent():
     assert filler_text(7, 250) == whole[len(filler_text(0, 7)):len(filler_text(0, 250))]
 
 
-# ---------------------------------------------------------------- a PD pair and the real router
+# ---------------------------------------------------------------- a PD pair and the real router (smg)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
@@ -215,11 +266,10 @@ def stack(tmp_path_factory):
         pre.wait()
         dec.wait()
         rport, pport = free_port(), free_port()
-        router = Proc("router", [PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(rport),
-                                 "--pd-disaggregation", "--prefill", pre.url, str(pre.bootstrap), "--decode", dec.url,
-                                 "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-                                 "--prometheus-port", str(pport), "--disable-circuit-breaker", "--log-level", "warn"],
-                      tmp / "router.log", url=f"http://127.0.0.1:{rport}")
+        cmd = SMG.command(PY, "127.0.0.1", rport, [(pre.url, pre.bootstrap)], [dec.url], "round_robin",
+                          "127.0.0.1", pport)
+        router = Proc("router", cmd + ["--disable-circuit-breaker", "--shutdown-grace-period-secs", "1",
+                                       "--log-level", "warn"], tmp / "router.log", url=f"http://127.0.0.1:{rport}")
         procs.append(router)
         router.wait("/readiness", timeout=60)
         yield {"prefill": pre, "decode": dec, "router": router}
@@ -249,9 +299,78 @@ def test_info_endpoints(stack):
     st, text = get(dec.url + "/metrics")
     assert st == 200
     assert f'sim_knob{{name="{KNOB}",value="512"}} 1' in text
-    assert 'sglang:num_running_reqs{model_name="knobkeeper-sim"}' in text
+    assert 'sglang:num_running_reqs{' in text and 'model_name="knobkeeper-sim"' in text
     assert "sglang:generation_tokens_total" in text and "sglang:prompt_tokens_total" in text
     assert get(dec.url + "/health_generate")[0] == 200
+
+
+# sglang 0.5.23's own layouts (sglang/srt/observability/metrics_collector.py, TokenizerMetricsCollector)
+SGLANG_TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
+SGLANG_E2E_BUCKETS = SGLANG_TTFT_BUCKETS + [600, 1200, 1800, 2400]
+SGLANG_ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                      0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000]
+
+
+def scrape(url: str) -> dict:
+    """GET /metrics parsed by prometheus_client's own parser: {family name: family}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    st, text = get(url + "/metrics")
+    assert st == 200
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def sample(families: dict, series: str, **labels) -> float:
+    """The value of the one sample named `series` (e.g. a counter's _total, a histogram's _count)."""
+    family = next(families[f] for f in (series, *(series.removesuffix(x) for x in ("_total", "_count", "_sum")))
+                  if f in families)
+    hits = [s.value for s in family.samples if s.name == series and all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(hits) == 1, (series, labels, family.samples)
+    return hits[0]
+
+
+def test_metrics_speak_the_engine_names_types_and_buckets(stack):
+    url = stack["decode"].url
+    before = scrape(url)
+    types = {name: f.type for name, f in before.items()}
+    for name in ("sglang:prompt_tokens", "sglang:generation_tokens", "sglang:num_requests"):
+        assert types[name] == "counter", name
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",
+                 "sglang:num_used_tokens", "sglang:cache_hit_rate", "sim_knob", "sim_info"):
+        assert types[name] == "gauge", name
+    layouts = {"sglang:time_to_first_token_seconds": SGLANG_TTFT_BUCKETS,
+               "sglang:e2e_request_latency_seconds": SGLANG_E2E_BUCKETS,
+               "sglang:inter_token_latency_seconds": SGLANG_ITL_BUCKETS,
+               "sglang:request_time_per_output_token_seconds": SGLANG_ITL_BUCKETS}
+    for name, buckets in layouts.items():
+        assert types[name] == "histogram", name
+        les = [s.labels["le"] for s in before[name].samples if s.name == name + "_bucket"
+               and s.labels.get("is_streaming", "false") == "false"]
+        assert les == [repr(float(b)) for b in buckets] + ["+Inf"], (name, les)
+    # every series is the engine's (sglang:*) or clearly the sim's own (sim_*), labelled with the model
+    assert all(n.startswith(("sglang:", "sim_")) for n in before), sorted(before)
+    for name, f in before.items():
+        if name.startswith("sglang:"):
+            assert all(s.labels["model_name"] == "knobkeeper-sim" and s.labels["engine_type"] == "decode"
+                       for s in f.samples), name
+    assert sample(before, "sim_knob", name=KNOB, value="512") == 1
+    # traffic moves the counters and histograms, by the request's own numbers
+    assert post(url + "/v1/completions", {"prompt": "x" * 40, "max_tokens": 5})[0] == 200
+    assert post(url + "/generate", {"input_ids": [1] * 9, "stream": True, "sampling_params": {"max_new_tokens": 3}})[0] == 200
+    after = scrape(url)
+
+    def delta(name, streaming):
+        return (sample(after, name, is_streaming=streaming) - sample(before, name, is_streaming=streaming))
+
+    assert (delta("sglang:prompt_tokens_total", "false"), delta("sglang:prompt_tokens_total", "true")) == (10, 9)
+    assert (delta("sglang:generation_tokens_total", "false"), delta("sglang:generation_tokens_total", "true")) == (5, 3)
+    assert delta("sglang:num_requests_total", "false") == delta("sglang:num_requests_total", "true") == 1
+    for name in ("sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
+                 "sglang:request_time_per_output_token_seconds"):
+        assert delta(name + "_count", "false") == delta(name + "_count", "true") == 1, name
+        assert delta(name + "_sum", "false") > 0, name
+    itl = "sglang:inter_token_latency_seconds_count"
+    assert sample(after, itl) - sample(before, itl) == (5 - 1) + (3 - 1)
 
 
 def test_direct_openai_shapes_and_usage(stack):

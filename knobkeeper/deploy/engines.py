@@ -2,7 +2,8 @@
 
     sim            python -m knobkeeper.sim --role R --host H --port P [--bootstrap-port B] ...
     sglang         {prefix}/venv/bin/python -m sglang.launch_server --disaggregation-mode R ...
-    sglang-router  python -m sglang_router.launch_router --pd-disaggregation --prefill URL B ... --decode URL ...
+    smg            python -m smg.launch_router --pd-disaggregation --prefill URL B ... --decode URL ...
+    sglang-router  python -m sglang_router.launch_router ... (the same flags; see deploy/routers.py)
 
 `engine_args[role]` is appended last, so an inventory (or a test's --data) can add or override flags.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from knobkeeper.deploy.routers import router
 from knobkeeper.errors import UserError
 
 if TYPE_CHECKING:
@@ -42,17 +44,13 @@ def engine_command(stack: "Stack", svc: "Service") -> list[str]:
         if data.get("tp_size"):
             cmd += ["--tp-size", str(data["tp_size"])]
     else:
-        cmd = [python, "-m", "sglang_router.launch_router", "--host", svc.listen_host, "--port", str(svc.port),
-               "--pd-disaggregation"]
         workers = _workers(stack)
         if not workers["prefill"] or not workers["decode"]:
             raise UserError(f"{svc.key}: the router needs at least one prefill and one decode service in the inventory")
-        for url, bootstrap in workers["prefill"]:
-            cmd += ["--prefill", url] + ([str(bootstrap)] if bootstrap is not None else [])
-        for url, _ in workers["decode"]:
-            cmd += ["--decode", url]
-        cmd += ["--policy", str(data.get("router_policy") or "round_robin"),
-                "--prometheus-host", svc.listen_host, "--prometheus-port", str(svc.metrics_port)]
+        cmd = router(svc.engine).command(python, svc.listen_host, svc.port, workers["prefill"],
+                                         [url for url, _ in workers["decode"]],
+                                         str(data.get("router_policy") or "round_robin"), svc.listen_host,
+                                         svc.metrics_port)
     return cmd + [str(a) for a in extra]
 
 

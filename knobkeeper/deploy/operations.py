@@ -64,6 +64,7 @@ import gevent.lock
 from knobkeeper.deploy.observe import decide as decide_action
 from knobkeeper.deploy.plan import parse_batch, role_batches
 from knobkeeper.deploy.record import DeployRecord, save
+from knobkeeper.deploy.routers import ROUTERS, workers_healthy
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
 from knobkeeper.deploy.status import parse_service_state, state_command
 from knobkeeper.deploy.stack import HostPlan, Service, Stack, stack_from_inventory
@@ -369,8 +370,8 @@ def engine(run: Run, plan: HostPlan) -> None:
         wanted = []
         if "sglang" in engines:
             wanted.append(f"sglang[all]=={data.get('sglang_version') or _required(plan, 'sglang_version')}")
-        if "sglang-router" in engines:
-            wanted.append(f"sglang-router=={data.get('sglang_router_version') or _required(plan, 'sglang_router_version')}")
+        for router_engine in (ROUTERS[e] for e in sorted(engines) if e in ROUTERS):
+            wanted.append(router_engine.requirement(data) or _required(plan, router_engine.version_key))
     if wanted:
         pip.packages(name="knobkeeper: pinned engine packages", packages=list(wanted), virtualenv=venv,
                      extra_install_args=shlex.join(pip_args) or None)
@@ -539,29 +540,6 @@ def probe(url: str, timeout: float = 2.0) -> tuple[int | None, str, bytes]:
         return None, f"no answer ({reason})", b""
 
 
-def workers_healthy(body: bytes, expected: int) -> tuple[bool, str]:
-    """Judge a router's GET /workers: every listed worker healthy, and at least `expected` of them."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return False, "workers: not JSON"
-    items = data.get("workers", data) if isinstance(data, dict) else data
-    if not isinstance(items, list):
-        return False, "workers: no list"
-    unhealthy = []
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        flag = item.get("is_healthy", item.get("healthy"))
-        if flag is False:
-            unhealthy.append(str(item.get("url", "?")))
-    if unhealthy:
-        return False, "workers unhealthy: " + ", ".join(unhealthy)
-    if len(items) < expected:
-        return False, f"workers: {len(items)} of {expected} registered"
-    return True, f"200, {len(items)} workers healthy"
-
-
 def wait_healthy(svc: Service, expected_workers: int, timeout: float) -> tuple[bool, str]:
     deadline = time.monotonic() + timeout
     last = "not checked"
@@ -571,7 +549,7 @@ def wait_healthy(svc: Service, expected_workers: int, timeout: float) -> tuple[b
             if not svc.workers_url:
                 return True, last
             wcode, wlast, body = probe(svc.workers_url)
-            ok, last = workers_healthy(body, expected_workers) if wcode == 200 else (False, f"workers: {wlast}")
+            ok, last = workers_healthy(body, expected_workers, svc.engine) if wcode == 200 else (False, f"workers: {wlast}")
             if ok:
                 return True, last
         if time.monotonic() >= deadline:

@@ -7,7 +7,7 @@ Data keys (host data > group data > group_data/all.py; `--data` wins over all):
     prefix            root of everything the stack puts on the host (launch scripts, secrets,
                       supervisord, venv); each host its own. Local: <repo>/.knobkeeper-state/local
     service_manager   "supervisord" (local stack) | "systemd" (production)
-    engines           {role: "sim" | "sglang" | "sglang-router"}
+    engines           {role: "sim" | "sglang" | "smg" | "sglang-router"}
     engine_args       {role: [extra command-line arguments]} appended to the engine command
     python            interpreter for sim / router ("{prefix}" is expanded); production: the venv's
     listen_host       address services bind (default 0.0.0.0)
@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from knobkeeper.deploy.routers import ROUTERS
 from knobkeeper.deploy.topology import ROLE_PREFIX, Role, deploy_order, role_from_data
 from knobkeeper.errors import UserError
 
 MANAGERS = ("supervisord", "systemd")
-ENGINES = ("sim", "sglang", "sglang-router")
+ENGINES = ("sim", "sglang", *ROUTERS)
 WORKER_MODES = ("prefill", "decode")
 
 
@@ -238,7 +239,7 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
         engine = engines.get(role_name)
         if engine not in ENGINES:
             raise UserError(f"host {name}: data engines[{role_name!r}] = {engine!r}: expected one of {', '.join(ENGINES)}")
-        if engine != "sglang-router" and role_name not in WORKER_MODES:
+        if engine not in ROUTERS and role_name not in WORKER_MODES:
             raise UserError(f"host {name}: role {role_name!r} runs engine {engine!r}, which needs the role to be "
                             f"prefill or decode (its --disaggregation-mode)")
         base = _int(name, f"{role_name}_port", data.get(f"{role_name}_port"))
@@ -246,7 +247,7 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
             bootstrap = metrics = None
             if role_name == "prefill":
                 bootstrap = _int(name, "prefill_bootstrap_port", data.get("prefill_bootstrap_port")) + index
-            if engine == "sglang-router":
+            if engine in ROUTERS:
                 metrics = _int(name, f"{role_name}_metrics_port", data.get(f"{role_name}_metrics_port")) + index
             timeout = float(timeout_override) if timeout_override else role.health_timeout
             plan.services.append(Service(

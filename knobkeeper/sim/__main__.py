@@ -7,7 +7,8 @@ import os
 import sys
 
 from .model import EffectsError, expected_throughput, knobs_from_env, load_effects, PerfModel
-from .server import SimConfig, run
+from .config import SimConfig
+from .server import run
 
 ENV_PREFIX = "KNOBKEEPER_SIM_"
 
@@ -52,7 +53,8 @@ HTTP endpoints (port --port):
   GET  /get_model_info, /model_info   served_model_name, is_generation
   GET  /v1/models
   GET  /get_load                      [{"dp_rank":0,"num_reqs":N,"num_waiting_reqs":W,"num_tokens":T}]
-  GET  /metrics                       Prometheus text: sglang:* gauges/counters, sim_knob, sim_info
+  GET  /metrics                       Prometheus (prometheus-client): sglang 0.5.23 names, types and
+                                      buckets (sglang:*), the sim's own sim_* (sim_knob, sim_info)
   GET  /debug/rooms[?room=R]          per bootstrap room timestamps (unix s), last 2000 rooms
   POST /generate                      SGLang native (text|input_ids, sampling_params, stream)
   POST /v1/completions, /v1/chat/completions  OpenAI shapes, stream + stream_options.include_usage

@@ -1,0 +1,60 @@
+"""Fault injection, for tests of what sits in front of the sim (gates, router, load generator):
+
+    --startup-delay S   /health answers 503 "loading" for S seconds after start (a slow start)
+    --never-healthy     /health always answers 503
+    --fail-requests N   the first N generation requests fail with HTTP 500
+    --hang-after N      generation requests after the first N are accepted and never answered
+    --crash-after N     the process exits (status 70) once N requests were answered
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .config import SimConfig
+
+CRASH_STATUS = 70
+
+
+class Faults:
+    def __init__(self, cfg: SimConfig, started_at: float):
+        self.cfg = cfg
+        self.ready_at = started_at + max(0.0, cfg.startup_delay)
+        self.seq = 0  # generation requests seen
+
+    def healthy(self) -> bool:
+        return not self.cfg.never_healthy and time.time() >= self.ready_at
+
+    def health(self) -> tuple[int, dict | None]:
+        """(HTTP status, JSON body or None for an empty 200) of GET /health."""
+        if self.cfg.never_healthy:
+            return 503, {"status": "unhealthy", "reason": "--never-healthy"}
+        if not self.healthy():
+            return 503, {"status": "loading", "ready_in_s": round(self.ready_at - time.time(), 3)}
+        return 200, None
+
+    def gate(self) -> str | None:
+        """Count one generation request; 'fail', 'hang' or None (serve it)."""
+        self.seq += 1
+        if self.seq <= self.cfg.fail_requests:
+            return "fail"
+        if self.cfg.hang_after >= 0 and self.seq > self.cfg.hang_after:
+            return "hang"
+        return None
+
+    def failure_message(self) -> str:
+        return (f"sim fault injection: request {self.seq} of the first {self.cfg.fail_requests} fails "
+                "(--fail-requests)")
+
+    def crash_due(self, answered: int) -> bool:
+        return self.cfg.crash_after >= 0 and answered >= self.cfg.crash_after
+
+    @staticmethod
+    def crash() -> None:
+        os._exit(CRASH_STATUS)
+
+    def settings(self) -> dict:
+        c = self.cfg
+        return {"startup_delay": c.startup_delay, "never_healthy": c.never_healthy,
+                "fail_requests": c.fail_requests, "hang_after": c.hang_after, "crash_after": c.crash_after}
