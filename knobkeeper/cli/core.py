@@ -1,4 +1,4 @@
-"""Knob commands: catalog, knobs, set, unset, revert, restore, record, log, show."""
+"""Knob commands: knobs, set, unset, revert, restore, record, log, show."""
 
 from __future__ import annotations
 
@@ -44,35 +44,6 @@ def _report(change, verb: str) -> None:
         click.echo("next: knobkeeper review (the PR body), then pyinfra -y inventory/<env>.py deploy.py")
 
 
-@click.command("catalog")
-@click.argument("knob", required=False)
-@repo_option
-@json_option
-@example("knobkeeper catalog SGLANG_SM120_MMA_TARGET_CTAS")
-def catalog_cmd(knob: str | None, repo: str | None, as_json: bool) -> None:
-    """List the knobs that may be set (or describe one KNOB)."""
-    from knobkeeper.knobs.catalog import load_catalog
-
-    catalog = load_catalog(find_project(repo).catalog_path)
-    knobs = [catalog.get(knob)] if knob else list(catalog.knobs.values())
-    if as_json:
-        emit_json([{k: v for k, v in vars(k_).items()} for k_ in knobs])
-        return
-    if knob:
-        k = knobs[0]
-        for label, value in (("knob", k.name), ("type", k.type), ("accepts", k.accepted()), ("roles", ", ".join(k.roles)),
-                             ("risk", k.risk), ("default", show_value(k.default) if k.default is not None else "-"),
-                             ("unset means", k.unset), ("source", k.source), ("doc", k.doc)):
-            click.echo(f"{label:>12}: {value}")
-        return
-    from rich.table import Table
-
-    table = Table("knob", "type", "roles", "risk", "accepts", "doc", box=None)
-    for k in knobs:
-        table.add_row(k.name, k.type, ",".join(k.roles), k.risk, k.accepted(), k.doc)
-    console().print(table)
-
-
 @click.command("knobs")
 @click.option("--role", default=None, help="Only this role.")
 @repo_option
@@ -105,14 +76,17 @@ def knobs_cmd(role: str | None, repo: str | None, as_json: bool) -> None:
 @click.option("--role", required=True, help="The role (inventory group) it applies to.")
 @click.option("--reason", required=True, help="Why: kept in the entry and the commit.")
 @click.option("--evidence", multiple=True, metavar="ID", help="Evidence id(s) behind the change (repeatable).")
+@click.option("--allow-undeclared", is_flag=True,
+              help="Set a knob the pinned engine version does not declare (its catalog source must name a fork, build or PR).")
 @commit_options
-@example('knobkeeper set SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --reason "+12.8% @64" --evidence 1a2b3c4d')
-def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], repo, no_commit, branch) -> None:
+@example('knobkeeper set SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --reason "+12.8% @64" --evidence 1a2b3c4d --allow-undeclared')
+def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], allow_undeclared: bool, repo, no_commit, branch) -> None:
     """Declare KNOB=VALUE for a role: one entry, one commit."""
     from knobkeeper.changelog.ops import set_knob
 
     name, value = _split_assignment(assignment)
-    change = set_knob(find_project(repo), name, value, role, reason, list(evidence), _options(no_commit, branch))
+    change = set_knob(find_project(repo), name, value, role, reason, list(evidence), _options(no_commit, branch),
+                      allow_undeclared=allow_undeclared)
     _report(change, "set")
 
 
@@ -239,4 +213,4 @@ def show_cmd(entry_id: str, repo, as_json: bool) -> None:
         click.echo(f"  evidence {line}")
 
 
-COMMANDS = [catalog_cmd, knobs_cmd, set_cmd, unset_cmd, revert_cmd, restore_cmd, record_cmd, log_cmd, show_cmd]
+COMMANDS = [knobs_cmd, set_cmd, unset_cmd, revert_cmd, restore_cmd, record_cmd, log_cmd, show_cmd]
