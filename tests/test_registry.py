@@ -350,3 +350,22 @@ def test_pins_come_from_host_and_group_data(project):
     versions = sorted((p.inventory, p.version) for p in pins["decode"])
     # Host data wins over group data (example_prod pins in host data); local.py's host now runs sglang 0.5.6.
     assert ("inventory/example_prod.py", "0.5.23") in versions and ("inventory/local.py", "0.5.6") not in versions
+
+
+def test_launch_script_unsets_only_hand_written_catalog_knobs(project):
+    """With 770 registry knobs, the rendered script still names only the catalog's own knobs in its
+    `unset` line; a registry-only knob appears only where it is declared (exported)."""
+    from knobkeeper.deploy.render import render_stack
+    from knobkeeper.deploy.stack import load_stack
+
+    ops.set_knob(project, "SGLANG_SORT_WEIGHT_FILES", "2", "prefill", "stagger weight reads")
+    rendered = render_stack(project, load_stack(project.root, "inventory/example_prod.py"))
+    catalog = load_catalog(project.catalog_path)
+    prefill = rendered[("prefill-1", "knobkeeper-prefill")].launch
+    decode = rendered[("decode-1", "knobkeeper-decode")].launch
+    assert "export SGLANG_SORT_WEIGHT_FILES=2" in prefill and "SGLANG_SORT_WEIGHT_FILES" not in decode
+    for script, role in ((prefill, "prefill"), (decode, "decode")):
+        (unset,) = [line for line in script.splitlines() if line.startswith("unset ")]
+        names = set(unset.split()[1:])
+        assert names == {n for n, k in catalog.knobs.items() if role in k.roles} - {"SGLANG_SORT_WEIGHT_FILES"}
+        assert len(names) < 20

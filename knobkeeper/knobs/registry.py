@@ -27,18 +27,12 @@ nothing of ours, and a non-stdlib import in it shows as a load error instead of 
 from __future__ import annotations
 
 import ast
-import difflib
-import hashlib
-import io
 import json
 import os
 import re
 import runpy
 import subprocess
 import sys
-import tempfile
-import tokenize
-import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -154,6 +148,8 @@ with open(sys.argv[2], "w") as out:
 
 def _load_fields(source: str, what: str) -> dict[str, Any]:
     """Execute environ.py stand-alone in a child interpreter; its Envs fields as plain data."""
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="knobkeeper-environ-") as tmp:
         path = Path(tmp) / "environ.py"
         path.write_text(source)
@@ -170,6 +166,9 @@ def _load_fields(source: str, what: str) -> dict[str, Any]:
 
 def _comments(source: str) -> dict[int, str]:
     """{line number: comment text without '#'} of every comment in the file."""
+    import io
+    import tokenize
+
     found: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
@@ -241,6 +240,8 @@ def _field_type(classes: list[str], secret: bool) -> tuple[str, str]:
 
 def build_registry(engine: str, version: str, source: str, what: str) -> dict[str, Any]:
     """The registry document of one engine version from its environ.py text."""
+    import hashlib
+
     loaded = _load_fields(source, what)
     texts = _field_sources(source, what)
     knobs: dict[str, dict[str, Any]] = {}
@@ -286,6 +287,8 @@ def dump(doc: dict[str, Any]) -> str:
 
 def _wheel_meta(wheel: Path) -> tuple[str, str]:
     """(distribution name, version) from a wheel's METADATA."""
+    import zipfile
+
     with zipfile.ZipFile(wheel) as zf:
         meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
         if meta is None:
@@ -303,6 +306,8 @@ def _wheel_meta(wheel: Path) -> tuple[str, str]:
 
 def read_wheel(engine: str, wheel: Path) -> tuple[str, str]:
     """(version, environ.py text) from an engine wheel, or one line saying why not."""
+    import zipfile
+
     spec = engine_spec(engine)
     if not wheel.is_file():
         raise UserError(f"--wheel {wheel}: no such file")
@@ -399,6 +404,8 @@ class Registry:
         return name in self.knobs
 
     def close(self, name: str, n: int = 3) -> list[str]:
+        import difflib
+
         return difflib.get_close_matches(name, self.knobs, n=n, cutoff=0.6)
 
     def label(self) -> str:
