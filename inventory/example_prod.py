@@ -19,7 +19,7 @@ _stack = {
     "service_user": "sglang",
     "python": "{prefix}/venv/bin/python",
     "engines": {"prefill": "sglang", "decode": "sglang", "router": "sglang-router"},
-    "sglang_version": "0.5.6",
+    "sglang_version": "0.5.23",
     "sglang_router_version": "0.3.2",
     "model": "/models/DeepSeek-V3",
     "served_model_name": "deepseek-v3",
@@ -27,7 +27,7 @@ _stack = {
     "tp_size": 8,
     "engine_args": {
         "prefill": ["--trust-remote-code", "--mem-fraction-static", "0.85"],
-        "decode": ["--trust-remote-code", "--mem-fraction-static", "0.85", "--cuda-graph-max-bs", "128"],
+        "decode": ["--trust-remote-code", "--mem-fraction-static", "0.85", "--cuda-graph-max-bs-decode", "128"],
         "router": ["--worker-startup-timeout-secs", "1800", "--health-check-interval-secs", "10"],
     },
     "stop_timeout": 120,

@@ -94,7 +94,7 @@ def test_ab_run_through_the_deploy_judges_512_and_restores_the_declared_state(lo
     assert KNOB not in project.knobs_path.read_text()
     # ... and can be attached to the change it justifies.
     setting = runner.invoke(main, ["set", f"{KNOB}=512", "--role", "decode", "--reason", "A/B on the local stack",
-                                   "--evidence", doc["id"], *repo])
+                                   "--evidence", doc["id"], "--allow-undeclared", *repo])
     assert setting.exit_code == 0, setting.output
     shown = runner.invoke(main, ["log", KNOB, *repo])
     assert f"{doc['id']}: " in shown.output and "@64 (95% CI" in shown.output and "p_adj" in shown.output, shown.output

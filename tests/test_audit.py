@@ -87,7 +87,7 @@ def test_field_story_end_to_end(project):
     ev = write_evidence(project)
     # 1. set with evidence
     result = kk(project, "set", f"{KNOB}=512", "--role", "decode", "--reason", "A/B: +12.8% @64, +5.7% @96",
-                "--evidence", ev)
+                "--evidence", ev, "--allow-undeclared")
     assert result.exit_code == 0, result.output
     set_entry = load_entries(project)[-1]
     # 2. incident, revert as suspect

@@ -84,7 +84,7 @@ def test_catalog_command_lists_and_describes(project):
 
 def test_tour_set_knobs_log_git_log_revert_restore(project):
     start = head(project)
-    out = kk(project, "set", f"{KNOB}=512", "--role", "decode", "--reason", "A/B: +12.8% at 64")
+    out = kk(project, "set", f"{KNOB}=512", "--role", "decode", "--reason", "A/B: +12.8% at 64", "--allow-undeclared")
     assert out.exit_code == 0, out.output
     entry_id = out.output.split("(entry ")[1].split(")")[0]
     assert git(project.root, "rev-list", "--count", f"{start}..HEAD") == "1"
@@ -340,7 +340,7 @@ def test_a_killed_process_is_rolled_back_by_the_next_command(project):
     before = tree_snapshot(project)
     env = {**os.environ, "KNOBKEEPER_FAULT": "after-write:exit"}
     died = subprocess.run([sys.executable, "-m", "knobkeeper.cli", "set", f"{KNOB}=512", "--role", "decode",
-                           "--reason", "x", "--repo", str(project.root)], env=env, capture_output=True)
+                           "--reason", "x", "--allow-undeclared", "--repo", str(project.root)], env=env, capture_output=True)
     assert died.returncode == 70
     assert tree_snapshot(project) != before  # the half-written change is on disk...
     assert (project.private_dir / "journal.json").exists()

@@ -19,6 +19,7 @@ from knobkeeper.changelog.secrets import secret_path, secret_value, value_files
 from knobkeeper.changelog.store import Message, atomic_write, commit_change, git_author, repo_lock
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Knob, Value, fingerprint, load_catalog
+from knobkeeper.knobs.registry import settable
 from knobkeeper.knobs.state import load_document, read_declared, value_of, with_value
 from knobkeeper.project import Project
 from knobkeeper.timeutil import new_id
@@ -166,8 +167,9 @@ def _new_entry(project: Project, **fields) -> Entry:
 
 
 def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str | None,
-             evidence: list[str] | None = None, options: CommitOptions | None = None) -> Change:
-    """Declare KNOB=VALUE for ROLE."""
+             evidence: list[str] | None = None, options: CommitOptions | None = None,
+             allow_undeclared: bool | None = None) -> Change:
+    """Declare KNOB=VALUE for ROLE (refused when the engine version pinned for ROLE does not read it)."""
     options = options or CommitOptions()
     with repo_lock(project):
         catalog, declared = _context(project)
@@ -175,6 +177,7 @@ def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str
         value = knob.parse(raw_value)
         reason = _reason(reason, f"set {name}")
         evidence_ids = _check_evidence(project, evidence or [])
+        engine_warnings = settable(project.inventory_dir, knob, role, allow_undeclared)
         stored: Value = fingerprint(value) if knob.secret else value
         old = value_of(declared, role, name)
         if old == stored and type(old) is type(stored):
@@ -185,7 +188,9 @@ def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str
                            old=old, new=stored, evidence=evidence_ids)
         text = with_value(load_document(project.knobs_path), role, name, stored)
         secrets = value_files(project, role, name, str(value)) if knob.secret else None
-        return _write(project, catalog, [entry], text, options, secrets)
+        change = _write(project, catalog, [entry], text, options, secrets)
+        change.warnings += engine_warnings
+        return change
 
 
 def _store_secret_only(project: Project, role: str, name: str, value: str) -> Change:

@@ -1,4 +1,4 @@
-"""Knob commands: catalog, knobs, set, unset, revert, restore, record, log, show."""
+"""Knob commands: knobs, set, unset, revert, restore, record, log, show."""
 
 from __future__ import annotations
 
@@ -49,35 +49,6 @@ def _report(change, verb: str) -> None:
         click.echo("next: knobkeeper review (the PR body), then pyinfra -y inventory/<env>.py deploy.py")
 
 
-@click.command("catalog")
-@click.argument("knob", required=False)
-@repo_option
-@json_option
-@example("knobkeeper catalog SGLANG_SM120_MMA_TARGET_CTAS")
-def catalog_cmd(knob: str | None, repo: str | None, as_json: bool) -> None:
-    """List the knobs that may be set (or describe one KNOB)."""
-    from knobkeeper.knobs.catalog import load_catalog
-
-    catalog = load_catalog(find_project(repo).catalog_path)
-    knobs = [catalog.get(knob)] if knob else list(catalog.knobs.values())
-    if as_json:
-        emit_json([{k: v for k, v in vars(k_).items()} for k_ in knobs])
-        return
-    if knob:
-        k = knobs[0]
-        for label, value in (("knob", k.name), ("type", k.type), ("accepts", k.accepted()), ("roles", ", ".join(k.roles)),
-                             ("risk", k.risk), ("default", fmt.value(k.default) if k.default is not None else "-"),
-                             ("unset means", k.unset), ("source", k.source), ("doc", k.doc)):
-            click.echo(f"{label:>12}: {value}")
-        return
-    from rich.table import Table
-
-    table = Table("knob", "type", "roles", "risk", "accepts", "doc", box=None)
-    for k in knobs:
-        table.add_row(k.name, k.type, ",".join(k.roles), k.risk, k.accepted(), k.doc)
-    console().print(table)
-
-
 @click.command("knobs")
 @click.option("--role", default=None, help="Only this role.")
 @repo_option
@@ -118,15 +89,20 @@ def knobs_cmd(role: str | None, repo: str | None, as_json: bool) -> None:
 @click.option("--value-file", "value_file", default=None, metavar="PATH",
               help="Read the value from PATH ('-' = stdin), byte for byte (trailing newlines kept). Use it for "
                    "secrets: a value on the command line shows in `ps` and the shell history.")
+@click.option("--allow-undeclared", is_flag=True,
+              help="Set a knob the pinned engine version does not declare (its catalog source must name a fork, build or PR).")
 @commit_options
-@example('knobkeeper set SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --reason "+12.8% @64" --evidence 1a2b3c4d\n'
+@example('knobkeeper set SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --reason "+12.8% @64" --evidence 1a2b3c4d --allow-undeclared\n'
          '  knobkeeper set HF_TOKEN --role decode --reason "gated weights" --value-file - < token.txt')
-def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], value_file, repo, no_commit, branch) -> None:
+def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], value_file, allow_undeclared: bool,
+            repo, no_commit, branch) -> None:
     """Declare KNOB=VALUE for a role: one entry, one commit.
 
     A secret knob's value is kept outside git (.knobkeeper-secrets/), and only its fingerprint in
     knobs.toml and the changelog; give it with --value-file rather than KNOB=VALUE, which other
-    users of the machine can read in `ps` and which your shell history keeps.
+    users of the machine can read in `ps` and which your shell history keeps. A knob the role's
+    pinned engine version does not declare is refused unless its catalog entry names where it
+    comes from and --allow-undeclared is given.
     """
     from knobkeeper.changelog.ops import set_knob
 
@@ -136,7 +112,8 @@ def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], 
         name, value = assignment.strip(), _read_value_file(value_file)
     else:
         name, value = _split_assignment(assignment)
-    change = set_knob(find_project(repo), name, value, role, reason, list(evidence), _options(no_commit, branch))
+    change = set_knob(find_project(repo), name, value, role, reason, list(evidence), _options(no_commit, branch),
+                      allow_undeclared=allow_undeclared)
     _report(change, "set")
 
 
@@ -287,4 +264,4 @@ def show_cmd(entry_id: str, repo, as_json: bool) -> None:
         click.echo(f"  evidence {fmt.safe(line)}")
 
 
-COMMANDS = [catalog_cmd, knobs_cmd, set_cmd, unset_cmd, revert_cmd, restore_cmd, record_cmd, log_cmd, show_cmd]
+COMMANDS = [knobs_cmd, set_cmd, unset_cmd, revert_cmd, restore_cmd, record_cmd, log_cmd, show_cmd]

@@ -163,10 +163,21 @@ class Catalog:
         try:
             return self.knobs[name]
         except KeyError:
+            extra = self.registry_knob(name)
+            if extra is not None:
+                return extra
             close = difflib.get_close_matches(name, self.knobs, n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else "; see `knobkeeper catalog`"
             where = f" ({self.path})" if self.path else ""
             raise UserError(f"unknown knob {name!r}: not in the catalog{where}{hint}") from None
+
+    def registry_knob(self, name: str) -> Knob | None:
+        """A knob only an imported engine registry (inventory/engines/) declares; loaded on a miss only."""
+        if self.path is None:
+            return None
+        from knobkeeper.knobs.registry import registry_knob
+
+        return registry_knob(self.path.parent, name)
 
     def for_role(self, name: str, role: str) -> Knob:
         knob = self.get(name)

@@ -1,0 +1,113 @@
+"""The rendered sglang launch commands through sglang's own parser (prepare_server_args of the version
+the inventory pins, in a side environment cached under the user's cache dir: the first run on a new
+machine installs it, later runs reuse it), and the prefill/decode pairing invariants."""
+
+from __future__ import annotations
+
+import pytest
+
+from knobkeeper.engine import contract
+from knobkeeper.engine.contract import Parsed, pd_pairing_problems
+from tests.infra import git, make_infra_repo
+
+PROD = "inventory/example_prod.py"
+
+
+@pytest.fixture
+def project(tmp_path):
+    return make_infra_repo(tmp_path)
+
+
+def _edit_prod(project, old: str, new: str) -> None:
+    path = project.inventory_dir / "example_prod.py"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    git(project.root, "commit", "-q", "-am", "edit example_prod")
+
+
+def test_the_fixed_example_inventory_passes_the_real_parser(project):
+    assert contract.contract_problems(project, PROD) == ([], [])
+
+
+def test_the_real_parser_rejects_bad_flags_naming_host_service_flag_and_message(project):
+    # The flag as example_prod had it for sglang 0.5.6: 0.5.23 has two flags it could be short for.
+    _edit_prod(project, '"--cuda-graph-max-bs-decode", "128"]', '"--cuda-graph-max-bs", "128"]')
+    _edit_prod(project, '"prefill": ["--trust-remote-code",', '"prefill": ["--page-sz", "64", "--trust-remote-code",')
+    problems, skipped = contract.launch_flag_problems(project, PROD)
+    assert skipped == []
+    assert problems == [
+        f"{PROD}: prefill-1/knobkeeper-prefill: --page-sz: rejected by sglang 0.5.23's parser: unrecognized arguments: --page-sz 64",
+        f"{PROD}: prefill-2/knobkeeper-prefill: --page-sz: rejected by sglang 0.5.23's parser: unrecognized arguments: --page-sz 64",
+        f"{PROD}: decode-1/knobkeeper-decode: --cuda-graph-max-bs: rejected by sglang 0.5.23's parser: ambiguous option: "
+        "--cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill",
+        f"{PROD}: decode-2/knobkeeper-decode: --cuda-graph-max-bs: rejected by sglang 0.5.23's parser: ambiguous option: "
+        "--cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill",
+    ]
+
+
+def test_pairing_mismatches_from_the_real_parser(project):
+    _edit_prod(project, '"decode": ["--trust-remote-code",',
+               '"decode": ["--page-size", "64", "--kv-cache-dtype", "fp8_e4m3", "--trust-remote-code",')
+    problems, skipped = contract.pairing_problems(project, PROD)
+    assert skipped == []
+    assert f"{PROD}: PD pairing: page size differs: prefill-1/knobkeeper-prefill has None, decode-1/knobkeeper-decode has 64" in problems
+    assert (f"{PROD}: PD pairing: KV cache dtype differs: prefill-1/knobkeeper-prefill has 'auto', "
+            f"decode-2/knobkeeper-decode has 'fp8_e4m3'") in problems
+    assert len(problems) == 4  # page size and dtype, on each of the two decode hosts
+
+
+def test_no_parser_means_skipped_never_a_silent_pass(project, tmp_path, monkeypatch):
+    monkeypatch.setenv("KNOBKEEPER_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # no network, no wheelhouse
+    problems, skipped = contract.contract_problems(project, PROD)
+    assert problems == []
+    (line,) = skipped
+    assert line.startswith(f"skipped: {PROD}: sglang 0.5.23's parser: sglang==0.5.23: not found in the package index")
+
+
+def test_an_unpinned_sglang_host_is_skipped_by_name(project):
+    _edit_prod(project, '    "sglang_version": "0.5.23",\n', "")
+    problems, skipped = contract.launch_flag_problems(project, PROD)
+    assert problems == [] and len(skipped) == 4
+    assert skipped[0] == f"skipped: {PROD}: prefill-1/knobkeeper-prefill: no sglang_version pinned, so no parser to check it with"
+
+
+# --- the pairing rules, each mismatch on its own ------------------------------------------------
+
+BASE = {"model_path": "/models/m", "served_model_name": "m", "page_size": 64, "kv_cache_dtype": "auto",
+        "disaggregation_transfer_backend": "mooncake", "disaggregation_bootstrap_port": 8998}
+ROUTER = {"router-1/knobkeeper-router": ["python", "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                                         "--prefill", "http://10.0.0.11:30000", "8998", "--decode", "http://10.0.0.21:30001"]}
+
+
+def _pair(**decode_args) -> list[Parsed]:
+    return [Parsed("prefill-1/p", "prefill", "http://10.0.0.11:30000", "0.5.23", True, dict(BASE)),
+            Parsed("decode-1/d", "decode", "http://10.0.0.21:30001", "0.5.23", True, {**BASE, **decode_args})]
+
+
+def test_a_matching_pair_has_no_problems():
+    assert pd_pairing_problems("inv", _pair(), ROUTER) == []
+
+
+@pytest.mark.parametrize("attr, words, value", [
+    ("model_path", "model path", "/models/other"),
+    ("served_model_name", "served model name", "other"),
+    ("page_size", "page size", 32),
+    ("kv_cache_dtype", "KV cache dtype", "fp8_e5m2"),
+    ("disaggregation_transfer_backend", "transfer backend", "nixl"),
+])
+def test_each_pairing_mismatch_names_both_values(attr, words, value):
+    assert pd_pairing_problems("inv", _pair(**{attr: value}), ROUTER) == [
+        f"inv: PD pairing: {words} differs: prefill-1/p has {BASE[attr]!r}, decode-1/d has {value!r}"]
+
+
+def test_the_router_names_bootstrap_ports_prefill_really_has():
+    wrong_port = {k: [a if a != "8998" else "9000" for a in v] for k, v in ROUTER.items()}
+    assert pd_pairing_problems("inv", _pair(), wrong_port) == [
+        "inv: PD pairing: router-1/knobkeeper-router names bootstrap port 9000 for http://10.0.0.11:30000, "
+        "but prefill-1/p listens on 8998"]
+    unknown = {k: [a.replace("10.0.0.11", "10.0.0.99") for a in v] for k, v in ROUTER.items()}
+    assert pd_pairing_problems("inv", _pair(), unknown) == [
+        "inv: PD pairing: router-1/knobkeeper-router names prefill http://10.0.0.99:30000, which no parsed "
+        "prefill server of this inventory serves"]

@@ -1,0 +1,371 @@
+"""The engine registry: sglang's own variable declarations (srt/environ.py) per version, imported into
+inventory/engines/, and what `set`, `check` and `catalog diff` make of them.
+
+The real wheels (sglang 0.5.23, 0.5.6) come from PyPI once (`pip download --no-deps`) into the
+user's cache dir (~/.cache/knobkeeper, or $KNOBKEEPER_CACHE); later runs read them from there.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from knobkeeper.changelog import ops
+from knobkeeper.errors import UserError
+from knobkeeper.knobs import registry
+from knobkeeper.knobs.catalog import load_catalog
+from tests.infra import git, kk, make_infra_repo
+
+STORY = "SGLANG_SM120_MMA_TARGET_CTAS"
+SHIPPED = Path(__file__).resolve().parent.parent / "inventory" / "engines" / "sglang-0.5.23.json"
+
+
+@pytest.fixture(scope="module")
+def fresh_023() -> dict:
+    return registry.generate("sglang", version="0.5.23")
+
+
+@pytest.fixture
+def project(tmp_path):
+    return make_infra_repo(tmp_path)
+
+
+@pytest.fixture
+def bare(tmp_path):
+    """An infra repo without any imported registry."""
+    project = make_infra_repo(tmp_path, name="bare")
+    shutil.rmtree(project.inventory_dir / "engines")
+    git(project.root, "commit", "-q", "-am", "no registries")
+    return project
+
+
+def _state(project) -> tuple[str, str]:
+    return git(project.root, "rev-parse", "HEAD"), git(project.root, "status", "--porcelain")
+
+
+def _one_line_exit_2(result, *needles: str) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _wheel(path: Path, name: str, version: str, environ: str | None) -> Path:
+    wheel = path / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n")
+        if environ is not None:
+            zf.writestr("sglang/srt/environ.py", environ)
+    return wheel
+
+
+TINY_ENVIRON = '''
+class EnvField:
+    def __init__(self, default, secret=False):
+        self.default = default
+        self.secret = secret
+class EnvInt(EnvField): pass
+class EnvStr(EnvField): pass
+class Envs:
+    # Queues between prefill and decode.
+    SGLANG_TINY_QUEUES = EnvInt(4)
+    {extra}
+'''
+
+
+# --- the real registry ---------------------------------------------------------------------------
+
+
+def test_real_023_registry_types_defaults_and_docs(fresh_023):
+    knobs = fresh_023["knobs"]
+    assert 700 <= fresh_023["count"] == len(knobs) <= 900
+    kinds = {entry["kind"] for entry in knobs.values()}
+    assert {"EnvBool", "EnvInt", "EnvFloat", "EnvStr", "EnvTuple", "EnvJSON"} <= kinds
+    assert knobs["SGLANG_DISAGGREGATION_QUEUE_SIZE"] == {**knobs["SGLANG_DISAGGREGATION_QUEUE_SIZE"], "type": "int", "default": 4}
+    assert knobs["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"]["type"] == "float"
+    assert knobs["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"]["default"] == 5.0
+    assert knobs["SGLANG_DISAGGREGATION_THREAD_POOL_SIZE"]["default"] is None
+    assert knobs["IS_H200"]["type"] == "bool" and knobs["IS_H200"]["default"] is False
+    assert knobs["SGLANG_ROLE_NAMESPACES"]["type"] == "string" and knobs["SGLANG_ROLE_NAMESPACES"]["default"] == "off"
+    # EnvTuple and EnvJSON are text to the process: strings, their kind kept.
+    tuple_knob = knobs["SGLANG_DISABLED_MODEL_ARCHS"]
+    assert (tuple_knob["type"], tuple_knob["kind"], tuple_knob["default"]) == ("string", "EnvTuple", [])
+    assert {e["type"] for e in knobs.values() if e["kind"] == "EnvJSON"} == {"string"}
+    # secret=True fields are secrets; aliases (the old name still accepted) are kept.
+    assert knobs["EXA_API_KEY"]["type"] == "secret" and knobs["EXA_API_KEY"]["secret"] is True
+    assert knobs["SGLANG_EPLB_P2P_BATCH_CHUNK_SIZE"]["alias"] == "SGLANG_EPLB_ROCM_P2P_BATCH_CHUNK_SIZE"
+    # A callable default is recorded as its source text, not evaluated.
+    assert knobs["SGLANG_QWEN4_PLE_FILE_DIR"]["default_computed"] == 'lambda: _default_cache_subdir("ple")'
+    # The comment above a field is its doc; section headers are not.
+    assert knobs["SGLANG_SORT_WEIGHT_FILES"]["doc"].startswith("Controls weight-file ordering")
+    assert "=====" not in json.dumps(fresh_023) and "Runtime configuration" not in knobs["SGLANG_ROLE_NAMESPACES"]["doc"]
+    assert STORY not in knobs
+
+
+def test_shipped_registry_is_exactly_a_fresh_import(fresh_023):
+    assert SHIPPED.read_text() == registry.dump(fresh_023)
+
+
+# --- import: one commit, idempotent --------------------------------------------------------------
+
+
+def test_import_is_one_commit_then_idempotent(bare):
+    start = git(bare.root, "rev-parse", "HEAD")
+    first = kk(bare, "catalog", "import", "sglang", "--version", "0.5.6")
+    assert first.exit_code == 0, first.output
+    second = kk(bare, "catalog", "import", "sglang", "--version", "0.5.23")
+    assert second.exit_code == 0, second.output
+    assert git(bare.root, "rev-list", "--count", f"{start}..HEAD") == "2"
+    assert git(bare.root, "show", "--name-only", "--format=", "HEAD") == "inventory/engines/sglang-0.5.23.json"
+    message = git(bare.root, "log", "-1", "--format=%B")
+    assert message.startswith("catalog import: sglang 0.5.23 (770 variables)")
+    assert "Against sglang 0.5.6:" in message and "no longer declared" in message
+    assert "No longer declared: SGLANG_CUTLASS_MOE" in message
+    assert 'Defaults changed: MOONCAKE_PROTOCOL "tcp" -> "rdma"' in message
+    assert "Engine-Version: 0.5.23" in git(bare.root, "log", "-1", "--format=%(trailers)")
+    assert (bare.inventory_dir / "engines" / "sglang-0.5.23.json").read_text() == SHIPPED.read_text()
+    again = kk(bare, "catalog", "import", "sglang", "--version", "0.5.23")
+    assert again.exit_code == 0 and "already up to date" in again.output
+    assert git(bare.root, "rev-list", "--count", f"{start}..HEAD") == "2"
+    assert git(bare.root, "status", "--porcelain") == ""
+
+
+def test_import_from_a_wheel_file_offline(bare, tmp_path):
+    wheel = registry.cached_wheel("sglang", "0.5.23")
+    result = kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel))
+    assert result.exit_code == 0, result.output
+    assert (bare.inventory_dir / "engines" / "sglang-0.5.23.json").read_text() == SHIPPED.read_text()
+
+
+def test_catalog_diff_lists_removed_added_and_defaults(project):
+    result = kk(project, "catalog", "diff", "sglang", "0.5.6", "0.5.23")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("sglang 0.5.6 -> sglang 0.5.23: 658 added, 15 removed")
+    assert "removed SGLANG_GRAMMAR_TIMEOUT" in lines
+    assert "added SGLANG_USE_MODELSCOPE" not in lines and "removed SGLANG_USE_MODELSCOPE" not in lines  # in both
+    assert "added IS_H200" in lines
+    assert 'default MOONCAKE_PROTOCOL: "tcp" -> "rdma"' in lines
+    # Only 0.5.23 is shipped: 0.5.6 was generated into the cache, not the repo.
+    assert not (project.inventory_dir / "engines" / "sglang-0.5.6.json").exists()
+    assert git(project.root, "status", "--porcelain") == ""
+
+
+def test_diff_names_a_rename_through_the_alias():
+    old = registry.Registry("sglang", "1", {"SGLANG_OLD": {"type": "int", "default": 1}})
+    new = registry.Registry("sglang", "2", {"SGLANG_NEW": {"type": "int", "default": 1, "alias": "SGLANG_OLD"}})
+    d = registry.diff_registries(old, new)
+    assert (d.renamed, d.removed, d.added) == ([("SGLANG_OLD", "SGLANG_NEW")], [], [])
+
+
+# --- set against the pinned version --------------------------------------------------------------
+
+
+def test_set_refuses_the_story_knob_against_023_without_allow_undeclared(project):
+    before = _state(project)
+    line = _one_line_exit_2(kk(project, "set", f"{STORY}=512", "--role", "decode", "--reason", "A/B"),
+                            STORY, "sglang 0.5.23", "inventory/example_prod.py", "does not declare it",
+                            "close names it declares:", "--allow-undeclared")
+    assert line.startswith("error: ")
+    assert _state(project) == before
+    ok = kk(project, "set", f"{STORY}=512", "--role", "decode", "--reason", "A/B", "--allow-undeclared")
+    assert ok.exit_code == 0, ok.output
+    assert f"warning: {STORY}: not declared by sglang 0.5.23" in ok.output
+
+
+def test_allow_undeclared_needs_a_catalog_source_naming_the_origin(project):
+    catalog = project.catalog_path
+    catalog.write_text(catalog.read_text().replace('source = "sglang fork (SM120 MMA split decode; not declared by sglang 0.5.23)"',
+                                                   'source = "sglang"'))
+    git(project.root, "commit", "-q", "-am", "claim it is in the release")
+    before = _state(project)
+    _one_line_exit_2(kk(project, "set", f"{STORY}=512", "--role", "decode", "--reason", "x", "--allow-undeclared"),
+                     "does not declare it", "say so in the catalog entry's source")
+    assert _state(project) == before
+
+
+def test_a_knob_only_the_registry_knows_is_settable(project):
+    result = kk(project, "set", "SGLANG_SORT_WEIGHT_FILES=2", "--role", "prefill", "--reason", "stagger weight reads")
+    assert result.exit_code == 0, result.output
+    assert "SGLANG_SORT_WEIGHT_FILES = 2" in project.knobs_path.read_text()
+    knob = load_catalog(project.catalog_path).get("SGLANG_SORT_WEIGHT_FILES")
+    assert (knob.type, knob.risk, knob.roles, knob.default) == ("int", "unreviewed", ("prefill", "decode"), 0)
+    shown = kk(project, "catalog", "SGLANG_SORT_WEIGHT_FILES")
+    assert "unreviewed" in shown.output and "weight-file ordering" in shown.output
+    # ...with the registry's type, and only on the roles that run the engine.
+    _one_line_exit_2(kk(project, "set", "SGLANG_SORT_WEIGHT_FILES=many", "--role", "prefill", "--reason", "x"),
+                     "expected an integer")
+    _one_line_exit_2(kk(project, "set", "SGLANG_SORT_WEIGHT_FILES=1", "--role", "router", "--reason", "x"),
+                     "applies to prefill, decode")
+    # The plain listing stays the hand-written catalog.
+    listing = kk(project, "catalog")
+    assert listing.exit_code == 0 and STORY in listing.output and "SGLANG_SORT_WEIGHT_FILES" not in listing.output
+
+
+def test_library_set_leaves_the_decision_to_the_catalog_source(project):
+    change = ops.set_knob(project, STORY, "512", "decode", "A/B")
+    assert any("not declared by sglang 0.5.23" in w for w in change.warnings)
+    with pytest.raises(UserError, match="pass --allow-undeclared"):
+        ops.set_knob(project, STORY, "256", "decode", "A/B", allow_undeclared=False)
+
+
+# --- check: declared knobs the pinned version would ignore ---------------------------------------
+
+
+def test_ignored_knobs_lists_what_the_pinned_version_would_ignore(project):
+    assert registry.ignored_knobs(project) == []
+    ops.set_knob(project, STORY, "512", "decode", "A/B", allow_undeclared=True)
+    assert registry.ignored_knobs(project) == []  # its catalog source says where it comes from
+    lines = registry.ignored_knobs(project, include_other_origin=True)
+    assert lines == [f"inventory/knobs.toml: [decode] {STORY}: sglang 0.5.23 (pinned in inventory/example_prod.py) "
+                     f"does not declare it; the engine would ignore it (close names it declares: "
+                     f"{', '.join(registry.load_registry(project.inventory_dir, 'sglang', '0.5.23').close(STORY))})"]
+    # A knob the catalog claims is sglang's, declared by hand, that 0.5.23 does not read.
+    with project.catalog_path.open("a") as fh:
+        fh.write('\n[knobs.SGLANG_GRAMMAR_TIMEOUT]\ntype = "float"\nroles = ["decode"]\nrisk = "behaviour"\n'
+                 'source = "sglang"\nunset = "300 s"\ndoc = "Grammar compile timeout (removed after 0.5.6)."\n')
+    project.knobs_path.write_text(project.knobs_path.read_text().replace("[decode]\n", "[decode]\nSGLANG_GRAMMAR_TIMEOUT = 30.0\n", 1))
+    (line,) = registry.ignored_knobs(project)
+    assert line.startswith("inventory/knobs.toml: [decode] SGLANG_GRAMMAR_TIMEOUT: sglang 0.5.23") and "would ignore it" in line
+
+
+# --- bad input: one line, exit 2, nothing written -------------------------------------------------
+
+
+def test_unknown_engine_and_unknown_version(bare, tmp_path):
+    before = _state(bare)
+    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--version", "0.9.0"), "engine 'vllm'", "known: sglang")
+    empty = tmp_path / "wheelhouse"
+    empty.mkdir()
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--version", "0.0.1", "--wheelhouse", str(empty)),
+                     "sglang==0.0.1", "not found in wheelhouse")
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--version", "0.5.23; rm -rf /"), "expected a release")
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang"), "exactly one of --version V, --wheel PATH, --from-installed")
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--from-installed"), "not installed")
+    _one_line_exit_2(kk(bare, "catalog", "diff", "sglang", "0.5.23", "0.0.1", "--wheelhouse", str(empty)), "sglang==0.0.1")
+    assert _state(bare) == before
+
+
+def test_no_network_and_no_wheelhouse(bare, tmp_path, monkeypatch):
+    monkeypatch.setenv("KNOBKEEPER_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # what pip sees without a network: no index at all
+    before = _state(bare)
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--version", "0.5.23"),
+                     "sglang==0.5.23: not found in the package index", "--wheel PATH or --wheelhouse DIR")
+    assert _state(bare) == before
+
+
+def test_a_wheel_that_is_not_sglang(bare, tmp_path):
+    before = _state(bare)
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(_wheel(tmp_path, "requests", "2.0.0", None))),
+                     "a wheel of 'requests', not sglang")
+    text = tmp_path / "sglang-0.5.23-py3-none-any.whl"
+    text.write_text("not a zip")
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(text)), "not a wheel")
+    no_registry = tmp_path / "other"
+    no_registry.mkdir()
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(_wheel(no_registry, "sglang", "9.9.9", None))),
+                     "has no sglang/srt/environ.py")
+    assert _state(bare) == before
+
+
+def test_environ_that_needs_more_than_the_stdlib_or_has_a_bad_name(bare, tmp_path):
+    before = _state(bare)
+    needs = tmp_path / "a"
+    needs.mkdir()
+    wheel = _wheel(needs, "sglang", "9.9.1", "import torch\n" + TINY_ENVIRON.format(extra=""))
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel)),
+                     "does not load stand-alone (stdlib only)", "No module named 'torch'")
+    odd = tmp_path / "b"
+    odd.mkdir()
+    wheel = _wheel(odd, "sglang", "9.9.2", TINY_ENVIRON.format(extra="SGLANG_Ü = EnvInt(1)"))
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel)), "variable name 'SGLANG_Ü'",
+                     "^[A-Za-z_][A-Za-z0-9_]*$")
+    assert _state(bare) == before
+    good = tmp_path / "c"
+    good.mkdir()
+    wheel = _wheel(good, "sglang", "9.9.3", TINY_ENVIRON.format(extra="SGLANG_TINY_NAME = EnvStr(lambda: 'x')  # computed"))
+    assert kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel)).exit_code == 0
+    tiny = json.loads((bare.inventory_dir / "engines" / "sglang-9.9.3.json").read_text())["knobs"]
+    assert tiny["SGLANG_TINY_QUEUES"] == {"type": "int", "kind": "EnvInt", "default": 4, "doc": "Queues between prefill and decode."}
+    assert tiny["SGLANG_TINY_NAME"]["default_computed"] == "lambda: 'x'" and tiny["SGLANG_TINY_NAME"]["doc"] == "computed"
+
+
+def test_corrupt_registry_file(project):
+    path = project.inventory_dir / "engines" / "sglang-0.5.23.json"
+    for broken, needle in (("{not json", "not JSON"), (json.dumps({"schema": "x"}), "expected \"schema\""),
+                           (SHIPPED.read_text().replace('"type": "int"', '"type": "integer"', 1), ".type: expected one of")):
+        path.write_text(broken)
+        git(project.root, "commit", "-q", "-am", "break the registry")
+        before = _state(project)
+        _one_line_exit_2(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
+                         "inventory/engines/sglang-0.5.23.json: corrupt engine registry", needle,
+                         "knobkeeper catalog import sglang --version 0.5.23")
+        assert _state(project) == before
+
+
+def test_catalog_type_that_disagrees_with_the_engine(project, bare):
+    for repo in (project, bare):
+        catalog = repo.catalog_path
+        text = catalog.read_text()
+        head = "[knobs.SGLANG_DISAGGREGATION_QUEUE_SIZE]\ntype = \"int\""
+        assert head in text
+        catalog.write_text(text.replace(head, "[knobs.SGLANG_DISAGGREGATION_QUEUE_SIZE]\ntype = \"float\""))
+        git(repo.root, "commit", "-q", "-am", "a float queue count")
+    before = _state(bare)
+    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--version", "0.5.23"),
+                     "knobs.SGLANG_DISAGGREGATION_QUEUE_SIZE.type = 'float'", "sglang 0.5.23 reads it as int")
+    assert _state(bare) == before and not (bare.inventory_dir / "engines").exists()
+    before = _state(project)
+    _one_line_exit_2(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
+                     "inventory/catalog.toml: knobs.SGLANG_DISAGGREGATION_QUEUE_SIZE.type = 'float'")
+    assert _state(project) == before
+
+
+def test_a_role_pinned_to_a_version_without_registry(project):
+    inventory = project.inventory_dir / "example_prod.py"
+    inventory.write_text(inventory.read_text().replace('"sglang_version": "0.5.23"', '"sglang_version": "0.5.6"'))
+    git(project.root, "commit", "-q", "-am", "back to 0.5.6")
+    before = _state(project)
+    _one_line_exit_2(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
+                     "runs sglang 0.5.6", "knobkeeper catalog import sglang --version 0.5.6")
+    assert _state(project) == before
+
+
+def test_pins_come_from_host_and_group_data(project):
+    pins = registry.engine_pins(project.inventory_dir)
+    assert sorted(pins) == ["decode", "prefill"]  # the local stack runs the sim: nothing pinned there
+    (pin,) = pins["decode"]
+    assert (pin.engine, pin.version, pin.inventory, pin.hosts) == ("sglang", "0.5.23", "inventory/example_prod.py",
+                                                                   ("decode-1", "decode-2"))
+    group = project.inventory_dir / "group_data" / "decode.py"
+    group.write_text(group.read_text() + '\nengines = {"decode": "sglang"}\nsglang_version = "0.5.6"\n')
+    pins = registry.engine_pins(project.inventory_dir)
+    versions = sorted((p.inventory, p.version) for p in pins["decode"])
+    # Host data wins over group data (example_prod pins in host data); local.py's host now runs sglang 0.5.6.
+    assert ("inventory/example_prod.py", "0.5.23") in versions and ("inventory/local.py", "0.5.6") not in versions
+
+
+def test_launch_script_unsets_only_hand_written_catalog_knobs(project):
+    """With 770 registry knobs, the rendered script still names only the catalog's own knobs in its
+    `unset` line; a registry-only knob appears only where it is declared (exported)."""
+    from knobkeeper.deploy.render import render_stack
+    from knobkeeper.deploy.stack import load_stack
+
+    ops.set_knob(project, "SGLANG_SORT_WEIGHT_FILES", "2", "prefill", "stagger weight reads")
+    rendered = render_stack(project, load_stack(project.root, "inventory/example_prod.py"))
+    catalog = load_catalog(project.catalog_path)
+    prefill = rendered[("prefill-1", "knobkeeper-prefill")].launch
+    decode = rendered[("decode-1", "knobkeeper-decode")].launch
+    assert "export SGLANG_SORT_WEIGHT_FILES=2" in prefill and "SGLANG_SORT_WEIGHT_FILES" not in decode
+    for script, role in ((prefill, "prefill"), (decode, "decode")):
+        (unset,) = [line for line in script.splitlines() if line.startswith("unset ")]
+        names = set(unset.split()[1:])
+        assert names == {n for n, k in catalog.knobs.items() if role in k.roles} - {"SGLANG_SORT_WEIGHT_FILES"}
+        assert len(names) < 20
