@@ -250,3 +250,23 @@ def test_evidence_with_nan_fails(project):
 
 def check_result_ok(project) -> bool:
     return kk(project).exit_code == 0
+
+
+def test_check_reports_a_knob_the_pinned_engine_ignores_and_a_flag_its_parser_rejects(project):
+    with project.catalog_path.open("a") as fh:
+        fh.write('\n[knobs.SGLANG_GRAMMAR_TIMEOUT]\ntype = "float"\nroles = ["decode"]\nrisk = "behaviour"\n'
+                 'source = "sglang"\nunset = "300 s"\ndoc = "Grammar compile timeout (removed after 0.5.6)."\n')
+    project.knobs_path.write_text(project.knobs_path.read_text().replace("[decode]\n", "[decode]\nSGLANG_GRAMMAR_TIMEOUT = 30.0\n", 1))
+    from knobkeeper.changelog.ops import record_edits
+
+    record_edits(project, "hand edit under test")
+    prod = project.root / "inventory" / "example_prod.py"
+    prod.write_text(prod.read_text().replace("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs", 1))
+    result = kk(project)
+    assert result.exit_code == 1
+    out = lines(result)
+    assert any(line.startswith("inventory/knobs.toml: [decode] SGLANG_GRAMMAR_TIMEOUT: sglang 0.5.23") and "would ignore it" in line
+               for line in out), out
+    # sglang 0.5.23's own parser (its side environment is built from PyPI once, then cached)
+    assert any("inventory/example_prod.py" in line and "--cuda-graph-max-bs" in line and "ambiguous" in line
+               for line in out), out

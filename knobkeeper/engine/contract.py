@@ -134,7 +134,9 @@ def _stack(project: Any, inventory: str):
 
 
 def _pairing(stack: Any, inventory: str, parsed: list[Parsed]) -> list[str]:
-    routers = {s.key: stack.command(s) for s in stack.services if s.engine == "sglang-router"}
+    from knobkeeper.deploy.routers import ROUTERS
+
+    routers = {s.key: stack.command(s) for s in stack.services if s.engine in ROUTERS}
     good = {p.url for p in parsed if p.ok}
     unparsed = frozenset(s.url for s in stack.services if s.role == "prefill" and s.url not in good)
     return pd_pairing_problems(inventory, parsed, routers, unparsed)

@@ -316,6 +316,30 @@ def check_render(run: _Run) -> None:
     res.counts["hosts"], res.counts["files"] = hosts, nfiles
 
 
+def check_engine_contract(run: _Run) -> None:
+    """What the pinned engine versions would make of it: declared knobs they would ignore, launch
+    flags their own parser rejects, prefill/decode pairs that would not work together."""
+    from knobkeeper.engine.contract import contract_problems
+    from knobkeeper.knobs.registry import ignored_knobs
+
+    if run.catalog is None or run.declared is None or run.bad_values:
+        return  # already reported; the engine cannot judge what does not load
+    fix_knob = "remove the knob, or give its catalog entry a source (fork, build, PR) and set it with --allow-undeclared"
+    for line in ignored_knobs(run.project):
+        path, _, what = line.partition(": ")
+        run.add(path, what, fix_knob)
+    for inv in inventories(run.project):
+        try:
+            problems, skipped = contract_problems(run.project, inv)
+        except UserError as exc:
+            run.add(inv, relative(str(exc), run.project.root), "fix the inventory so that it loads")
+            continue
+        for line in problems:
+            path, _, what = line.partition(": ")
+            run.add(path, what, "use flags and values the pinned engine version accepts (see its --help)")
+        run.result.skipped += [line.removeprefix("skipped: ") for line in skipped]
+
+
 def _render_errors(run: _Run, inv: str) -> None:
     for host, error in render_errors_per_host(run.project, inv):
         template = re.search(r"(templates/[\w.\-]+)", error)
@@ -393,7 +417,7 @@ def _role_of(render, host: str, service: str) -> str:
 
 
 CHECKS = (check_catalog, check_declared, check_secret_store, check_entries, check_links, check_evidence,
-          check_incidents, check_immutable_entries, check_render)
+          check_incidents, check_immutable_entries, check_render, check_engine_contract)
 
 
 def check(project: Project, base: str | None = None) -> CheckResult:
