@@ -244,7 +244,7 @@ def test_an_earlier_no_commit_is_not_swept_into_the_next_change(project):
 
 def test_read_commands_recover_a_crashed_change_before_reading(project):
     before = snapshot(project)
-    crashed = cli(project, "set", f"{KNOB}=512", "--role", "decode", "--reason", "r",
+    crashed = cli(project, "set", f"{KNOB}=512", "--allow-undeclared", "--role", "decode", "--reason", "r",
                   env={"KNOBKEEPER_FAULT": "before-commit:exit"})
     assert crashed.returncode == 70 and (project.private_dir / "journal.json").exists()
     assert json.loads(kk(project, "knobs", "--json").output) == []
@@ -261,7 +261,7 @@ def test_the_lock_covers_a_git_commit_that_outlives_its_parent(project, tmp_path
     # git calls this while the commit's ref update is prepared: the first time, it holds git there.
     hook.write_text(f'#!/bin/sh\nif [ "$1" = prepared ] && [ ! -e {started} ]; then touch {started}; sleep 3; fi\n')
     hook.chmod(0o755)
-    writer = subprocess.Popen([PY, "-m", "knobkeeper.cli", "set", f"{KNOB}=512", "--role", "decode", "--reason", "one",
+    writer = subprocess.Popen([PY, "-m", "knobkeeper.cli", "set", f"{KNOB}=512", "--allow-undeclared", "--role", "decode", "--reason", "one",
                                "--repo", str(project.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not started.exists() and time.monotonic() < deadline:
@@ -281,7 +281,7 @@ def test_the_lock_covers_a_git_commit_that_outlives_its_parent(project, tmp_path
 def test_a_stale_index_lock_is_removed_when_no_git_process_is_alive(project):
     lock = project.root / ".git" / "index.lock"
     lock.write_text("")
-    done = kk(project, "set", f"{KNOB}=512", "--role", "decode", "--reason", "r")
+    done = kk(project, "set", f"{KNOB}=512", "--allow-undeclared", "--role", "decode", "--reason", "r")
     assert done.exit_code == 0, done.output
     assert not lock.exists() and git(project.root, "status", "--porcelain") == ""
 
@@ -294,7 +294,7 @@ def test_an_index_lock_held_by_a_live_git_is_named_in_one_line(project):
     try:
         time.sleep(0.2)
         before = snapshot(project)
-        done = cli(project, "set", f"{KNOB}=512", "--role", "decode", "--reason", "r")
+        done = cli(project, "set", f"{KNOB}=512", "--allow-undeclared", "--role", "decode", "--reason", "r")
         err = done.stderr.decode()
         assert done.returncode == 2 and len(err.strip().splitlines()) == 1
         assert str(lock) in err and "['" not in err and f"git process {alive.pid}" in err
@@ -315,7 +315,7 @@ def _one_line_exit_2(done, needle: str) -> None:
 @pytest.mark.parametrize("args,needle", [
     (["show", "****"], "no such entry"),
     (["show", "**/*"], "no such entry"),
-    (["set", f"{KNOB}=512", "--role", "decode", "--reason", "r", "--evidence", "**"], "--evidence '**'"),
+    (["set", f"{KNOB}=512", "--allow-undeclared", "--role", "decode", "--reason", "r", "--evidence", "**"], "--evidence '**'"),
     (["log", "--since", "9999-12-31T23:59:59-01:00"], "out of range"),
     (["incident", "open", "hang", "--started", "0001-01-01"], "before 1970-01-01"),
 ])
@@ -328,7 +328,7 @@ def test_bad_arguments_are_one_line(project, args, needle):
 
 def test_invalid_utf8_in_argv_is_one_line(project):
     before = snapshot(project)
-    done = subprocess.run([PY.encode(), b"-m", b"knobkeeper.cli", b"set", f"{KNOB}=512".encode(), b"--role", b"decode",
+    done = subprocess.run([PY.encode(), b"-m", b"knobkeeper.cli", b"set", f"{KNOB}=512".encode(), b"--allow-undeclared", b"--role", b"decode",
                            b"--reason", b"caf\xe9", b"--repo", str(project.root).encode()], capture_output=True)
     _one_line_exit_2(done, "not valid UTF-8")
     assert snapshot(project) == before
@@ -350,7 +350,7 @@ def test_entry_fields_of_the_wrong_type_are_one_line_naming_file_and_field(proje
 def test_a_linked_worktree_is_supported(project, tmp_path):
     tree = tmp_path / "wt"
     git(project.root, "worktree", "add", "-q", "-b", "side", str(tree))
-    done = subprocess.run([PY, "-m", "knobkeeper.cli", "set", f"{KNOB}=512", "--role", "decode", "--reason", "r",
+    done = subprocess.run([PY, "-m", "knobkeeper.cli", "set", f"{KNOB}=512", "--allow-undeclared", "--role", "decode", "--reason", "r",
                            "--repo", str(tree)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert git(tree, "log", "-1", "--format=%(trailers:key=Knob,valueonly)") == KNOB

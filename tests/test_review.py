@@ -203,7 +203,7 @@ def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tm
     git(project.root, "switch", "-q", "-c", "engine")
     inv = project.inventory_dir / "example_prod.py"
     text = inv.read_text()
-    for old, new in (('"--cuda-graph-max-bs", "128"', '"--cuda-graph-max-bs", "256", "--enable-dp-attention"'),
+    for old, new in (('"--cuda-graph-max-bs-decode", "128"', '"--cuda-graph-max-bs-decode", "256", "--enable-dp-attention"'),
                      ('"python": "{prefix}/venv/bin/python"', '"python": "{prefix}/venv-0.5.7/bin/python"'),
                      ('"HF_HOME": "/models/hf-cache"', '"HF_HOME": "/models/cache"')):
         assert old in text
@@ -220,7 +220,7 @@ def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tm
     decode = next(line for line in prod.splitlines() if line.startswith("   - knobkeeper-decode on decode-1, decode-2: "))
     for words in (f"{KNOB}: running (unset), declared 512", "environment HF_HOME: running /models/hf-cache, "
                   "declared /models/cache", "interpreter /opt/knobkeeper/venv/bin/python -> "
-                  "/opt/knobkeeper/venv-0.5.7/bin/python", "flag --cuda-graph-max-bs 128 -> 256",
+                  "/opt/knobkeeper/venv-0.5.7/bin/python", "flag --cuda-graph-max-bs-decode 128 -> 256",
                   "flag --enable-dp-attention added",
                   "knobkeeper-decode.service text changed (templates/systemd.service.j2): "
                   "`-Restart=on-failure`, `+Restart=always`"):
