@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import tomlkit
 
-from knobkeeper.changelog.filecache import files_with_id_prefix, load_folder
+from knobkeeper.changelog.filecache import find_one, load_folder
 from knobkeeper.changelog.order import commit_order
 from knobkeeper.changelog.store import settle
 from knobkeeper.errors import UserError
@@ -138,19 +138,10 @@ def in_history_order(project: Project, entries: Iterable[Entry]) -> list[Entry]:
 
 def find_entry(project: Project, ident: str, entries: Iterable[Entry] | None = None) -> Entry:
     """By id or unique id prefix (at least 4 characters)."""
-    ident = ident.strip()
-    if len(ident) < 4:
-        raise UserError(f"entry id {ident!r}: give at least 4 characters of the id")
     if entries is None:
         settle(project)
-        found = [parse_entry_file(p) for p in files_with_id_prefix(project.entries_dir, ident) if p.suffix == ".toml"]
-    else:
-        found = [e for e in entries if e.id.startswith(ident)]
-    if not found:
-        raise UserError(f"entry {ident!r}: no such entry in {project.rel(project.entries_dir)}/ (see `knobkeeper log`)")
-    if len(found) > 1:
-        raise UserError(f"entry {ident!r}: ambiguous ({', '.join(e.id for e in found[:5])}); give more characters")
-    return found[0]
+    return find_one(ident, "entry", project.entries_dir, "knobkeeper log", parse_entry_file, entries,
+                    project.rel(project.entries_dir))
 
 
 def history(entries: Iterable[Entry], role: str, knob: str) -> list[Entry]:

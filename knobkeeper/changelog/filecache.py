@@ -10,7 +10,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, TypeVar
+
+from knobkeeper.errors import UserError
+
+T = TypeVar("T")
 
 CACHE_VERSION = 1
 
@@ -60,3 +64,21 @@ def files_with_id_prefix(folder: Path, ident: str) -> list[Path]:
     with os.scandir(folder) as it:
         names = sorted(e.name for e in it if not e.name.startswith("."))
     return [folder / n for n in names if "." in n and n.rsplit(".", 1)[0].rsplit("-", 1)[-1].startswith(ident)]
+
+
+def find_one(ident: str, what: str, folder: Path, see: str, parse: Callable[[Path], T],
+             items: Iterable[T] | None = None, rel: str | None = None) -> T:
+    """The one entry/incident whose id is `ident` or starts with it (at least 4 characters, taken
+    literally), from `items` when given, else parsed from `folder`; or a one-line UserError."""
+    ident = ident.strip()
+    if len(ident) < 4:
+        raise UserError(f"{what} id {ident!r}: give at least 4 characters of the id")
+    if items is None:
+        found = [parse(p) for p in files_with_id_prefix(folder, ident) if p.suffix == ".toml"]
+    else:
+        found = [item for item in items if item.id.startswith(ident)]
+    if not found:
+        raise UserError(f"{what} {ident!r}: no such {what} in {rel or folder}/ (see `{see}`)")
+    if len(found) > 1:
+        raise UserError(f"{what} {ident!r}: ambiguous ({', '.join(i.id for i in found[:5])}); give more characters")
+    return found[0]

@@ -211,22 +211,12 @@ def load_incidents(project: Project) -> list[Incident]:
 
 def find_incident(project: Project, ident: str, incidents: Iterable[Incident] | None = None) -> Incident:
     """By id or unique id prefix (at least 4 characters)."""
-    ident = ident.strip()
-    if len(ident) < 4:
-        raise UserError(f"incident id {ident!r}: give at least 4 characters of the id")
-    if incidents is None:
-        from knobkeeper.changelog.filecache import files_with_id_prefix
+    from knobkeeper.changelog.filecache import find_one
 
+    if incidents is None:
         settle(project)
-        found = [parse_incident_file(p) for p in files_with_id_prefix(project.incidents_dir, ident) if p.suffix == ".toml"]
-    else:
-        found = [i for i in incidents if i.id.startswith(ident)]
-    if not found:
-        raise UserError(f"incident {ident!r}: no such incident in {project.rel(project.incidents_dir)}/ "
-                        f"(see `knobkeeper incident list`)")
-    if len(found) > 1:
-        raise UserError(f"incident {ident!r}: ambiguous ({', '.join(i.id for i in found[:5])}); give more characters")
-    return found[0]
+    return find_one(ident, "incident", project.incidents_dir, "knobkeeper incident list", parse_incident_file,
+                    incidents, project.rel(project.incidents_dir))
 
 
 # --------------------------------------------------------------------------- writing
