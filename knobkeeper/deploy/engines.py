@@ -1,4 +1,5 @@
-"""The engine command of each service: the argv its launch script `exec`s.
+"""The engine command of each service: the argv its launch script `exec`s, and the interpreter it
+runs with (decided here only).
 
     sim            python -m knobkeeper.sim --role R --host H --port P [--bootstrap-port B] ...
     sglang         {prefix}/venv/bin/python -m sglang.launch_server --disaggregation-mode R ...
@@ -9,20 +10,40 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import sys
+from typing import Any, Iterable, Mapping
 
+from knobkeeper.deploy.model import Service
 from knobkeeper.errors import UserError
 
-if TYPE_CHECKING:
-    from knobkeeper.deploy.stack import Service, Stack
+WORKER_ENGINES = ("sim", "sglang")
+VENV_PYTHON = "{prefix}/venv/bin/python"
+
+Workers = dict[str, list[tuple[str, int | None]]]
 
 
-def engine_command(stack: "Stack", svc: "Service") -> list[str]:
-    data = stack.hosts[svc.host].data
-    extra = data.get("engine_args", {}).get(svc.role, [])
+def interpreter(data: Mapping[str, Any], prefix: str, engine: str) -> str:
+    """The Python a service of `engine` runs with: host data `python` ("{prefix}" expanded), else the
+    engine venv under the prefix for sglang, else the controller's own interpreter (sim, router)."""
+    chosen = data.get("python") or (VENV_PYTHON if engine == "sglang" else sys.executable)
+    return str(chosen).replace("{prefix}", prefix)
+
+
+def workers_of(services: Iterable[Service]) -> Workers:
+    """{"prefill": [(url, bootstrap port)], "decode": [(url, None)]}: what a router fronts."""
+    out: Workers = {"prefill": [], "decode": []}
+    for svc in services:
+        if svc.engine in WORKER_ENGINES:
+            out[svc.role].append((svc.url, svc.bootstrap_port))
+    return out
+
+
+def engine_command(svc: Service, data: Mapping[str, Any], workers: Workers) -> list[str]:
+    """The argv of `svc` from its host's data and, for a router, the workers it fronts."""
+    extra = (data.get("engine_args") or {}).get(svc.role, [])
     if isinstance(extra, str) or not isinstance(extra, (list, tuple)):
         raise UserError(f"host {svc.host}: data engine_args[{svc.role!r}]: expected a list of arguments")
-    python = str(data.get("python") or _default_python(svc)).replace("{prefix}", svc.prefix)
+    python = interpreter(data, svc.prefix, svc.engine)
     model_name = str(data.get("served_model_name") or "knobkeeper-sim")
     if svc.engine == "sim":
         cmd = [python, "-m", "knobkeeper.sim", "--role", svc.role, "--host", svc.listen_host,
@@ -44,7 +65,6 @@ def engine_command(stack: "Stack", svc: "Service") -> list[str]:
     else:
         cmd = [python, "-m", "sglang_router.launch_router", "--host", svc.listen_host, "--port", str(svc.port),
                "--pd-disaggregation"]
-        workers = _workers(stack)
         if not workers["prefill"] or not workers["decode"]:
             raise UserError(f"{svc.key}: the router needs at least one prefill and one decode service in the inventory")
         for url, bootstrap in workers["prefill"]:
@@ -54,17 +74,3 @@ def engine_command(stack: "Stack", svc: "Service") -> list[str]:
         cmd += ["--policy", str(data.get("router_policy") or "round_robin"),
                 "--prometheus-host", svc.listen_host, "--prometheus-port", str(svc.metrics_port)]
     return cmd + [str(a) for a in extra]
-
-
-def _default_python(svc: "Service") -> str:
-    import sys
-
-    return "{prefix}/venv/bin/python" if svc.engine == "sglang" else sys.executable
-
-
-def _workers(stack: "Stack") -> dict[str, list[tuple[str, Any]]]:
-    out: dict[str, list[tuple[str, Any]]] = {"prefill": [], "decode": []}
-    for svc in stack.services:
-        if svc.engine in ("sim", "sglang"):
-            out[svc.role].append((svc.url, svc.bootstrap_port))
-    return out
