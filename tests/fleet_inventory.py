@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from tests.sshd import Fleet
+from tests.sshd import Fleet, loopback_addresses
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,21 @@ class FleetHost:
     role: str
 
 
-FLEET: tuple[FleetHost, ...] = (
-    FleetHost("prefill-1", "127.0.0.2", "prefill"),
-    FleetHost("prefill-2", "127.0.0.3", "prefill"),
-    FleetHost("decode-1", "127.0.0.4", "decode"),
-    FleetHost("decode-2", "127.0.0.5", "decode"),
-    FleetHost("router-1", "127.0.0.6", "router"),
-)
 ROLES = ("prefill", "decode", "router")
+
+
+def fleet_of(count: int) -> tuple[FleetHost, ...]:
+    """`count` hosts on 127.0.0.2 ...: one router, the rest split between prefill and decode (decode
+    gets the odd one). fleet_of(5): prefill-1/2 on .2/.3, decode-1/2 on .4/.5, router-1 on .6."""
+    if count < 3:
+        raise ValueError(f"{count} hosts: a fleet needs at least a prefill, a decode and a router host")
+    workers = count - 1
+    sizes = {"prefill": workers // 2, "decode": workers - workers // 2, "router": 1}
+    names = [(role, i) for role in ROLES for i in range(1, sizes[role] + 1)]
+    return tuple(FleetHost(f"{role}-{i}", address, role) for (role, i), address in zip(names, loopback_addresses(count)))
+
+
+FLEET: tuple[FleetHost, ...] = fleet_of(5)
 
 
 def by_name(name: str) -> FleetHost:

@@ -1,4 +1,5 @@
-"""An emulated fleet: one real sshd (Debian openssh-server) listening on 127.0.0.2 ... 127.0.0.6.
+"""An emulated fleet: one real sshd (Debian openssh-server) listening on 127.0.0.2 ... 127.0.0.6
+(or on N addresses from 127.0.0.2: `start_sshd(root, loopback_addresses(N))`).
 
 Every address is a "host" that pyinfra and Ansible reach over real SSH (key-only root login, keys
 generated per run). The hosts share this machine's filesystem, so each host's files live under its
@@ -34,7 +35,16 @@ SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "ssh-keygen"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 PRIVSEP_DIR = Path("/run/sshd")
-ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6")
+
+
+def loopback_addresses(count: int) -> tuple[str, ...]:
+    """`count` emulated hosts: 127.0.0.2, 127.0.0.3, ... (the tests use 5; bench/bench_fleet.py more)."""
+    if not 1 <= count <= 250:
+        raise ValueError(f"{count} hosts: expected 1 to 250 (127.0.0.2 .. 127.0.0.251)")
+    return tuple(f"127.0.0.{2 + i}" for i in range(count))
+
+
+ADDRESSES = loopback_addresses(5)
 USER = "root"
 
 
@@ -152,8 +162,8 @@ UseDNS no
 # The emulated hosts' root gets a home of its own: the login shell must not read this machine's
 # ~/.bashrc (a dev box's pyenv/cargo set-up costs ~0.15 s per command, and it is not the host's).
 SetEnv HOME={root}/home
-# pyinfra and Ansible open several sessions per host at once, on five hosts.
-MaxStartups 100:30:200
+# pyinfra and Ansible open several sessions per host at once, on up to tens of hosts.
+MaxStartups 400:30:800
 MaxSessions 50
 LoginGraceTime 30
 LogLevel INFO

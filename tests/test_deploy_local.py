@@ -293,23 +293,11 @@ def test_decode_that_never_gets_healthy_stops_the_run_before_the_router(stack):
 
 def test_stray_server_on_the_decode_port_fails_the_deploy_before_the_router(stack):
     """Issue 18 item 7: an answer on the port from another process is not a healthy decode."""
-    import http.server
-    import threading
-
-    class Healthy(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args):
-            pass
+    from tests.procs import answering_server
 
     conf = str(stack.prefix / "supervisor/supervisord.conf")
     subprocess.run([stack.ctl, "-c", conf, "stop", "knobkeeper-decode"], check=True, capture_output=True)
-    stray = http.server.ThreadingHTTPServer(("127.0.0.1", stack.ports["decode"]), Healthy)
-    threading.Thread(target=stray.serve_forever, daemon=True).start()
-    try:
+    with answering_server(stack.ports["decode"]):
         before = stack.pids()
         result = stack.deploy(restart="co")
         assert not result.ok and result.record is not None and result.record.result == "failed"
@@ -319,9 +307,6 @@ def test_stray_server_on_the_decode_port_fails_the_deploy_before_the_router(stac
         assert stack.pids()["knobkeeper-router"] == before["knobkeeper-router"]
         states = {s.service: s for s in stack_status(stack.project, "inventory/local.py", FAST)}
         assert states["knobkeeper-decode"].state == "down", states["knobkeeper-decode"]
-    finally:
-        stray.shutdown()
-        stray.server_close()
     record = _ok(stack.deploy())
     assert _row(record, "knobkeeper-decode")["action"] == "started"
     assert _row(record, "knobkeeper-router")["gate"]["result"] == "passed"

@@ -483,27 +483,11 @@ def _local_shell(command: str) -> list[str]:
 
 @pytest.fixture
 def answering_server():
-    """An HTTP server in THIS process answering 200 on /health (a stray, unless we are the service)."""
-    import http.server
-    import threading
+    """A server in THIS process answering 200 (a stray, unless this process is the service)."""
+    from tests.procs import answering_server
 
-    from tests.procs import free_port
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with answering_server() as port:
+        yield port
 
 
 def test_gate_fails_when_another_process_answers_on_the_port(answering_server):
