@@ -546,3 +546,21 @@ def test_status_calls_a_changing_pid_a_restart_loop(monkeypatch):
     seen = {svc.key: {"running": True, "pid": 111, "state": "RUNNING"}}
     status._mark_restart_loops(Shell(), type("S", (), {"hosts": {"@local": Plan()}})(), [svc], seen)
     assert seen[svc.key]["running"] is False and seen[svc.key]["state"] == "RESTART-LOOP (pid 111 -> 222)"
+
+
+def test_partial_deploy_check_names_the_role_that_is_not_up_and_what_to_run(project):
+    from knobkeeper.deploy.health import require_up
+    from tests.procs import answering_server, free_port
+
+    with answering_server() as prefill:
+        ports = {"prefill_port": prefill, "prefill_bootstrap_port": free_port(), "decode_port": free_port(),
+                 "router_port": free_port(), "router_metrics_port": free_port()}
+        stack = load_stack(project.root, LOCAL, ports)
+        with pytest.raises(UserError) as err:
+            require_up(stack, ["decode"], "inventory/local.py")
+        assert str(err.value).startswith("the router is not running (@local/knobkeeper-router, http://127.0.0.1:")
+        assert str(err.value).endswith(": run `knobkeeper deploy inventory/local.py` first")
+        with answering_server(ports["router_port"]):
+            require_up(stack, ["decode"], "inventory/local.py")  # prefill healthy, router running: go
+    with pytest.raises(UserError, match="^the prefill is not running"):
+        require_up(stack, ["decode"], "inventory/local.py")

@@ -13,7 +13,7 @@ Waits say what they wait for: a line on stderr every few seconds ("knobkeeper: w
 127.0.0.1:30001 /health (12 s of 900 s): last status no answer").
 
 `require_up` is the seconds-long check a partial deploy (only=ROLE, `ab run`, canary) makes first:
-every role it does not restart must already answer, else it says which deploy to run.
+every role it does not restart must already be up, else it says which deploy to run.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from knobkeeper.deploy.model import Service, Stack
+from knobkeeper.deploy.topology import downstream
 from knobkeeper.errors import UserError
 
 POLL_S = 0.1
@@ -197,11 +198,20 @@ def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: 
 # --- before a partial deploy ----------------------------------------------------------------------------
 
 
-def require_up(stack: Stack, roles: Iterable[str], inventory_path: str, expected_workers: int) -> None:
-    """Refuse (one line) when a role this run will not restart does not answer healthy right now."""
-    for role in roles:
+def require_up(stack: Stack, scope: Iterable[str], inventory_path: str) -> None:
+    """Refuse (one line) when a role this run does not restart is not up right now. A role the
+    scope starts after must be healthy; a role downstream of the scope (gated again after the
+    restart, judged by its own gate then) must at least be running: answer on its port."""
+    scope = list(scope)
+    later = downstream(stack.order, stack.roles, scope)
+    for role in (r for r in stack.order if r not in scope):
         for svc in (s for s in stack.services if s.role == role):
-            ok, status = healthy_now(svc, expected_workers)
-            if not ok:
-                raise UserError(f"the {role} is not running ({svc.key}, {svc.health_url}: {status}): "
-                                f"run `knobkeeper deploy {inventory_path}` first")
+            code, status, _ = probe(svc.health_url)
+            if code is None:
+                problem = "is not running"
+            elif code != 200 and role not in later:
+                problem = "is not healthy"
+            else:
+                continue
+            raise UserError(f"the {role} {problem} ({svc.key}, {svc.health_url}: {status}): "
+                            f"run `knobkeeper deploy {inventory_path}` first")

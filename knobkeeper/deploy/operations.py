@@ -134,8 +134,7 @@ class Run:
         self.gated = set(self.scope) | downstream(self.order, self.stack.roles, self.scope)
         if self.options.only and self.options.restart != "none":
             # Seconds, not a role's full gate: a partial deploy stands on roles it does not restart.
-            require_up(self.stack, [r for r in self.order if r not in self.scope], self.inventory_path,
-                       self.expected_workers())
+            require_up(self.stack, self.scope, self.inventory_path)
         self.lock = _lock(self.project.state_dir / "deploy.lock")
         self.source = source_of(self.project.root)
         self.rendered = render_stack(self.project, self.stack, knob_overrides=self.options.knob_overrides,
