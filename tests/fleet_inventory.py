@@ -213,3 +213,24 @@ def seed_venv(prefix: Path, deps: Path, python: str | None = None) -> Path:
     pip.write_text('#!/bin/sh\nexec "$(dirname "$0")/python" -m pip "$@"\n')
     pip.chmod(0o755)
     return venv
+
+
+SGLANG_PIN = "0.5.23"
+
+
+def sglang_wheelhouse(version: str = SGLANG_PIN) -> Path:
+    """A folder holding the real sglang wheel (no dependencies: installed --no-deps), downloaded once
+    from the package index into a cache outside the repo ($KNOBKEEPER_WHEEL_CACHE or
+    ~/.cache/knobkeeper/wheels/sglang-VERSION)."""
+    import os
+
+    base = Path(os.environ.get("KNOBKEEPER_WHEEL_CACHE") or Path.home() / ".cache" / "knobkeeper" / "wheels")
+    folder = base / f"sglang-{version}"
+    if not list(folder.glob(f"sglang-{version}-*.whl")):
+        folder.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(folder),
+                               f"sglang=={version}"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"pip download --no-deps sglang=={version} failed (a package index is needed once): "
+                               f"{done.stderr.strip().splitlines()[-1:]}")
+    return folder

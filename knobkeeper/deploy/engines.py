@@ -10,10 +10,14 @@ runs with (decided here only).
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 import sys
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from knobkeeper.deploy.model import Service
+from knobkeeper.deploy.model import HostPlan, Service
 from knobkeeper.errors import UserError
 
 WORKER_ENGINES = ("sim", "sglang")
@@ -74,3 +78,79 @@ def engine_command(svc: Service, data: Mapping[str, Any], workers: Workers) -> l
         cmd += ["--policy", str(data.get("router_policy") or "round_robin"),
                 "--prometheus-host", svc.listen_host, "--prometheus-port", str(svc.metrics_port)]
     return cmd + [str(a) for a in extra]
+
+
+# --- the engine a host runs: its venv and the packages pinned in it -------------------------------------
+
+VERSIONS_MARKER = "knobkeeper-versions "
+_PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*==\s*([^\s;,]+)\s*$")
+
+
+def engine_venv(plan: HostPlan) -> str | None:
+    """The venv under the host's prefix its services run from (the deploy makes it), or None when
+    they run an interpreter the host already has (the local stack: this repo's environment)."""
+    for svc in plan.services:
+        python = interpreter(plan.data, plan.prefix, svc.engine)
+        if python.startswith(plan.prefix + "/"):
+            return str(Path(python).parent.parent)
+    return None
+
+
+def engine_requirements(plan: HostPlan) -> list[str]:
+    """The pip requirements the deploy installs into the venv: data `engine_packages`, else the
+    pinned sglang (`sglang_version`) / router (`sglang_router_version`) of the host's engines."""
+    data = plan.data
+    wanted = data.get("engine_packages")
+    if wanted is not None:
+        if isinstance(wanted, str) or not all(isinstance(w, str) for w in wanted):
+            raise UserError(f"host {plan.name}: data engine_packages: expected a list of pip requirements")
+        return list(wanted)
+    engines = {s.engine for s in plan.services}
+    out = []
+    for engine, dist, key in (("sglang", "sglang[all]", "sglang_version"),
+                              ("sglang-router", "sglang-router", "sglang_router_version")):
+        if engine in engines:
+            version = data.get(key)
+            if not version:
+                raise UserError(f"host {plan.name}: data {key}: needed to pin the engine in its venv")
+            out.append(f"{dist}=={version}")
+    return out
+
+
+def pinned_versions(requirements: Iterable[str]) -> dict[str, str]:
+    """{distribution: version} of the requirements pinned with == ("sglang[all]==0.5.23" -> sglang)."""
+    out = {}
+    for req in requirements:
+        match = _PIN.match(req)
+        if match:
+            out[match.group(1).lower().replace("_", "-")] = match.group(2)
+    return out
+
+
+def versions_command(venv: str, dists: Iterable[str]) -> str:
+    """Shell printing `knobkeeper-versions {"dist": "version" | null}` from the venv's own metadata."""
+    code = ("import importlib.metadata as m, json, sys\n"
+            "def v(d):\n"
+            "    try:\n"
+            "        return m.version(d)\n"
+            "    except m.PackageNotFoundError:\n"
+            "        return None\n"
+            f"print({VERSIONS_MARKER!r} + json.dumps({{d: v(d) for d in sys.argv[1:]}}))")
+    return shlex.join([f"{venv}/bin/python", "-c", code, *dists]) + " 2>/dev/null || true"
+
+
+def parse_versions(lines: Iterable[str], dists: Iterable[str]) -> dict[str, str | None]:
+    for line in lines:
+        if line.startswith(VERSIONS_MARKER):
+            try:
+                data = json.loads(line[len(VERSIONS_MARKER):])
+            except ValueError:
+                break
+            return {d: data.get(d) for d in dists}
+    return {d: None for d in dists}  # no venv, or no Python in it
+
+
+def version_drift(pinned: Mapping[str, str], installed: Mapping[str, str | None]) -> list[str]:
+    """One line per pinned distribution whose installed version is another (or none)."""
+    return [f"engine {dist}: installed {installed.get(dist) or '(none)'}, declared {want}"
+            for dist, want in sorted(pinned.items()) if installed.get(dist) != want]

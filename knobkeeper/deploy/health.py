@@ -6,8 +6,9 @@ while the new process crash-loops on "address already in use". So a gate passes 
     1. the health URL answers 200 (a router: /readiness, and /workers lists every worker healthy),
     2. the process listening on the port is the supervised PID (or one of its children), read from
        /proc on the host (`identity_command`), and
-    3. for a process this run (re)started: after `settle` seconds it is still the same PID, still
-       listening, still healthy (a restart loop changes the PID).
+    3. for a process this run (re)started: it has been up for `settle` seconds (its age from /proc;
+       the gate waits out the rest) and is then still the same PID, listening, healthy (a restart
+       loop changes the PID).
 
 Waits say what they wait for: a line on stderr every few seconds ("knobkeeper: waiting for decode
 127.0.0.1:30001 /health (12 s of 900 s): last status no answer").
@@ -84,8 +85,9 @@ def healthy_now(svc: Service, expected_workers: int) -> tuple[bool, str]:
 
 
 def identity_command(svc: Service, ctl: str) -> str:
-    """Shell printing `knobkeeper-identity pid=P holder=yes|no listening=yes|no`: the supervised PID,
-    whether it (or a child) holds a socket LISTENing on the service's port, and whether anything does."""
+    """Shell printing `knobkeeper-identity pid=P holder=yes|no listening=yes|no age=S`: the supervised
+    PID, whether it (or a child) holds a socket LISTENing on the service's port, whether anything
+    does, and how many seconds that process has been running."""
     q = shlex.quote
     if svc.manager == "supervisord":
         pid = f"{ctl} pid {q(svc.name)} 2>/dev/null"
@@ -100,7 +102,10 @@ def identity_command(svc: Service, ctl: str) -> str:
         "for p in $pid $(cat /proc/$pid/task/*/children 2>/dev/null); do "
         "for fd in /proc/$p/fd/*; do link=$(readlink \"$fd\" 2>/dev/null) || continue; "
         "for i in $inodes; do [ \"$link\" = \"socket:[$i]\" ] && holder=yes; done; done; done; fi; "
-        f"echo \"{IDENTITY_MARKER} pid=$pid holder=$holder listening=$([ -n \"$inodes\" ] && echo yes || echo no)\""
+        "age=0; if [ \"$pid\" != 0 ] && stat=$(cat /proc/$pid/stat 2>/dev/null); then "
+        "set -- ${stat##*) }; age=$(awk -v t=\"${20}\" -v hz=\"$(getconf CLK_TCK)\" "
+        "'{printf \"%.2f\", $1 - t / hz}' /proc/uptime); fi; "
+        f"echo \"{IDENTITY_MARKER} pid=$pid holder=$holder listening=$([ -n \"$inodes\" ] && echo yes || echo no) age=$age\""
     )
 
 
@@ -109,6 +114,7 @@ class Identity:
     pid: int | None
     holder: bool
     listening: bool
+    age: float = 0.0
 
     def problem(self, svc: Service) -> str | None:
         """Words for why the answer on the port is not the supervised process's, or None."""
@@ -132,8 +138,12 @@ def parse_identity(lines: Iterable[str]) -> Identity:
         if line.startswith(IDENTITY_MARKER):
             fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
             pid = fields.get("pid", "0")
+            try:
+                age = float(fields.get("age", "0"))
+            except ValueError:
+                age = 0.0
             return Identity(int(pid) if pid.isdigit() and pid != "0" else None, fields.get("holder") == "yes",
-                            fields.get("listening") == "yes")
+                            fields.get("listening") == "yes", age)
     return Identity(None, False, False)
 
 
@@ -168,11 +178,12 @@ def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: 
             if ident.stray:
                 return GateOutcome(False, problem or "", ident.pid)
             if problem is None:
-                if settle <= 0:
+                if ident.age >= settle:
                     return GateOutcome(True, last, ident.pid)
-                if settle >= QUIET_S:
-                    say(f"{what}: healthy (pid {ident.pid}); settling {settle:g} s")
-                time.sleep(settle)
+                rest = settle - ident.age
+                if rest >= QUIET_S:
+                    say(f"{what}: healthy (pid {ident.pid}); settling {rest:.0f} s")
+                time.sleep(rest)
                 again = parse_identity(run_on_host(identity_command(svc, ctl)))
                 still, status = healthy_now(svc, expected_workers)
                 if again.pid != ident.pid:

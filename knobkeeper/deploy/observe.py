@@ -21,7 +21,9 @@ STARTED_MARKER = "--knobkeeper-started--"
 STARTED_MANAGER_MARKER = "--knobkeeper-started-manager--"
 LAUNCH_MARKER = "--knobkeeper-launch--"
 LOCAL_NAMES = ("@local", "localhost")
-RUNNING_STATES = ("RUNNING", "STARTING", "ACTIVE", "ACTIVATING", "RELOADING")
+# Up and past start-up. STARTING / BACKOFF (supervisord) and ACTIVATING (systemd) are not: a
+# program that crash-loops spends its life in them.
+RUNNING_STATES = ("RUNNING", "ACTIVE", "RELOADING")
 
 
 # --- one service's state ----------------------------------------------------------------------------

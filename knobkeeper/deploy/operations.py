@@ -62,7 +62,8 @@ from pyinfra.operations import files, pip, python, server, systemd
 
 import gevent.lock
 
-from knobkeeper.deploy.engines import WORKER_ENGINES, interpreter
+from knobkeeper.deploy.engines import (WORKER_ENGINES, engine_requirements, engine_venv, parse_versions,
+                                      pinned_versions, version_drift, versions_command)
 from knobkeeper.deploy.health import GateOutcome, require_up, wait_gate
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
@@ -192,6 +193,15 @@ class Run:
         row.previous_digest = (observed.get("started") or {}).get("digest")
         if action == "unchanged":
             row.pid = observed.get("pid")
+
+    def note_versions(self, host_name: str, venv: str, pinned: dict[str, str]) -> None:
+        """Record what the venv has of every pinned distribution; a pin pip did not meet fails the run."""
+        installed = parse_versions(_on_this_host(versions_command(venv, pinned)), pinned)
+        self.record.engine_versions[host_name] = installed
+        drift = version_drift(pinned, installed)
+        if drift:
+            self.error = self.error or f"host {host_name}: " + "; ".join(drift)
+            raise UserError(self.error)
 
     def mark_issued(self, svc: Service) -> None:
         self.row(svc).restart_issued_at = iso(utcnow())
@@ -325,32 +335,38 @@ def engine(run: Run, plan: HostPlan) -> None:
     """a. Production: a venv under the prefix with a pinned sglang (and router) and this repo's
     kernels. The local stack uses this repo's own environment (the sim and sglang-router).
 
-    Data: `engine_packages` (pip requirements; default: the pins below), `engine_wheels` (wheel files
-    on the controller, uploaded to {prefix}/wheels/ and installed with --no-deps whenever the wheel
-    installed in the venv is not that file, by its sha256), `pip_install_args` (e.g. ["--no-index"]
-    for hosts without an index), `base_python` (the interpreter that makes the venv)."""
+    Data: `engine_packages` (pip requirements; default: sglang[all]==`sglang_version` and/or
+    sglang-router==`sglang_router_version` for the host's engines), `engine_wheelhouse` (a folder of
+    wheels on the controller, synced to {prefix}/wheelhouse/ and installed from there with --no-index)
+    or `engine_index` (the package index URL to install from), `engine_wheels` (wheel files on the
+    controller, uploaded to {prefix}/wheels/ and installed with --no-deps whenever the wheel installed
+    in the venv is not that file, by its sha256), `pip_install_args` (e.g. ["--no-deps"]),
+    `base_python` (the interpreter that makes the venv). The versions installed of every pinned
+    distribution go into the record (`engine_versions`); `status` reports a host whose installed
+    versions are not the pinned ones as drifted."""
     data = plan.data
-    in_prefix = [p for p in (interpreter(data, plan.prefix, s.engine) for s in plan.services)
-                 if p.startswith(plan.prefix + "/")]
-    if not in_prefix:
+    venv = engine_venv(plan)
+    if venv is None:
         return
-    venv = str(Path(in_prefix[0]).parent.parent)
     engines = {s.engine for s in plan.services}
     pip.virtualenv(name="knobkeeper: engine venv", path=venv, python=str(data.get("base_python") or "python3"),
                    venv=True)
     pip_args = data.get("pip_install_args") or []
     if isinstance(pip_args, str) or not all(isinstance(a, str) for a in pip_args):
         raise UserError(f"host {plan.name}: data pip_install_args: expected a list of pip arguments")
-    wanted = data.get("engine_packages")
-    if wanted is None:
-        wanted = []
-        if "sglang" in engines:
-            wanted.append(f"sglang[all]=={data.get('sglang_version') or _required(plan, 'sglang_version')}")
-        if "sglang-router" in engines:
-            wanted.append(f"sglang-router=={data.get('sglang_router_version') or _required(plan, 'sglang_router_version')}")
+    wanted = engine_requirements(plan)
+    source_args = []
+    if data.get("engine_wheelhouse"):
+        local = Path(str(data["engine_wheelhouse"])).expanduser()
+        if not local.is_dir():
+            raise UserError(f"host {plan.name}: data engine_wheelhouse: {local}: no such folder on this machine")
+        files.sync(name="knobkeeper: engine wheelhouse", src=str(local), dest=f"{plan.prefix}/wheelhouse")
+        source_args = ["--no-index", "--find-links", f"{plan.prefix}/wheelhouse"]
+    elif data.get("engine_index"):
+        source_args = ["--index-url", str(data["engine_index"])]
     if wanted:
         pip.packages(name="knobkeeper: pinned engine packages", packages=list(wanted), virtualenv=venv,
-                     extra_install_args=shlex.join(pip_args) or None)
+                     extra_install_args=shlex.join([*source_args, *pip_args]) or None)
     wheels = data.get("engine_wheels") or []
     if isinstance(wheels, str):
         wheels = [wheels]
@@ -368,6 +384,10 @@ def engine(run: Run, plan: HostPlan) -> None:
         server.shell(name="knobkeeper: install kernels", commands=[
             f"{shlex.quote(venv)}/bin/pip install --no-deps --quiet {shlex.quote(plan.prefix + '/src/kernels')}"],
             _if=synced.did_change)
+    pins = pinned_versions(wanted)
+    if pins:
+        python.call(name="knobkeeper: engine versions", function=run.note_versions, host_name=plan.name, venv=venv,
+                    pinned=pins)
 
 
 class InstalledWheel(FactBase):
@@ -472,7 +492,7 @@ def service_state(run: Run, plan: HostPlan, svc: Service):
         return
     yield FunctionCommand(run.mark_issued, (svc,), {})
     yield rotate_shell(svc)
-    yield restart_shell(plan, svc, stop_first=observed["running"])
+    yield restart_shell(plan, svc)
 
 
 def rotate_shell(svc: Service) -> str:
@@ -495,14 +515,15 @@ def restore_shell(svc: Service) -> str:
             f"cp -f {q(svc.previous_manager_path)} {q(svc.started_manager_path)}; }}; }}")
 
 
-def restart_shell(plan: HostPlan, svc: Service, stop_first: bool = True) -> str:
+def restart_shell(plan: HostPlan, svc: Service) -> str:
     """THE restart of one service (deploy and rollback): apply its program/unit file, stop it, start
     it. supervisord: `start` returns once the program stayed up for its startsecs, and fails (spawn
     error, naming the log) when it could not."""
     q = shlex.quote
     if svc.manager == "supervisord":
         ctl = plan.supervisor.ctl
-        stop = f"{{ {ctl('stop', svc.name)} >/dev/null 2>&1 || true; }} && " if stop_first else ""
+        # Stopped first whatever its state: a program STARTING or in BACKOFF refuses a plain start.
+        stop = f"{{ {ctl('stop', svc.name)} >/dev/null 2>&1 || true; }} && "
         return (f"{ctl('update', svc.name)} >/dev/null && {stop}"
                 f"{{ {ctl('start', svc.name)} || {{ echo 'knobkeeper: {svc.name} did not stay up; its log "
                 f"{svc.log_path} ends:' >&2; tail -n 5 {q(svc.log_path)} >&2; exit 1; }}; }}")
@@ -535,10 +556,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _required(plan: HostPlan, key: str) -> str:
-    raise UserError(f"host {plan.name}: data {key}: needed to pin the engine in its venv")
 
 
 def _inventory_arg() -> str | None:

@@ -5,6 +5,7 @@ reference point for later incidents:
 
     {"id", "inventory", "inventory_path", "commit", "dirty", "allow_dirty", "options",
      "order", "started_at", "finished_at", "result": "ok" | "failed", "error",
+     "engine_versions": {host: {distribution: installed version}} (hosts with a pinned engine venv),
      "services": [{"host", "service", "role", "action": "restarted" | "started" | "unchanged",
                    "reason", "changes": [what changed, in words], "digest", "previous_digest",
                    "knobs", "restart_issued_at", "batch", "rollback": {...} | null,
@@ -128,6 +129,7 @@ class DeployRecord:
     result: str = "running"
     error: str | None = None
     services: list[ServiceRow] = field(default_factory=list)
+    engine_versions: dict[str, dict[str, str | None]] = field(default_factory=dict)  # host -> {dist: version}
 
     def __post_init__(self) -> None:
         self.services = [r if isinstance(r, ServiceRow) else ServiceRow.from_json(r) for r in self.services]

@@ -14,8 +14,11 @@ Data keys (host data > group data > group_data/all.py; `--data` wins over all):
     advertise_host    address other hosts use to reach this one (default: ssh_hostname or host name)
     <role>_port       port of the role's first service (the n-th service of a role on a host: +n)
     prefill_bootstrap_port, router_metrics_port
-    served_model_name, model, transfer_backend, tp_size, sglang_version, router_policy
-    environment       {NAME: value} fixed, non-knob environment of every service
+    served_model_name, model, transfer_backend, tp_size, router_policy
+    sglang_version, sglang_router_version   the engine pinned in the venv (engine_packages overrides;
+                      engine_wheelhouse / engine_index: where pip gets it; see operations.engine)
+    environment       {NAME: value} fixed, non-knob environment of every service (NAME: a plain
+                      variable name, knobs.catalog.check_env_name)
     service_user      systemd User= (optional); systemd_unit_dir (default /etc/systemd/system)
     stop_timeout      seconds a stop may take before SIGKILL (default 60)
     health_timeout    overrides every role's health_timeout (seconds) for this run

@@ -5,7 +5,9 @@ started; it names the knob values and the digest the process was started with) +
 from the service manager. Declared = a fresh render of knobs.toml. Each service is:
 
     in sync   running, started from what is declared now
-    drifted   running, but knobs (listed) or other rendered content differ: a deploy would restart it
+    drifted   running, but knobs (listed) or other rendered content differ: a deploy would restart it;
+              or the stored secret is not the declared one; or the installed engine version is not
+              the pinned one
     down      not running
     unknown   the host could not be inspected (it could not be reached: the reason is given)
 
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from knobkeeper import fmt
+from knobkeeper.deploy.engines import (engine_requirements, engine_venv, parse_versions, pinned_versions,
+                                      version_drift, versions_command)
 from knobkeeper.deploy.model import HostPlan, Service
 from knobkeeper.deploy.observe import (HostShell, hand_edits, host_shell, knob_differences, manager_status_command,
                                        parse_manager_status, parse_service_state, state_command)
@@ -99,6 +103,7 @@ def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] 
         services = sorted(stack.services, key=lambda s: (stack.order.index(s.role), s.host, s.name))
         seen = {svc.key: observe(shell, stack.hosts[svc.host], svc) for svc in services}
         _mark_restart_loops(shell, stack, services, seen)
+        engines = {name: engine_drift(shell, plan) for name, plan in stack.hosts.items() if name not in shell.errors}
         for svc in services:
             want = rendered[(svc.host, svc.name)]
             look = seen[svc.key]
@@ -119,7 +124,7 @@ def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] 
                 if running_digest != want.digest and not diffs:
                     diffs = _file_changes(svc, want, look) if running_digest else ["started outside knobkeeper (no started.sh)"]
                 state = "drifted" if diffs else "in sync"
-            problems = secrets.get(svc.role, [])
+            problems = secrets.get(svc.role, []) + engines.get(svc.host, [])
             if problems:
                 diffs = diffs + problems
                 state = "drifted" if state == "in sync" else state
@@ -129,6 +134,16 @@ def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] 
                 differences=diffs, started_from=started.get("source"),
             ))
     return out
+
+
+def engine_drift(shell: HostShell, plan: HostPlan) -> list[str]:
+    """The host's pinned engine packages whose installed version is another (one line each)."""
+    venv = engine_venv(plan)
+    pinned = pinned_versions(engine_requirements(plan)) if venv else {}
+    if not pinned:
+        return []
+    lines = shell.run(plan.name, versions_command(venv, pinned))
+    return [] if lines is None else version_drift(pinned, parse_versions(lines, pinned))
 
 
 def _file_changes(svc: Service, want: Any, look: Mapping[str, Any]) -> list[str]:
