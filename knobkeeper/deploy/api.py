@@ -11,6 +11,7 @@ something (ab run) wrap their work in `terminate_as_interrupt()` so SIGTERM runs
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -139,7 +140,7 @@ def run_deploy(
     deploy_id = new_id()
     options = options or DeployOptions(restart=restart, only=only, knob_overrides=knob_overrides, record=record,
                                        allow_dirty=allow_dirty)
-    options = DeployOptions(**{**options.__dict__, "deploy_id": deploy_id})
+    options = dataclasses.replace(options, deploy_id=deploy_id)
     _preflight(project, rel, options)
     cmd = deploy_command(rel, options, extra_data)
     started = time.monotonic()
