@@ -45,6 +45,7 @@ def loopback_addresses(count: int) -> tuple[str, ...]:
 
 
 ADDRESSES = loopback_addresses(5)
+MAX_LISTEN = 16  # sshd's MAX_LISTEN_SOCKS
 USER = "root"
 
 
@@ -64,6 +65,8 @@ class Fleet:
     config: Path
     log: Path
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    # sshd listens on at most 16 sockets (MAX_LISTEN_SOCKS): addresses past the 16th get another sshd.
+    more: list[subprocess.Popen] = field(default_factory=list, repr=False)
 
     @property
     def pid(self) -> int | None:
@@ -100,8 +103,9 @@ class Fleet:
 
     def stop(self) -> None:
         """Stop sshd by PID (SIGTERM, then SIGKILL). Sessions already open end with their clients."""
-        if self.proc is not None:
-            stop(self.proc)
+        for proc in [self.proc, *self.more]:
+            if proc is not None:
+                stop(proc)
 
 
 def _port_free_everywhere(port: int, addresses: tuple[str, ...]) -> bool:
@@ -134,10 +138,10 @@ def _keygen(path: Path, comment: str) -> None:
 
 
 def write_config(root: Path, port: int, addresses: tuple[str, ...], host_key: Path,
-                 authorized_keys: Path, pidfile: Path) -> Path:
+                 authorized_keys: Path, pidfile: Path, name: str = "sshd_config") -> Path:
     """sshd_config with absolute paths only (a relative -f path makes every connection fail)."""
     listen = "\n".join(f"ListenAddress {address}:{port}" for address in addresses)
-    config = root / "sshd_config"
+    config = root / name
     (root / "home").mkdir(exist_ok=True)
     config.write_text(f"""\
 # knobkeeper test fleet: loopback only, key-only root login, keys generated for this run.
@@ -178,8 +182,9 @@ def _wait_ready(fleet: Fleet, timeout: float) -> None:
     pending = list(fleet.addresses)
     last = ""
     while pending and time.monotonic() < deadline:
-        if fleet.proc is not None and fleet.proc.poll() is not None:
-            raise SshdError(f"sshd exited with {fleet.proc.returncode} during start-up:\n{_tail(fleet.log)}")
+        for proc in [fleet.proc, *fleet.more]:
+            if proc is not None and proc.poll() is not None:
+                raise SshdError(f"sshd exited with {proc.returncode} during start-up:\n{_tail(fleet.log)}")
         address = pending[0]
         try:
             with socket.create_connection((address, fleet.port), timeout=1):
@@ -233,17 +238,24 @@ def start_sshd(root: Path, addresses: tuple[str, ...] = ADDRESSES, timeout: floa
     port = free_port_on_all(addresses)
     known_hosts = root / "known_hosts"
     known_hosts.write_text("".join(f"[{a}]:{port} {host_pub[0]} {host_pub[1]}\n" for a in addresses))
-    config = write_config(root, port, addresses, host_key, authorized_keys, root / "sshd.pid")
-    test = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, text=True)
-    if test.returncode != 0:
-        raise SshdError(f"sshd -t -f {config} rejected the config: {test.stderr.strip()}")
+    configs = []
+    for k in range(0, len(addresses), MAX_LISTEN):
+        n = k // MAX_LISTEN
+        config = write_config(root, port, tuple(addresses[k:k + MAX_LISTEN]), host_key, authorized_keys,
+                              root / ("sshd.pid" if n == 0 else f"sshd{n}.pid"),
+                              "sshd_config" if n == 0 else f"sshd_config{n}")
+        test = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, text=True)
+        if test.returncode != 0:
+            raise SshdError(f"sshd -t -f {config} rejected the config: {test.stderr.strip()}")
+        configs.append(config)
     log = root / "sshd.log"
     fleet = Fleet(root=root, port=port, addresses=tuple(addresses), client_key=client_key,
-                  known_hosts=known_hosts, config=config, log=log)
+                  known_hosts=known_hosts, config=configs[0], log=log)
     # -D: stay in the foreground (our child, stopped by PID); -e: log to stderr (the log file).
     with open(log, "ab") as out:
-        fleet.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        procs = [subprocess.Popen([SSHD, "-D", "-e", "-f", str(c)], stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True) for c in configs]
+    fleet.proc, fleet.more = procs[0], procs[1:]
     try:
         _wait_ready(fleet, timeout)
     except BaseException:
