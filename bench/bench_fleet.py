@@ -1,29 +1,31 @@
-"""knobkeeper's deploy vs an equivalent Ansible playbook, on the same 5 loopback SSH hosts.
+"""knobkeeper's deploy vs an equivalent Ansible playbook, on 5, 10 and 20 loopback SSH hosts.
 
-    .venv/bin/python bench/bench_fleet.py [--repeats N] [--keep DIR]
+    .venv/bin/python bench/bench_fleet.py [--sizes 5,10,20] [--repeats 3] [--keep DIR]
 
-The fleet is tests/sshd.py's (one sshd on 127.0.0.2-.6, key-only root login, keys per run): 2 prefill
-hosts, 2 decode hosts, 1 router, each with its own prefix and supervisord. Both sides deploy the same
-stack (two sim workers per worker role, the real sglang-router) to their own prefix and ports:
+Per size N, one sshd listens on 127.0.0.2 ... (tests/sshd.py, key-only root login, keys per run);
+tests/fleet_inventory.fleet_of(N) makes the fleet: one router, the other hosts split between prefill
+and decode, each host with its own prefix and supervisord. Both sides deploy the same stack (sim
+workers, the real sglang-router) to their own prefix and ports:
 
     ours     `pyinfra -y inventory/fleet.py deploy.py` in a temporary infra repo (knobkeeper.deploy.api)
     Ansible  `ansible-playbook bench/ansible/deploy.yml`: engine wheel copy + pip install when changed,
              template, handler restart via supervisorctl, uri health wait with retries, one play per
-             role in order with `serial` (any_errors_fatal)
+             role in order with `serial` (any_errors_fatal); forks = N, pipelining on
 
 Both install this repo's wheel into a venv per host (dependencies linked in offline, as in the
-tests); both run against the same sshd, with host keys checked. Ansible runs with pipelining on and
-its default ControlPersist=60s (SSH connections reused across runs; pyinfra reconnects every run).
+tests); both run against the same sshd, with host keys checked. Ansible keeps its SSH connections
+(ControlPersist=60s) across runs; pyinfra reconnects every run.
 
 Cases, alternating ours / Ansible each repeat so that load on a shared machine hits both alike:
 
     no-op    nothing changed: every side checks its files and gates every role
-    one-knob SGLANG_SM120_MMA_TARGET_CTAS of decode changes (512 <-> 256): both decode hosts
-             restart and are gated, then the router is gated
+    one-knob SGLANG_SM120_MMA_TARGET_CTAS of decode changes (512 <-> 256): every decode host
+             restarts and is gated, then the router is gated
 
-Prints medians (and every sample) per case and the ratio ours/Ansible. Whole-process wall time.
-Ours runs as a user runs it (the record committed to git each time); the one-knob change for ours
-is `knobkeeper set` (its commit is not timed), for Ansible a changed extra var.
+Prints medians (and every sample) per size and case, the ratio ours/Ansible, how ours grows with N,
+and where ours spends a no-op run at the largest size (pyinfra's phases, timed from its output).
+Whole-process wall time. Ours runs as a user runs it (the record committed to git each time); the
+one-knob change for ours is `knobkeeper set` (its commit is not timed), for Ansible a changed extra var.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,25 +50,35 @@ for p in (ROOT, HERE / "ansible"):
 from runner import PORTS, AnsibleSide  # noqa: E402
 
 from knobkeeper.changelog.ops import set_knob  # noqa: E402
-from knobkeeper.deploy.api import run_deploy  # noqa: E402
+from knobkeeper.deploy.api import deploy_command, run_deploy  # noqa: E402
 from knobkeeper.deploy.local import stop_local  # noqa: E402
-from tests.fleet_inventory import (FAST_ENGINE_ARGS, FLEET, build_wheel, deps_dir, host_root, seed_venv,  # noqa: E402
-                                   stack_data, write_inventory)
+from knobkeeper.deploy.options import DeployOptions  # noqa: E402
+from tests.fleet_inventory import (FAST_ENGINE_ARGS, build_wheel, deps_dir, fleet_of, host_root,  # noqa: E402
+                                   seed_venv, stack_data, write_inventory)
 from tests.infra import git, make_infra_repo  # noqa: E402
-from tests.sshd import start_sshd  # noqa: E402
+from tests.sshd import loopback_addresses, start_sshd  # noqa: E402
+
+# pyinfra's own progress lines, in the order they come: the phase each one starts.
+PHASES = (("--> Loading inventory", "start-up: python, pyinfra, config"),
+          ("--> Connecting to hosts", "inventory (group data)"),
+          ("--> Preparing operation", "SSH connect"),
+          ("--> Beginning operation run", "deploy.py per host: render, facts (state of every service)"),
+          ("--> Results", "operations: uploads, restarts, gates"),
+          (None, "record commit, disconnect, exit"))
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 VALUES = ("512", "256")
 
 
 class Ours:
-    def __init__(self, work: Path, fleet, wheel: Path, deps: Path) -> None:
+    def __init__(self, work: Path, fleet, wheel: Path, deps: Path, hosts) -> None:
+        self.hosts = hosts
         self.hosts_root = work / "h"
-        for host in FLEET:
+        for host in hosts:
             seed_venv(host_root(self.hosts_root, host), deps)
         self.project = make_infra_repo(work)
         write_inventory(self.project.root / "inventory" / "fleet.py", fleet, self.hosts_root,
-                        lambda host, root: stack_data(host, root, wheels=[str(wheel)]))
+                        lambda host, root: stack_data(host, root, wheels=[str(wheel)]), hosts=hosts)
         git(self.project.root, "add", "-A")
         git(self.project.root, "commit", "-qm", "fleet inventory")
 
@@ -78,36 +91,50 @@ class Ours:
     def set(self, value: str) -> None:
         set_knob(self.project, KNOB, value, "decode", f"bench: one-knob deploy ({value})")
 
+    def phases(self) -> list[tuple[str, float]]:
+        """One no-op deploy run directly, every output line timestamped: (phase, seconds)."""
+        cmd = deploy_command("inventory/fleet.py", DeployOptions(record=True))
+        marks: list[float] = []
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=self.project.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wanted = [marker for marker, _ in PHASES if marker]
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if len(marks) < len(wanted) and line.startswith(wanted[len(marks)]):
+                marks.append(time.perf_counter())
+        proc.wait()
+        if proc.returncode != 0 or len(marks) != len(wanted):
+            raise RuntimeError(f"phase run failed ({proc.returncode}), saw {len(marks)} of {len(wanted)} phases")
+        marks.append(time.perf_counter())
+        edges = [start, *marks]
+        return [(name, b - a) for (_, name), a, b in zip(PHASES, edges, edges[1:])]
+
     def stop(self) -> None:
-        for host in FLEET:
+        for host in self.hosts:
             stop_local(host_root(self.hosts_root, host))
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--keep", type=Path, help="work dir to use and keep (default: a temp dir, removed)")
-    args = parser.parse_args(argv)
-    work = args.keep or Path(tempfile.mkdtemp(prefix="kk-bench-fleet-"))
-    work.mkdir(parents=True, exist_ok=True)
-    fleet = start_sshd(work / "sshd")
+def bench_size(count: int, repeats: int, work: Path, wheel: Path, deps: Path, profile: bool) -> dict:
+    """Medians for one fleet size (and ours' phases when `profile`)."""
+    hosts = fleet_of(count)
+    fleet = start_sshd(work / "sshd", loopback_addresses(count))
     ours = ansible = None
     samples: dict[tuple[str, str], list[float]] = {}
+    phases = None
     try:
-        wheel = build_wheel(work / "wheel")
-        deps = deps_dir(work / "deps")
-        ours = Ours(work / "ours", fleet, wheel, deps)
-        for host in FLEET:
+        ours = Ours(work / "ours", fleet, wheel, deps, hosts)
+        for host in hosts:
             seed_venv(host_root(work / "ah", host), deps)
-        ansible = AnsibleSide(work / "ansible", fleet, work / "ah", wheel, engine_args=FAST_ENGINE_ARGS)
+        ansible = AnsibleSide(work / "ansible", fleet, work / "ah", wheel, engine_args=FAST_ENGINE_ARGS, hosts=hosts)
         t = time.perf_counter()
         ours.deploy()
-        print(f"cold deploy: ours {time.perf_counter() - t:.1f} s", flush=True)
+        print(f"[{count} hosts] cold deploy: ours {time.perf_counter() - t:.1f} s", flush=True)
         ansible.setup()
-        print(f"cold deploy: Ansible {ansible.deploy():.1f} s (after its untimed supervisord set-up)", flush=True)
+        print(f"[{count} hosts] cold deploy: Ansible {ansible.deploy():.1f} s (after its untimed supervisord set-up)",
+              flush=True)
         ours.deploy()
         ansible.deploy()  # both warmed: files in place, every service running
-        for i in range(args.repeats):
+        for i in range(repeats):
             samples.setdefault(("no-op", "ours"), []).append(ours.deploy())
             samples.setdefault(("no-op", "ansible"), []).append(ansible.deploy(knobs=_knobs(i - 1)))
             value = VALUES[i % 2]
@@ -115,28 +142,65 @@ def main(argv: list[str]) -> int:
             samples.setdefault(("one-knob", "ours"), []).append(ours.deploy())
             samples.setdefault(("one-knob", "ansible"), []).append(ansible.deploy(knobs=_knobs(i)))
             for port in (30001, PORTS["decode_port"]):  # both sides really restarted decode with the value
-                _check_knob(port, value)
-            print(f"repeat {i + 1}/{args.repeats}: " + ", ".join(
+                _check_knob(hosts, port, value)
+            print(f"[{count} hosts] repeat {i + 1}/{repeats}: " + ", ".join(
                 f"{case} {side} {v[-1]:.1f} s" for (case, side), v in samples.items()), flush=True)
+        if profile:
+            phases = ours.phases()
     finally:
         for side in (ours, ansible):
             if side is not None:
                 side.stop()
         fleet.stop()
+    return {"samples": samples, "phases": phases}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="5,10,20", help="fleet sizes, comma-separated (default 5,10,20)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--keep", type=Path, help="work dir to use and keep (default: a temp dir, removed)")
+    args = parser.parse_args(argv)
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    work = args.keep or Path(tempfile.mkdtemp(prefix="kk-bench-fleet-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict[int, dict] = {}
+    try:
+        wheel = build_wheel(work / "wheel")
+        deps = deps_dir(work / "deps")
+        for count in sizes:
+            results[count] = bench_size(count, args.repeats, work / f"n{count}", wheel, deps,
+                                        profile=count == max(sizes))
+    finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n5 SSH hosts on loopback (2 prefill, 2 decode, 1 router), {args.repeats} repeats, median wall s")
-    print(f"{'case':<10} {'ours':>8} {'Ansible':>8} {'ours/Ansible':>13}   samples ours | Ansible")
-    for case in ("no-op", "one-knob"):
-        o, a = samples[(case, "ours")], samples[(case, "ansible")]
-        mo, ma = statistics.median(o), statistics.median(a)
-        print(f"{case:<10} {mo:8.2f} {ma:8.2f} {mo / ma:13.2f}   "
-              + " ".join(f"{x:.1f}" for x in o) + " | " + " ".join(f"{x:.1f}" for x in a))
+    print(f"\nloopback SSH fleets (1 router, the rest prefill/decode), {args.repeats} repeats, median wall s")
+    print(f"{'hosts':>5} {'case':<9} {'ours':>7} {'Ansible':>8} {'ours/Ansible':>13}   samples ours | Ansible")
+    medians: dict[tuple[int, str], float] = {}
+    for count, result in results.items():
+        for case in ("no-op", "one-knob"):
+            o, a = result["samples"][(case, "ours")], result["samples"][(case, "ansible")]
+            mo, ma = statistics.median(o), statistics.median(a)
+            medians[(count, case)] = mo
+            print(f"{count:>5} {case:<9} {mo:7.2f} {ma:8.2f} {mo / ma:13.2f}   "
+                  + " ".join(f"{x:.1f}" for x in o) + " | " + " ".join(f"{x:.1f}" for x in a))
+    first = min(sizes)
+    for count in sizes:
+        if count != first:
+            for case in ("no-op", "one-knob"):
+                growth = medians[(count, case)] / medians[(first, case)]
+                print(f"ours {case} at {count} hosts / at {first}: {growth:.2f}x for {count / first:.1f}x the hosts")
+    phases = results[max(sizes)]["phases"]
+    if phases:
+        total = sum(s for _, s in phases)
+        print(f"\nwhere ours spends a no-op deploy of {max(sizes)} hosts ({total:.1f} s):")
+        for name, seconds in phases:
+            print(f"  {seconds:6.2f} s  {100 * seconds / total:4.0f}%  {name}")
     return 0
 
 
-def _check_knob(port: int, value: str) -> None:
-    for host in FLEET:
+def _check_knob(hosts, port: int, value: str) -> None:
+    for host in hosts:
         if host.role == "decode":
             url = f"http://{host.address}:{port}/get_server_info"
             with urllib.request.urlopen(url, timeout=5) as resp:

@@ -9,9 +9,8 @@ import argparse
 import sys
 import time
 
+from knobkeeper.deploy.options import DEFAULT_INVENTORY as INVENTORY
 from knobkeeper.errors import UserError
-
-INVENTORY = "inventory/local.py"
 
 
 def _stack(project):
@@ -45,7 +44,7 @@ def demo(project) -> int:
         print(f"deploy failed: {result.error}", file=sys.stderr)
         return 1
     for row in result.record.services:
-        print(f"  {row['service']:<20} {row['action']:<10} gate {row['gate']['result']} ({row['gate']['status']})")
+        print(f"  {row.service:<20} {row.action:<10} gate {row.gate.result} ({row.gate.status})")
     print(f"deploy {result.record.id} ok in {result.seconds:.1f} s\n")
 
     from openai import OpenAI
@@ -63,20 +62,19 @@ def demo(project) -> int:
     if reply.usage:
         print(f"  tokens: prompt {reply.usage.prompt_tokens}, completion {reply.usage.completion_tokens}")
     print("\nknobkeeper status:")
-    from knobkeeper.cli.deploy import status_cmd
+    from rich.console import Console
 
-    status_cmd.main(["--repo", str(project.root), INVENTORY], standalone_mode=False)
+    from knobkeeper.deploy.status import stack_status, status_table
+
+    Console().print(status_table(stack_status(project, INVENTORY)))
     print("\nstop the stack with: make stop")
     return 0
 
 
 def _has_git_identity(project) -> bool:
-    import subprocess
+    from knobkeeper import gitio
 
-    def get(key: str) -> str:
-        return subprocess.run(["git", "-C", str(project.root), "config", key], capture_output=True, text=True).stdout.strip()
-
-    if get("user.name") and get("user.email"):
+    if gitio.config(project.root, "user.name") and gitio.config(project.root, "user.email"):
         return True
     print("note: git user.name/user.email are not set: the deploy record is kept in .knobkeeper-state/deploys/")
     return False

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from tests.sshd import Fleet
+from tests.sshd import Fleet, loopback_addresses
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,21 @@ class FleetHost:
     role: str
 
 
-FLEET: tuple[FleetHost, ...] = (
-    FleetHost("prefill-1", "127.0.0.2", "prefill"),
-    FleetHost("prefill-2", "127.0.0.3", "prefill"),
-    FleetHost("decode-1", "127.0.0.4", "decode"),
-    FleetHost("decode-2", "127.0.0.5", "decode"),
-    FleetHost("router-1", "127.0.0.6", "router"),
-)
 ROLES = ("prefill", "decode", "router")
+
+
+def fleet_of(count: int) -> tuple[FleetHost, ...]:
+    """`count` hosts on 127.0.0.2 ...: one router, the rest split between prefill and decode (decode
+    gets the odd one). fleet_of(5): prefill-1/2 on .2/.3, decode-1/2 on .4/.5, router-1 on .6."""
+    if count < 3:
+        raise ValueError(f"{count} hosts: a fleet needs at least a prefill, a decode and a router host")
+    workers = count - 1
+    sizes = {"prefill": workers // 2, "decode": workers - workers // 2, "router": 1}
+    names = [(role, i) for role in ROLES for i in range(1, sizes[role] + 1)]
+    return tuple(FleetHost(f"{role}-{i}", address, role) for (role, i), address in zip(names, loopback_addresses(count)))
+
+
+FLEET: tuple[FleetHost, ...] = fleet_of(5)
 
 
 def by_name(name: str) -> FleetHost:
@@ -206,3 +213,24 @@ def seed_venv(prefix: Path, deps: Path, python: str | None = None) -> Path:
     pip.write_text('#!/bin/sh\nexec "$(dirname "$0")/python" -m pip "$@"\n')
     pip.chmod(0o755)
     return venv
+
+
+SGLANG_PIN = "0.5.23"
+
+
+def sglang_wheelhouse(version: str = SGLANG_PIN) -> Path:
+    """A folder holding the real sglang wheel (no dependencies: installed --no-deps), downloaded once
+    from the package index into a cache outside the repo ($KNOBKEEPER_WHEEL_CACHE or
+    ~/.cache/knobkeeper/wheels/sglang-VERSION)."""
+    import os
+
+    base = Path(os.environ.get("KNOBKEEPER_WHEEL_CACHE") or Path.home() / ".cache" / "knobkeeper" / "wheels")
+    folder = base / f"sglang-{version}"
+    if not list(folder.glob(f"sglang-{version}-*.whl")):
+        folder.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(folder),
+                               f"sglang=={version}"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"pip download --no-deps sglang=={version} failed (a package index is needed once): "
+                               f"{done.stderr.strip().splitlines()[-1:]}")
+    return folder

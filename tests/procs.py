@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -81,3 +83,28 @@ def wait_http(url: str, timeout: float = 30.0, status: int = 200, proc: subproce
             last = str(exc)
         time.sleep(0.05)
     raise TimeoutError(f"{url} did not answer {status} within {timeout}s (last: {last})")
+
+
+@contextlib.contextmanager
+def answering_server(port: int | None = None, host: str = "127.0.0.1") -> Iterator[int]:
+    """An HTTP server in THIS process (a thread) answering 200 to every GET: a stand-in for a stray
+    process holding a service's port. Yields its port; shut down (and the port freed) on exit."""
+    import http.server
+    import threading
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, port or free_port(host)), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,4 +1,5 @@
-"""An emulated fleet: one real sshd (Debian openssh-server) listening on 127.0.0.2 ... 127.0.0.6.
+"""An emulated fleet: one real sshd (Debian openssh-server) listening on 127.0.0.2 ... 127.0.0.6
+(or on N addresses from 127.0.0.2: `start_sshd(root, loopback_addresses(N))`).
 
 Every address is a "host" that pyinfra and Ansible reach over real SSH (key-only root login, keys
 generated per run). The hosts share this machine's filesystem, so each host's files live under its
@@ -34,7 +35,17 @@ SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "ssh-keygen"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 PRIVSEP_DIR = Path("/run/sshd")
-ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6")
+
+
+def loopback_addresses(count: int) -> tuple[str, ...]:
+    """`count` emulated hosts: 127.0.0.2, 127.0.0.3, ... (the tests use 5; bench/bench_fleet.py more)."""
+    if not 1 <= count <= 250:
+        raise ValueError(f"{count} hosts: expected 1 to 250 (127.0.0.2 .. 127.0.0.251)")
+    return tuple(f"127.0.0.{2 + i}" for i in range(count))
+
+
+ADDRESSES = loopback_addresses(5)
+MAX_LISTEN = 16  # sshd's MAX_LISTEN_SOCKS
 USER = "root"
 
 
@@ -54,6 +65,8 @@ class Fleet:
     config: Path
     log: Path
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    # sshd listens on at most 16 sockets (MAX_LISTEN_SOCKS): addresses past the 16th get another sshd.
+    more: list[subprocess.Popen] = field(default_factory=list, repr=False)
 
     @property
     def pid(self) -> int | None:
@@ -90,8 +103,9 @@ class Fleet:
 
     def stop(self) -> None:
         """Stop sshd by PID (SIGTERM, then SIGKILL). Sessions already open end with their clients."""
-        if self.proc is not None:
-            stop(self.proc)
+        for proc in [self.proc, *self.more]:
+            if proc is not None:
+                stop(proc)
 
 
 def _port_free_everywhere(port: int, addresses: tuple[str, ...]) -> bool:
@@ -124,10 +138,10 @@ def _keygen(path: Path, comment: str) -> None:
 
 
 def write_config(root: Path, port: int, addresses: tuple[str, ...], host_key: Path,
-                 authorized_keys: Path, pidfile: Path) -> Path:
+                 authorized_keys: Path, pidfile: Path, name: str = "sshd_config") -> Path:
     """sshd_config with absolute paths only (a relative -f path makes every connection fail)."""
     listen = "\n".join(f"ListenAddress {address}:{port}" for address in addresses)
-    config = root / "sshd_config"
+    config = root / name
     (root / "home").mkdir(exist_ok=True)
     config.write_text(f"""\
 # knobkeeper test fleet: loopback only, key-only root login, keys generated for this run.
@@ -152,8 +166,8 @@ UseDNS no
 # The emulated hosts' root gets a home of its own: the login shell must not read this machine's
 # ~/.bashrc (a dev box's pyenv/cargo set-up costs ~0.15 s per command, and it is not the host's).
 SetEnv HOME={root}/home
-# pyinfra and Ansible open several sessions per host at once, on five hosts.
-MaxStartups 100:30:200
+# pyinfra and Ansible open several sessions per host at once, on up to tens of hosts.
+MaxStartups 400:30:800
 MaxSessions 50
 LoginGraceTime 30
 LogLevel INFO
@@ -168,8 +182,9 @@ def _wait_ready(fleet: Fleet, timeout: float) -> None:
     pending = list(fleet.addresses)
     last = ""
     while pending and time.monotonic() < deadline:
-        if fleet.proc is not None and fleet.proc.poll() is not None:
-            raise SshdError(f"sshd exited with {fleet.proc.returncode} during start-up:\n{_tail(fleet.log)}")
+        for proc in [fleet.proc, *fleet.more]:
+            if proc is not None and proc.poll() is not None:
+                raise SshdError(f"sshd exited with {proc.returncode} during start-up:\n{_tail(fleet.log)}")
         address = pending[0]
         try:
             with socket.create_connection((address, fleet.port), timeout=1):
@@ -223,17 +238,24 @@ def start_sshd(root: Path, addresses: tuple[str, ...] = ADDRESSES, timeout: floa
     port = free_port_on_all(addresses)
     known_hosts = root / "known_hosts"
     known_hosts.write_text("".join(f"[{a}]:{port} {host_pub[0]} {host_pub[1]}\n" for a in addresses))
-    config = write_config(root, port, addresses, host_key, authorized_keys, root / "sshd.pid")
-    test = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, text=True)
-    if test.returncode != 0:
-        raise SshdError(f"sshd -t -f {config} rejected the config: {test.stderr.strip()}")
+    configs = []
+    for k in range(0, len(addresses), MAX_LISTEN):
+        n = k // MAX_LISTEN
+        config = write_config(root, port, tuple(addresses[k:k + MAX_LISTEN]), host_key, authorized_keys,
+                              root / ("sshd.pid" if n == 0 else f"sshd{n}.pid"),
+                              "sshd_config" if n == 0 else f"sshd_config{n}")
+        test = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, text=True)
+        if test.returncode != 0:
+            raise SshdError(f"sshd -t -f {config} rejected the config: {test.stderr.strip()}")
+        configs.append(config)
     log = root / "sshd.log"
     fleet = Fleet(root=root, port=port, addresses=tuple(addresses), client_key=client_key,
-                  known_hosts=known_hosts, config=config, log=log)
+                  known_hosts=known_hosts, config=configs[0], log=log)
     # -D: stay in the foreground (our child, stopped by PID); -e: log to stderr (the log file).
     with open(log, "ab") as out:
-        fleet.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        procs = [subprocess.Popen([SSHD, "-D", "-e", "-f", str(c)], stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True) for c in configs]
+    fleet.proc, fleet.more = procs[0], procs[1:]
     try:
         _wait_ready(fleet, timeout)
     except BaseException:

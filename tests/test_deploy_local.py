@@ -47,7 +47,8 @@ class Stack:
 
     def deploy(self, **kwargs):
         extra = {**FAST, **kwargs.pop("extra_data", {})}
-        return run_deploy(self.project, "inventory/local.py", extra_data=extra, timeout=240, **kwargs)
+        kwargs.setdefault("timeout", 240)
+        return run_deploy(self.project, "inventory/local.py", extra_data=extra, **kwargs)
 
     def pids(self) -> dict[str, int | None]:
         return program_pids(self.prefix, self.ctl, PROGRAMS)
@@ -98,6 +99,51 @@ def stack(tmp_path_factory):
         assert not left and not alive, f"processes left behind: {left or alive}"
 
 
+def test_partial_deploy_of_a_stack_that_is_not_up_says_what_to_run_first(stack):
+    """Issue 18 item 17: only=ROLE stands on roles it does not restart; they are checked in seconds."""
+    result = stack.deploy(only="decode", knob_overrides={"decode": {"SGLANG_SM120_MMA_TARGET_CTAS": 256}},
+                          record=False, timeout=90)
+    assert result.returncode == 2 and result.record is None, result.output[-2000:]
+    assert result.error.startswith("knobkeeper: error: the prefill is not running (@local/knobkeeper-prefill, ")
+    assert result.error.endswith("run `knobkeeper deploy inventory/local.py` first")
+    assert supervisord_pid(stack.prefix) is None  # nothing was started
+
+
+def test_sigterm_during_a_deploy_stops_the_run_and_runs_the_callers_finally(tmp_path):
+    """Issue 18 item 17: SIGTERM is handled like Ctrl-C: the pyinfra run is stopped, `finally` runs."""
+    import tempfile
+
+    # A short path: the local stack's supervisord socket must stay under 100 characters.
+    project = make_infra_repo(Path(tempfile.mkdtemp(prefix="kk-")))
+    pid_file, marker = tmp_path / "pyinfra.pid", tmp_path / "restored"
+    # A deploy.py that never finishes: it stands for a long gate.
+    (project.root / "deploy.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)\n")
+    caller = tmp_path / "caller.py"
+    caller.write_text(
+        "from knobkeeper.deploy.api import run_deploy, terminate_as_interrupt\n"
+        "from pathlib import Path\n"
+        "from knobkeeper.project import Project\n"
+        "try:\n"
+        "    with terminate_as_interrupt():\n"
+        f"        run_deploy(Project(Path({str(project.root)!r})), 'inventory/local.py', allow_dirty=True, timeout=600)\n"
+        "finally:\n"
+        f"    open({str(marker)!r}, 'w').write('restored')\n")
+    proc = subprocess.Popen([os.sys.executable, str(caller)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        pyinfra_pid = int(pid_file.read_text())
+        proc.send_signal(15)
+        assert proc.wait(120) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert marker.read_text() == "restored"
+    assert not _alive(pyinfra_pid)
+
+
 def test_first_deploy_starts_roles_in_order_each_healthy_first(stack):
     record = _ok(stack.deploy())
     assert record.order == ["prefill", "decode", "router"]
@@ -133,9 +179,17 @@ def test_set_decode_knob_restarts_decode_only_and_router_is_gated(stack):
     [drifted] = [s for s in stack_status(stack.project, "inventory/local.py", FAST) if s.state != "in sync"]
     assert drifted.service == "knobkeeper-decode" and drifted.state == "drifted"
     assert drifted.differences == ["SGLANG_SM120_MMA_TARGET_CTAS: running (unset), declared 512"]
+    from knobkeeper.deploy.plan import restart_plan
+
+    words = "knob SGLANG_SM120_MMA_TARGET_CTAS: set to 512 (was unset)"
+    planned = {s["service"]: s for role in restart_plan(stack.project, "inventory/local.py", FAST)["roles"]
+               for batch in role["batches"] for s in batch}
+    assert planned["knobkeeper-decode"]["reason"] == f"files changed: {words}"
     record = _ok(stack.deploy())
     prefill, decode, router = (_row(record, n) for n in PROGRAMS)
     assert (prefill["action"], decode["action"], router["action"]) == ("unchanged", "restarted", "unchanged")
+    # Issue 17 item 2: the record says what changed in words, not two digests.
+    assert decode.changes == [words] and decode.reason == f"files changed: {words}"
     after = stack.pids()
     assert after["knobkeeper-prefill"] == before["knobkeeper-prefill"]
     assert after["knobkeeper-router"] == before["knobkeeper-router"]
@@ -219,14 +273,13 @@ def test_decode_that_never_gets_healthy_stops_the_run_before_the_router(stack):
     before = stack.pids()
     broken = {"engine_args": {**FAST["engine_args"], "decode": ["--time-scale", "0.05", "--never-healthy"]},
               "health_timeout": 4}
-    started = time.monotonic()
     result = stack.deploy(extra_data=broken)
     assert not result.ok and result.returncode != 0
-    assert time.monotonic() - started < 60
     record = result.record
     assert record.result == "failed"
     decode, router = _row(record, "knobkeeper-decode"), _row(record, "knobkeeper-router")
     assert decode["action"] == "restarted" and decode["gate"]["result"] == "failed"
+    assert decode["gate"]["seconds"] >= 4  # it waited its whole (overridden) timeout, no longer
     assert router["action"] == "unchanged" and router["reason"] == "not run" and router["restart_issued_at"] is None
     url = f"http://127.0.0.1:{stack.ports['decode']}/health"
     assert result.error.startswith(f"gate failed: host @local, service knobkeeper-decode, {url}: last status HTTP 503")
@@ -236,3 +289,27 @@ def test_decode_that_never_gets_healthy_stops_the_run_before_the_router(stack):
     assert _row(record, "knobkeeper-decode")["action"] == "restarted"
     assert _row(record, "knobkeeper-router")["gate"]["result"] == "passed"
     assert supervisord_pid(stack.prefix)
+
+
+def test_stray_server_on_the_decode_port_fails_the_deploy_before_the_router(stack):
+    """Issue 18 item 7: an answer on the port from another process is not a healthy decode."""
+    from tests.procs import answering_server
+
+    conf = str(stack.prefix / "supervisor/supervisord.conf")
+    subprocess.run([stack.ctl, "-c", conf, "stop", "knobkeeper-decode"], check=True, capture_output=True)
+    with answering_server(stack.ports["decode"]):
+        before = stack.pids()
+        result = stack.deploy(restart="co")
+        assert not result.ok and result.record is not None and result.record.result == "failed"
+        decode, router = _row(result.record, "knobkeeper-decode"), _row(result.record, "knobkeeper-router")
+        assert decode.gate.result != "passed"
+        assert router.restart_issued_at is None and router.action == "unchanged"
+        assert stack.pids()["knobkeeper-router"] == before["knobkeeper-router"]
+        states = {s.service: s for s in stack_status(stack.project, "inventory/local.py", FAST)}
+        assert states["knobkeeper-decode"].state == "down", states["knobkeeper-decode"]
+    # With the port free again the next deploy repairs decode (or finds that one of supervisord's
+    # bounded retries already did) and gates the router.
+    record = _ok(stack.deploy())
+    assert _row(record, "knobkeeper-decode")["action"] in ("started", "unchanged")
+    assert _row(record, "knobkeeper-decode")["gate"]["result"] == "passed"
+    assert _row(record, "knobkeeper-router")["gate"]["result"] == "passed"

@@ -345,3 +345,229 @@ def test_deploy_refuses_bad_only_and_overrides_before_pyinfra_starts():
     assert git(project.root, "status", "--porcelain") == ""
     assert not (project.state_dir / "local").exists()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- one header rule, one options parser -------------------------------------------------------------
+
+
+def test_strip_header_is_the_digest_rule_and_keeps_the_shebang(project, catalog):
+    from knobkeeper.deploy.render import strip_header
+
+    stack, rendered = _rendered(project, LOCAL)
+    for item in rendered.values():
+        for path, text in item.files.items():
+            body = strip_header(text)
+            assert "rendered by knobkeeper" not in body and "digest:" not in body, path
+            if path.endswith("launch.sh"):
+                assert body.startswith("#!/usr/bin/env bash\n")
+                # the template's own comments are body, not header
+                assert "# Knob values are literals" in body and "# shellcheck disable=SC2016" in body
+    # Another source commit changes every header, never a body or a digest.
+    _, again = _rendered_with(project, LOCAL, Source("feedbeef", True))
+    for key, item in rendered.items():
+        assert item.digest == again[key].digest
+        assert {p: strip_header(t) for p, t in item.files.items()} == {p: strip_header(t) for p, t in again[key].files.items()}
+
+
+def _rendered_with(project, inventory, source, data=None):
+    stack = load_stack(project.root, inventory, data)
+    return stack, render_stack(project, stack, source=source)
+
+
+def test_deploy_options_are_validated_once_with_one_line_errors():
+    from knobkeeper.deploy.options import DeployOptions
+
+    opts = DeployOptions.from_data({"restart": "co", "only": "decode", "batch": "2", "rollback": "true",
+                                    "knob_overrides": '{"decode": {"X": 1}}', "record": False})
+    assert (opts.restart, opts.only, opts.batch, opts.rollback, opts.record) == ("co", "decode", 2, True, False)
+    assert opts.knob_overrides == {"decode": {"X": 1}}
+    assert DeployOptions.from_data(opts.to_data()) == opts
+    for data, needle in (({"restart": "sometimes"}, "--data restart=sometimes: expected one of changed, co, none"),
+                         ({"batch": 0}, "--data batch=0: expected a number of hosts"),
+                         ({"rollback": "maybe"}, "--data rollback='maybe': expected true or false"),
+                         ({"knob_overrides": "[1"}, "expected a JSON object")):
+        with pytest.raises(UserError, match=None) as err:
+            DeployOptions.from_data(data)
+        assert needle in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UserError, match="--only 'nope': not a role of inventory/local.py"):
+        DeployOptions(only="nope").check_roles(["prefill", "decode"], "inventory/local.py")
+
+
+# --- what changed, in words (issue 17 item 2) -----------------------------------------------------------
+
+
+def test_change_reasons_name_knob_flag_interpreter_and_template(project, catalog, tmp_path):
+    from knobkeeper.deploy.plan import change_reasons
+
+    stack, before = _rendered(project, LOCAL)
+    data = {"python": "/opt/other/bin/python",
+            "engine_args": {"prefill": ["--time-scale", "0.1"], "decode": ["--time-scale", "0.05", "--seed", "7"],
+                            "router": []}}
+    _, after = _rendered(project, LOCAL, data=data, overrides={"decode": {"SGLANG_SM120_MMA_TARGET_CTAS": 512}})
+    key = ("@local", "knobkeeper-decode")
+    reasons = change_reasons(before[key].files, after[key].files)
+    assert "knob SGLANG_SM120_MMA_TARGET_CTAS: set to 512 (was unset)" in reasons
+    assert "flag --time-scale: 0.1 -> 0.05" in reasons
+    assert "flag --seed: added (7)" in reasons
+    assert f"interpreter: {sys.executable} -> /opt/other/bin/python" in reasons
+    assert not any("sha256:" in r for r in reasons)
+    # A template change in the program section names the setting and both values.
+    old_conf = before[key].files[stack.service("@local", "knobkeeper-decode").manager_file]
+    path = stack.service("@local", "knobkeeper-decode").manager_file
+    assert change_reasons({path: old_conf.replace("startsecs=2", "startsecs=0")}, {path: old_conf}) == [
+        "supervisor program section: startsecs: 0 -> 2"]
+    # The same render twice: nothing changed, nothing said.
+    assert change_reasons(before[key].files, before[key].files) == []
+
+
+# --- secrets: the value shipped is the value declared (issue 18 item 1) ----------------------------------
+
+
+def test_deploy_and_status_refuse_a_secret_whose_stored_value_is_not_the_declared_one(tmp_path):
+    import tempfile
+
+    from knobkeeper.changelog.ops import revert_knob, set_knob
+    from knobkeeper.deploy.api import run_deploy
+    from knobkeeper.deploy.status import stack_status
+    from tests.infra import git
+
+    project = make_infra_repo(Path(tempfile.mkdtemp(prefix="kk-")))
+    set_knob(project, "HF_TOKEN", "token-a", "decode", "first token")
+    set_knob(project, "HF_TOKEN", "token-b", "decode", "rotated")
+    revert_knob(project, "HF_TOKEN", "decode", "back to a")
+    stack = load_stack(project.root, LOCAL)
+    stored = (project.secrets_dir / "decode" / "HF_TOKEN").read_text()
+    if stored == "token-a":  # the store already keeps a value per fingerprint: make the mismatch by hand
+        (project.secrets_dir / "decode" / "HF_TOKEN").write_text("token-b")
+    with pytest.raises(UserError, match="secret HF_TOKEN of role decode: the stored value is sha256:.*, but "
+                                        "knobs.toml declares sha256:"):
+        render_stack(project, stack, check_secrets=True)
+    head = git(project.root, "rev-parse", "HEAD")
+    with pytest.raises(UserError, match="secret HF_TOKEN of role decode"):
+        run_deploy(project, LOCAL)
+    assert git(project.root, "rev-parse", "HEAD") == head and not (project.state_dir / "local").exists()
+    rows = {r.service: r for r in stack_status(project, LOCAL)}
+    assert any("secret HF_TOKEN of role decode: the stored value" in d for d in rows["knobkeeper-decode"].differences)
+    assert not any("HF_TOKEN" in d for d in rows["knobkeeper-prefill"].differences)
+    assert "token-a" not in str(rows) and "token-b" not in str(rows)
+
+
+# --- names that reach the launch script (issue 18 item 6) -------------------------------------------------
+
+
+def test_host_environment_names_are_checked_where_they_enter(project):
+    marker = "/tmp/kk-env-name-pwned"
+    with pytest.raises(UserError) as err:
+        load_stack(project.root, LOCAL, {"environment": {f"X;touch {marker};Y": "1"}})
+    text = str(err.value)
+    assert "inventory local, host @local: data environment" in text and "touch" in text and "\n" not in text
+    assert load_stack(project.root, LOCAL, {"environment": {"GOOD_NAME_1": "x"}}).hosts["@local"]
+
+
+# --- gates tie the answer to the supervised process (issue 18 item 7) -------------------------------------
+
+
+def _fake_service(port: int):
+    from knobkeeper.deploy.model import Service
+
+    return Service(host="@local", role="decode", name="fake-decode", index=0, prefix="/tmp/kk-fake",
+                   manager="supervisord", engine="sim", listen_host="127.0.0.1", address="127.0.0.1", port=port,
+                   bootstrap_port=None, metrics_port=None, health_path="/health", workers_path=None,
+                   health_timeout=1.0, settle=0.0, user=None, stop_timeout=5, unit_dir="/tmp")
+
+
+def _local_shell(command: str) -> list[str]:
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    return (done.stdout + done.stderr).splitlines()
+
+
+@pytest.fixture
+def answering_server():
+    """A server in THIS process answering 200 (a stray, unless this process is the service)."""
+    from tests.procs import answering_server
+
+    with answering_server() as port:
+        yield port
+
+
+def _age_of_this_process() -> float:
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_gate_fails_when_another_process_answers_on_the_port(answering_server):
+    from knobkeeper.deploy.health import wait_gate
+
+    svc = _fake_service(answering_server)
+    # `ctl pid NAME` stands for the service manager's answer. The "supervised" pid is 1 (init): it does not hold the port, this test process does.
+    outcome = wait_gate(svc, 0, 30.0, _local_shell, "echo 1; :", say=lambda _: None)
+    assert not outcome.ok
+    assert outcome.status == (f"port {answering_server} answers, but not from fake-decode (pid 1): another process "
+                              f"holds the port (stop it)")
+    # The same answer from the supervised process passes, and stays the same PID over the settle time.
+    settle = _age_of_this_process() + 0.3  # so that the gate waits out the rest, then looks again
+    outcome = wait_gate(svc, 0, 30.0, _local_shell, f"echo {os.getpid()}; :", settle=settle, say=lambda _: None)
+    assert outcome.ok and outcome.pid == os.getpid()
+
+
+def test_gate_reports_a_pid_that_changes_while_settling(answering_server, tmp_path):
+    from knobkeeper.deploy.health import wait_gate
+
+    counter = tmp_path / "n"
+    counter.write_text("0")
+    # Each look reports a new pid, as a crash loop does (only the first one holds the port).
+    ctl = (f"n=$(cat {counter}); echo $((n+1)) > {counter}; "
+           f"if [ $n = 0 ]; then echo {os.getpid()}; else echo 1; fi; :")
+    outcome = wait_gate(_fake_service(answering_server), 0, 30.0, _local_shell, ctl,
+                        settle=_age_of_this_process() + 0.3, say=lambda _: None)
+    assert not outcome.ok and outcome.status.startswith(f"restart loop: pid {os.getpid()} -> 1")
+
+
+def test_a_long_wait_says_what_it_waits_for(monkeypatch):
+    from knobkeeper.deploy import health
+    from tests.procs import free_port
+
+    monkeypatch.setattr(health, "QUIET_S", 0.2)
+    monkeypatch.setattr(health, "PROGRESS_EVERY_S", 0.3)
+    said: list[str] = []
+    port = free_port()
+    outcome = health.wait_gate(_fake_service(port), 0, 1.0, _local_shell, "true", say=said.append)
+    assert not outcome.ok and outcome.status.startswith("no answer")
+    assert said and said[0].startswith(f"waiting for decode 127.0.0.1:{port} /health (")
+    assert " s of 1 s): last status no answer" in said[0]
+
+
+def test_status_calls_a_changing_pid_a_restart_loop(monkeypatch):
+    from knobkeeper.deploy import status
+
+    monkeypatch.setattr(status, "LOOP_CHECK_S", 0.0)
+    svc = _fake_service(1)
+
+    class Shell:
+        def run(self, host, command):
+            return ["fake-decode                      RUNNING   pid 222, uptime 0:00:01"]
+
+    class Plan:
+        ctl = "supervisorctl"
+
+    seen = {svc.key: {"running": True, "pid": 111, "state": "RUNNING"}}
+    status._mark_restart_loops(Shell(), type("S", (), {"hosts": {"@local": Plan()}})(), [svc], seen)
+    assert seen[svc.key]["running"] is False and seen[svc.key]["state"] == "RESTART-LOOP (pid 111 -> 222)"
+
+
+def test_partial_deploy_check_names_the_role_that_is_not_up_and_what_to_run(project):
+    from knobkeeper.deploy.health import require_up
+    from tests.procs import answering_server, free_port
+
+    with answering_server() as prefill:
+        ports = {"prefill_port": prefill, "prefill_bootstrap_port": free_port(), "decode_port": free_port(),
+                 "router_port": free_port(), "router_metrics_port": free_port()}
+        stack = load_stack(project.root, LOCAL, ports)
+        with pytest.raises(UserError) as err:
+            require_up(stack, ["decode"], "inventory/local.py")
+        assert str(err.value).startswith("the router is not running (@local/knobkeeper-router, http://127.0.0.1:")
+        assert str(err.value).endswith(": run `knobkeeper deploy inventory/local.py` first")
+        with answering_server(ports["router_port"]):
+            require_up(stack, ["decode"], "inventory/local.py")  # prefill healthy, router running: go
+    with pytest.raises(UserError, match="^the prefill is not running"):
+        require_up(stack, ["decode"], "inventory/local.py")

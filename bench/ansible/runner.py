@@ -80,13 +80,13 @@ class AnsibleSide:
         (self.work / "cp").mkdir(exist_ok=True)
         (self.work / "tmp").mkdir(exist_ok=True)
         # Ansible's defaults (ControlPersist=60s, no pipelining) plus pipelining, which Ansible's own
-        # docs recommend for speed; host keys checked against the fleet's known_hosts, as pyinfra does.
+        # docs recommend for speed, and forks = the number of hosts (every host at once, as pyinfra); host keys checked against the fleet's known_hosts, as pyinfra does.
         ssh_args = (f"-F /dev/null -o ControlMaster=auto -o ControlPersist=60s -o IdentitiesOnly=yes "
                     f"-o UserKnownHostsFile={self.fleet.known_hosts} -o StrictHostKeyChecking=yes")
         self.cfg.write_text(f"""\
 [defaults]
 inventory = {self.inventory}
-forks = 10
+forks = {len(self.hosts)}
 host_key_checking = True
 interpreter_python = {TARGET_PYTHON}
 local_tmp = {self.work}/tmp

@@ -7,14 +7,13 @@ from __future__ import annotations
 import click
 
 from knobkeeper.cli.common import emit_json, example, json_option, repo_option
+from knobkeeper.deploy.options import DEFAULT_INVENTORY, RESTART_MODES
 from knobkeeper.errors import UserError
-
-DEFAULT_INVENTORY = "inventory/local.py"
 
 
 @click.command("deploy")
 @click.argument("inventory", default=DEFAULT_INVENTORY, required=False)
-@click.option("--restart", type=click.Choice(["changed", "co", "none"]), default="changed", show_default=True,
+@click.option("--restart", type=click.Choice(RESTART_MODES), default="changed", show_default=True,
               help="changed: services whose files changed or that are down; co: all, in order; none: upload only.")
 @click.option("--only", default=None, metavar="ROLE", help="Upload and restart this role only.")
 @click.option("--override", "overrides", multiple=True, metavar="ROLE:KNOB=VALUE",
@@ -32,6 +31,7 @@ def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[
                rollback: bool, no_record: bool, allow_dirty: bool, repo: str | None, as_json: bool) -> None:
     """Deploy INVENTORY: upload rendered files, restart in dependency order, gate on health, record."""
     from knobkeeper.deploy.api import run_deploy
+    from knobkeeper.deploy.options import DeployOptions
     from knobkeeper.project import find_project
 
     table: dict[str, dict[str, str]] = {}
@@ -41,9 +41,9 @@ def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[
         if not sep or not eq or not role or not name:
             raise UserError(f"--override {item!r}: expected ROLE:KNOB=VALUE")
         table.setdefault(role, {})[name] = value
-    extra = {**({"batch": batch} if batch else {}), **({"rollback": True} if rollback else {})}
-    result = run_deploy(find_project(repo), inventory, restart=restart, only=only, knob_overrides=table or None,
-                        record=not no_record, allow_dirty=allow_dirty, extra_data=extra or None, echo=not as_json)
+    options = DeployOptions(restart=restart, only=only, batch=batch, rollback=rollback, knob_overrides=table or None,
+                            record=not no_record, allow_dirty=allow_dirty)
+    result = run_deploy(find_project(repo), inventory, options=options, echo=not as_json)
     if as_json:
         emit_json({"ok": result.ok, "returncode": result.returncode, "error": result.error,
                    "record": result.record.to_json() if result.record else None})
@@ -54,12 +54,13 @@ def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[
 
 
 def _summary(result) -> str:
+    from knobkeeper import fmt
+
     if result.record is None:
         return f"deploy failed before it started: {result.error}"
     lines = [f"deploy {result.record.id}: {result.record.result} in {result.seconds:.1f} s"]
     for row in result.record.services:
-        gate = row["gate"]
-        lines.append(f"  {row['host']}/{row['service']}: {row['action']} ({row['reason']}); gate {gate['result']}")
+        lines.append(f"  {row.key}: {row.action} ({fmt.safe(row.reason)}); gate {row.gate.result}")
     if result.error:
         lines.append(f"error: {result.error}")
     return "\n".join(lines)
@@ -74,26 +75,15 @@ def _summary(result) -> str:
 @example("knobkeeper status inventory/local.py")
 def status_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json: bool) -> None:
     """Per host and service: in sync, drifted (which knobs differ) or down."""
-    from knobkeeper.deploy.status import stack_status
+    from knobkeeper.cli.common import console
+    from knobkeeper.deploy.status import stack_status, status_table
     from knobkeeper.project import find_project
 
     rows = stack_status(find_project(repo), inventory, _data(data))
     if as_json:
         emit_json([r.to_json() for r in rows])
         return
-    from rich.table import Table
-
-    from knobkeeper.cli.common import console
-
-    table = Table(box=None, pad_edge=False)
-    for col in ("HOST", "SERVICE", "ROLE", "STATE", "PID", "DETAIL"):
-        table.add_column(col)
-    for r in rows:
-        colour = {"in sync": "green", "drifted": "yellow", "down": "red"}.get(r.state, "")
-        detail = "; ".join(r.differences) if r.differences else (r.manager_state.lower() if r.state == "down" else "")
-        table.add_row(r.host, r.service, r.role, f"[{colour}]{r.state}[/]" if colour else r.state,
-                      str(r.pid or "-"), detail)
-    console().print(table)
+    console().print(status_table(rows))
 
 
 @click.command("plan")

@@ -2,26 +2,34 @@
 repo root, and hand back its exit code, its output and its deploy record.
 
 The A/B harness calls this with knob_overrides, only=ROLE and record=False; tests call it too.
+Progress lines of the deploy ("knobkeeper: waiting for decode ... (12 s of 300 s)") reach stderr
+as they come, also when the output is otherwise captured. Ctrl-C or SIGTERM (a CI job's timeout)
+stops the pyinfra run (its process group) before the interruption goes on: callers that restore
+something (ab run) wrap their work in `terminate_as_interrupt()` so SIGTERM runs their `finally`.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
+from knobkeeper.deploy.options import DEFAULT_INVENTORY, DeployOptions
 from knobkeeper.deploy.record import DeployRecord, find_record
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 from knobkeeper.timeutil import new_id
 
-DEFAULT_INVENTORY = "inventory/local.py"
+__all__ = ["DEFAULT_INVENTORY", "DeployResult", "deploy_command", "run_deploy", "terminate_as_interrupt"]
+PROGRESS_PREFIX = "knobkeeper: "
 
 
 @dataclass
@@ -52,43 +60,57 @@ class DeployResult:
         return f"pyinfra exited with {self.returncode}"
 
 
-def deploy_command(
-    inventory_path: str,
-    *,
-    restart: str = "changed",
-    only: str | None = None,
-    knob_overrides: Mapping[str, Any] | None = None,
-    record: bool = True,
-    allow_dirty: bool = False,
-    extra_data: Mapping[str, Any] | None = None,
-    deploy_id: str | None = None,
-) -> list[str]:
+def deploy_command(inventory_path: str, options: DeployOptions, extra_data: Mapping[str, Any] | None = None) -> list[str]:
     """The pyinfra command line of a deploy (every --data value JSON-encoded: pyinfra parses it so)."""
-    data: dict[str, Any] = {"restart": restart, "record": record, "allow_dirty": allow_dirty,
-                            "inventory_path": inventory_path}
-    if only:
-        data["only"] = only
-    if knob_overrides:
-        data["knob_overrides"] = dict(knob_overrides)
-    if deploy_id:
-        data["deploy_id"] = deploy_id
-    data.update(extra_data or {})
+    import json
+
+    data = {**options.to_data(), "inventory_path": inventory_path, **(extra_data or {})}
     cmd = [sys.executable, "-m", "pyinfra", "-y", inventory_path, "deploy.py"]
     for key, value in data.items():
         cmd += ["--data", f"{key}={json.dumps(value)}"]
     return cmd
 
 
-def _preflight(project: Project, inventory: str, only: str | None, knob_overrides: Mapping[str, Any] | None) -> None:
-    """Refuse bad --only / overrides with one UserError before pyinfra starts (nothing touched)."""
-    from knobkeeper.deploy.render import normalize_overrides
+def _preflight(project: Project, inventory: str, options: DeployOptions) -> None:
+    """Refuse bad --only / overrides / secrets with one UserError before pyinfra starts (nothing touched)."""
+    from knobkeeper.deploy.render import render_stack
     from knobkeeper.deploy.stack import load_stack
-    from knobkeeper.knobs.catalog import load_catalog
 
-    roles = list(load_stack(project.root, inventory).roles)
-    if only is not None and only not in roles:
-        raise UserError(f"--only {only!r}: not a role of {inventory} (roles: {', '.join(roles)})")
-    normalize_overrides(load_catalog(project.catalog_path), knob_overrides, roles)
+    stack = load_stack(project.root, inventory)
+    options.check_roles(list(stack.order), inventory)
+    render_stack(project, stack, knob_overrides=options.knob_overrides, check_secrets=True)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within this block SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so `finally` clauses (a
+    restore) run before the process exits. Only in the main thread (signals are delivered there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGINT the pyinfra run's process group (as Ctrl-C would), then SIGTERM, then SIGKILL."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run_deploy(
@@ -104,44 +126,51 @@ def run_deploy(
     timeout: float = 1800,
     env: Mapping[str, str] | None = None,
     echo: bool = False,
+    options: DeployOptions | None = None,
 ) -> DeployResult:
-    """Deploy `inventory_path` of `project`; never raises for a failed run (see .ok / .error)."""
+    """Deploy `inventory_path` of `project`; never raises for a failed run (see .ok / .error).
+    `options` (a DeployOptions) replaces the keyword options when given. With `echo`, every line
+    of pyinfra's output goes to stderr as it comes; without, only knobkeeper's own lines."""
     inv = Path(inventory_path)
     rel = str(inv.relative_to(project.root)) if inv.is_absolute() and inv.is_relative_to(project.root) else str(inv)
     if not (project.root / rel).is_file():
         raise UserError(f"inventory {inventory_path}: no such file under {project.root}")
     if not (project.root / "deploy.py").is_file():
         raise UserError(f"{project.root}/deploy.py: not found (is this an infra repo?)")
-    _preflight(project, rel, only, knob_overrides)
     deploy_id = new_id()
-    cmd = deploy_command(rel, restart=restart, only=only, knob_overrides=knob_overrides, record=record,
-                         allow_dirty=allow_dirty, extra_data=extra_data, deploy_id=deploy_id)
+    options = options or DeployOptions(restart=restart, only=only, knob_overrides=knob_overrides, record=record,
+                                       allow_dirty=allow_dirty)
+    options = dataclasses.replace(options, deploy_id=deploy_id)
+    _preflight(project, rel, options)
+    cmd = deploy_command(rel, options, extra_data)
     started = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=project.root, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     chunks: list[str] = []
+    reader = threading.Thread(target=_read, args=(proc, chunks, echo), daemon=True)
+    reader.start()
     try:
-        if echo:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                chunks.append(line)
-                sys.stderr.write(line)
-            proc.wait(timeout)
-        else:
-            out, _ = proc.communicate(timeout=timeout)
-            chunks.append(out)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-        chunks.append(out or "")
+        _stop_group(proc)
         chunks.append(f"\nknobkeeper: error: deploy timed out after {timeout:g} s\n")
+    except BaseException:  # Ctrl-C, or SIGTERM under terminate_as_interrupt: stop the run first
+        _stop_group(proc)
+        raise
+    finally:
+        reader.join(10)
     return DeployResult(
         returncode=proc.returncode if proc.returncode is not None else -9, output="".join(chunks),
         record=find_record(project, deploy_id), deploy_id=deploy_id, seconds=time.monotonic() - started,
     )
+
+
+def _read(proc: subprocess.Popen, chunks: list[str], echo: bool) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        chunks.append(line)
+        if echo or line.startswith(PROGRESS_PREFIX):
+            sys.stderr.write(line)
+            sys.stderr.flush()

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from knobkeeper.deploy.status import parse_service_state
+from knobkeeper.deploy.observe import parse_manager_status
 
 
 def supervisor_root(prefix: str | Path) -> Path:
@@ -31,7 +31,7 @@ def program_pids(prefix: str | Path, ctl: str, programs: list[str]) -> dict[str,
     out: dict[str, int | None] = {}
     for name in programs:
         done = subprocess.run([ctl, "-c", str(conf), "status", name], capture_output=True, text=True)
-        out[name] = parse_service_state((done.stdout + done.stderr).splitlines())["pid"]
+        out[name] = parse_manager_status((done.stdout + done.stderr).splitlines())[1]
     return out
 
 

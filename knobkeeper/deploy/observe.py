@@ -1,70 +1,62 @@
 """What a host has, seen from the controller: shell commands on any host of an inventory (this
-machine for @local, SSH through pyinfra's own connector otherwise), the state of one service, and
-the knobs a launch script on the host exports. Used by `status` and `plan` (outside a pyinfra run)
-and by the deploy's restart decision (inside one).
+machine for @local, SSH through pyinfra's own connector otherwise), the state of one service (the
+service manager's view and the files it was started from), and the knobs a launch script on the
+host exports. Used by `status` and `plan` (outside a pyinfra run) and by the deploy's facts.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Mapping
 
-from knobkeeper.deploy.render import META_PREFIX
+from knobkeeper import fmt
+from knobkeeper.deploy.model import Service
+from knobkeeper.deploy.render import parse_meta, strip_header
 
-STARTED_MARKER = "--knobkeeper-started--"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+STARTED_MARKER = "--knobkeeper-started--"
+STARTED_MANAGER_MARKER = "--knobkeeper-started-manager--"
 LAUNCH_MARKER = "--knobkeeper-launch--"
 LOCAL_NAMES = ("@local", "localhost")
+# Up and past start-up. STARTING / BACKOFF (supervisord) and ACTIVATING (systemd) are not: a
+# program that crash-loops spends its life in them.
+RUNNING_STATES = ("RUNNING", "ACTIVE", "RELOADING")
 
 
 # --- one service's state ----------------------------------------------------------------------------
 
 
-def state_command(manager: str, ctl: str, program: str, started_path: str, launch_path: str | None = None) -> str:
-    """Shell printing the service manager's view of `program`, started.sh's meta line and (when
-    `launch_path` is given) the launch script the service manager runs, each after a marker."""
-    if manager == "supervisord":
-        status = f"{ctl} status {shlex.quote(program)} 2>&1 || true"
-    else:
-        status = f"systemctl show -p ActiveState -p MainPID {shlex.quote(program)}.service 2>&1 || true"
-    grep = f"grep -m1 '^{META_PREFIX}' {shlex.quote(started_path)} 2>/dev/null || true"
-    out = f"{status}; echo '{STARTED_MARKER}'; {grep}"
-    if launch_path:
-        out += f"; echo '{LAUNCH_MARKER}'; cat {shlex.quote(launch_path)} 2>/dev/null || true"
+def manager_status_command(svc: Service, ctl: str) -> str:
+    """Shell printing the service manager's view of `svc` (state and main PID)."""
+    if svc.manager == "supervisord":
+        return f"{ctl} status {shlex.quote(svc.name)} 2>&1 || true"
+    return f"systemctl show -p ActiveState -p SubState -p MainPID {shlex.quote(svc.name)}.service 2>&1 || true"
+
+
+def state_command(svc: Service, ctl: str, with_launch: bool = False) -> str:
+    """Shell printing the service manager's view of `svc`, then (each after a marker) started.sh and
+    the started program section / unit (the files the process was started from) and, with
+    `with_launch`, the launch script the service manager runs now."""
+    q = shlex.quote
+    out = (f"{manager_status_command(svc, ctl)}; echo '{STARTED_MARKER}'; cat {q(svc.started_path)} 2>/dev/null || true; "
+           f"echo '{STARTED_MANAGER_MARKER}'; cat {q(svc.started_manager_path)} 2>/dev/null || true")
+    if with_launch:
+        out += f"; echo '{LAUNCH_MARKER}'; cat {q(svc.launch_path)} 2>/dev/null || true"
     return out
 
 
-def parse_service_state(output: list[str]) -> dict[str, Any]:
-    """{"running", "pid", "state", "started", "launch"} from state_command's output lines
-    ("launch": the host's launch script text, None when absent or not asked for)."""
-    state, pid, started = "UNKNOWN", None, None
-    section = "status"
-    launch: list[str] | None = None
-    for line in output:
-        if line.strip() == STARTED_MARKER:
-            section = "started"
-            continue
-        if line.strip() == LAUNCH_MARKER:
-            section = "launch"
-            launch = []
-            continue
-        if section == "launch":
-            assert launch is not None
-            launch.append(line)
-            continue
-        if section == "started":
-            if line.startswith(META_PREFIX):
-                try:
-                    started = json.loads(line[len(META_PREFIX):])
-                except ValueError:
-                    started = None
-            continue
+def parse_manager_status(lines: Iterable[str]) -> tuple[str, int | None]:
+    """(state, pid) from `manager_status_command` output. A systemd unit waiting to be restarted
+    after a failure (SubState=auto-restart) is in a restart loop: state "RESTART-LOOP"."""
+    state, pid, sub = "UNKNOWN", None, ""
+    for line in lines:
         if line.startswith("ActiveState="):
             state = line.split("=", 1)[1].strip().upper()
+        elif line.startswith("SubState="):
+            sub = line.split("=", 1)[1].strip()
         elif line.startswith("MainPID="):
             value = line.split("=", 1)[1].strip()
             pid = int(value) if value.isdigit() and value != "0" else None
@@ -78,24 +70,37 @@ def parse_service_state(output: list[str]) -> dict[str, Any]:
                 state = parts[1]
                 match = re.search(r"pid (\d+)", line)
                 pid = int(match.group(1)) if match else None
-    running = state in ("RUNNING", "STARTING", "ACTIVE", "ACTIVATING", "RELOADING")
-    text = "\n".join(launch) + "\n" if launch else None
-    return {"running": running, "pid": pid if running else None, "state": state, "started": started, "launch": text}
+    if sub == "auto-restart":
+        state = "RESTART-LOOP"
+    return state, pid if state in RUNNING_STATES else None
+
+
+def parse_service_state(output: list[str]) -> dict[str, Any]:
+    """{"running", "pid", "state", "started", "started_text", "started_manager", "launch"} from
+    state_command's output ("started": started.sh's machine-readable header line; the texts are
+    None when a file is absent or was not asked for)."""
+    sections: dict[str, list[str] | None] = {"status": [], "started": None, "manager": None, "launch": None}
+    current = "status"
+    markers = {STARTED_MARKER: "started", STARTED_MANAGER_MARKER: "manager", LAUNCH_MARKER: "launch"}
+    for line in output:
+        if line.strip() in markers:
+            current = markers[line.strip()]
+            sections[current] = []
+            continue
+        sections[current].append(line)  # type: ignore[union-attr]
+
+    def text(name: str) -> str | None:
+        lines = sections[name]
+        return "\n".join(lines) + "\n" if lines else None
+
+    state, pid = parse_manager_status(sections["status"] or [])
+    started_text = text("started")
+    return {"running": state in RUNNING_STATES, "pid": pid, "state": state,
+            "started": parse_meta(started_text) if started_text else None, "started_text": started_text,
+            "started_manager": text("manager"), "launch": text("launch")}
 
 
 # --- launch scripts ---------------------------------------------------------------------------------
-
-
-def script_body(text: str) -> str:
-    """A launch script without its header (the `# ...` lines after the shebang): what the digest covers."""
-    lines = text.splitlines()
-    out, i = [], 0
-    if lines and lines[0].startswith("#!"):
-        out.append(lines[0])
-        i = 1
-    while i < len(lines) and (lines[i].startswith("# ") or lines[i] == "#"):
-        i += 1
-    return "\n".join(out + lines[i:]).strip() + "\n"
 
 
 def script_knobs(text: str, names: Iterable[str] | None = None) -> dict[str, str]:
@@ -126,56 +131,17 @@ def knob_differences(declared: Mapping[str, str], running: Mapping[str, str]) ->
     for name in sorted(set(declared) | set(running)):
         d, r = declared.get(name), running.get(name)
         if d != r:
-            out.append(f"{name}: running {show(r)}, declared {show(d)}")
+            out.append(f"{name}: running {fmt.quoted_if_needed(r)}, declared {fmt.quoted_if_needed(d)}")
     return out
-
-
-def show(value: str | None) -> str:
-    return "(unset)" if value is None else json.dumps(value) if any(c in value for c in " \n\"'$") else value
 
 
 def hand_edits(rendered_launch: str, host_launch: str | None) -> list[str] | None:
     """None when the host's launch script has the rendered body (headers aside) or is absent; else
     what differs: the exported variables (as `knob_differences`), or one line saying it was edited."""
-    if host_launch is None or script_body(host_launch) == script_body(rendered_launch):
+    if host_launch is None or strip_header(host_launch) == strip_header(rendered_launch):
         return None
     diffs = knob_differences(script_knobs(rendered_launch), script_knobs(host_launch))
     return diffs or ["launch script on the host differs from the rendered one (edited by hand?)"]
-
-
-def decide(mode: str, in_scope: bool, only: str | None, rendered: Any, observed: Mapping[str, Any],
-           host_launch: str | None = None) -> tuple[str, str]:
-    """What a deploy does to one service, and why: ("started" | "restarted" | "unchanged", reason).
-
-        not in only=ROLE                        -> unchanged
-        restart=none                            -> unchanged
-        not running                             -> started   (a rerun repairs what a failed run left down)
-        restart=co                              -> restarted (co-restart)
-        digest of started.sh != rendered digest -> restarted (files changed: the knobs that differ)
-        the host's launch script was edited     -> restarted (what the edit changed)
-        otherwise                               -> unchanged
-    `rendered` is a RenderedService; `observed` parse_service_state's dict; `host_launch` the host's
-    launch script as it was before this deploy uploaded anything (None: absent or not looked at).
-    """
-    digest = rendered.digest
-    started = observed.get("started") or {}
-    before = started.get("digest")
-    if not in_scope:
-        return "unchanged", f"not in only={only}"
-    if mode == "none":
-        return "unchanged", "restart=none" + ("" if observed["running"] else " (not running)")
-    if not observed["running"]:
-        return "started", f"not running ({str(observed['state']).lower()})"
-    if mode == "co":
-        return "restarted", "co-restart"
-    if before != digest:
-        knobs = knob_differences(rendered.knobs, started.get("knobs") or {}) if before else []
-        return "restarted", f"files changed ({before or 'no started.sh'} -> {digest})" + (
-            ": " + "; ".join(knobs) if knobs else "")
-    edits = hand_edits(rendered.launch, host_launch)
-    if edits:
-        return "restarted", "launch script edited on the host: " + "; ".join(edits)
-    return "unchanged", "files unchanged and running"
 
 
 # --- shell on the hosts of an inventory ---------------------------------------------------------------

@@ -26,13 +26,16 @@ gate is an operation all hosts share; pyinfra runs an operation on all its hosts
 before the next one starts, so no restart of role N+1 can begin before role N's gate passed on every
 host. A failed gate raises; with config.FAIL_PERCENT = 0 pyinfra stops and nothing downstream runs.
 
-Restart decision (per service, at execution time, from the host's own state): observe.decide
-    not running                          -> started   (also with restart=changed: recovers a failed run)
-    restart=co                           -> restarted
-    restart=changed and digest differs   -> restarted (digest of the rendered files without their
-                                                       header, against started.sh: what is running)
-    launch script edited on the host     -> restarted (read before the upload overwrote it)
-    otherwise, or restart=none           -> unchanged
+Restart decision (per service, at execution time, from the host's own state): plan.decide, the
+rule `knobkeeper plan` shows. The reason names what changed (plan.change_reasons: the knob and its
+old and new value, the flag, the interpreter, the template), in the record's `reason` and `changes`.
+
+Gates (health.wait_gate): the health URL answers 200, the process listening on the port is the one
+the service manager supervises, and a process this run (re)started is still that PID after the
+role's `settle` seconds. A partial deploy (only=ROLE) first checks, in seconds, that every role it
+does not restart answers (health.require_up), and says which deploy to run when one does not.
+
+One restart shell (`restart_shell`) serves the restart and the rollback; no private pyinfra API.
 """
 
 from __future__ import annotations
@@ -46,8 +49,6 @@ import os
 import shlex
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -61,22 +62,22 @@ from pyinfra.operations import files, pip, python, server, systemd
 
 import gevent.lock
 
-from knobkeeper.deploy.observe import decide as decide_action
-from knobkeeper.deploy.plan import parse_batch, role_batches
-from knobkeeper.deploy.record import DeployRecord, save
-from knobkeeper.deploy.routers import ROUTERS, workers_healthy
+from knobkeeper.changelog.secrets import secret_path
+from knobkeeper.deploy.engines import (WORKER_ENGINES, engine_requirements, engine_venv, parse_versions,
+                                      pinned_versions, version_drift, versions_command)
+from knobkeeper.deploy.health import GateOutcome, require_up, wait_gate
+from knobkeeper.deploy.model import HostPlan, Service, Stack
+from knobkeeper.deploy.options import DeployOptions
+from knobkeeper.deploy.plan import decide, role_batches
+from knobkeeper.deploy.record import DeployRecord, Gate, Rollback, ServiceRow, save
+from knobkeeper.deploy.observe import parse_service_state, state_command
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
-from knobkeeper.deploy.status import parse_service_state, state_command
-from knobkeeper.deploy.stack import HostPlan, Service, Stack, stack_from_inventory
+from knobkeeper.deploy.stack import stack_from_inventory
 from knobkeeper.deploy.topology import downstream
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
 from knobkeeper.timeutil import iso, new_id, utcnow
 
-RESTART_MODES = ("changed", "co", "none")
-OPTION_KEYS = ("restart", "only", "knob_overrides", "record", "allow_dirty", "deploy_id", "inventory_path",
-               "batch", "rollback")
-GATE_POLL_S = 0.1
 PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -88,10 +89,10 @@ class GateFailed(Exception):
 
 
 class ServiceState(FactBase):
-    """{"running", "pid", "state", "started"}: the process state and the header of started.sh."""
+    """parse_service_state's dict: the process state, started.sh and the started program/unit."""
 
-    def command(self, manager: str, ctl: str, program: str, started_path: str) -> str:
-        return state_command(manager, ctl, program, started_path)
+    def command(self, svc: Service, ctl: str) -> str:
+        return state_command(svc, ctl)
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_service_state(output)
@@ -116,20 +117,8 @@ class Run:
 
     def __init__(self, inventory: Any) -> None:
         self.project = find_project(os.getcwd())
-        data = dict(getattr(inventory, "override_data", {}) or {})
-        self.restart = str(data.get("restart", "changed"))
-        if self.restart not in RESTART_MODES:
-            raise UserError(f"--data restart={self.restart}: expected one of {', '.join(RESTART_MODES)}")
-        self.only = data.get("only") or None
-        self.batch = parse_batch(data.get("batch"))
-        self.rollback = _bool(data.get("rollback", False), "rollback")
-        self.record_on = _bool(data.get("record", True), "record")
-        self.allow_dirty = _bool(data.get("allow_dirty", False), "allow_dirty")
-        overrides = data.get("knob_overrides") or None
-        if isinstance(overrides, str):
-            raise UserError(f"--data knob_overrides={overrides!r}: expected a JSON object")
-        self.knob_overrides = overrides
-        self.inventory_path = str(data.get("inventory_path") or _inventory_arg() or "inventory")
+        self.options = DeployOptions.from_data(getattr(inventory, "override_data", {}) or {})
+        self.inventory_path = str(self.options.inventory_path or _inventory_arg() or "inventory")
         name = Path(self.inventory_path).stem
         self.state = ctx_state.get()
         unreachable = sorted(h.name for h in self.state.failed_hosts)
@@ -137,43 +126,41 @@ class Run:
             raise UserError("could not connect to " + ", ".join(unreachable) + ": nothing was restarted anywhere "
                             "(fix the host or its ssh_* data and run again)")
         self.stack: Stack = stack_from_inventory(inventory, name)
-        if self.only is not None and self.only not in self.stack.roles:
-            raise UserError(f"--data only={self.only}: not a role of this inventory (roles: {', '.join(self.stack.order)})")
+        self.options.check_roles(self.stack.order, self.inventory_path)
         dirty = dirty_paths(self.project.root)
-        if dirty and not self.allow_dirty:
+        if dirty and not self.options.allow_dirty:
             raise UserError("uncommitted changes in " + ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
                             + ": commit them (knobkeeper set/record) or pass --data allow_dirty=true")
+        self.order = list(self.stack.order)
+        self.scope = self.options.scope(self.order)
+        self.gated = set(self.scope) | downstream(self.order, self.stack.roles, self.scope)
+        if self.options.only and self.options.restart != "none":
+            # Seconds, not a role's full gate: a partial deploy stands on roles it does not restart.
+            require_up(self.stack, self.scope, self.inventory_path)
         self.lock = _lock(self.project.state_dir / "deploy.lock")
         self.source = source_of(self.project.root)
-        self.rendered = render_stack(self.project, self.stack, knob_overrides=overrides, source=self.source,
-                                     check_secrets=True)
-        self.order = list(self.stack.order)
-        self.scope = [self.only] if self.only else list(self.order)
-        self.gated = set(self.scope) | downstream(self.order, self.stack.roles, self.scope)
+        self.rendered = render_stack(self.project, self.stack, knob_overrides=self.options.knob_overrides,
+                                     source=self.source, check_secrets=True)
         self.error: str | None = None
         self.saved: Path | None = None
         self.record = DeployRecord(
-            id=str(data.get("deploy_id") or new_id()), inventory=name, inventory_path=self.inventory_path,
-            commit=head_commit(self.project.root), dirty=self.source.dirty, allow_dirty=self.allow_dirty,
-            options={"restart": self.restart, "only": self.only, "knob_overrides": overrides, "record": self.record_on,
-                     "batch": self.batch, "rollback": self.rollback},
-            order=self.order, started_at=iso(utcnow()),
+            id=self.options.deploy_id or new_id(), inventory=name, inventory_path=self.inventory_path,
+            commit=head_commit(self.project.root), dirty=self.source.dirty, allow_dirty=self.options.allow_dirty,
+            options=self.options.to_record(), order=self.order, started_at=iso(utcnow()),
         )
         for svc in self.stack.services:
             rendered = self.rendered[(svc.host, svc.name)]
-            self.record.services.append({
-                "host": svc.host, "service": svc.name, "role": svc.role, "action": "unchanged",
-                "reason": "not in only=" + str(self.only) if svc.role not in self.scope else "not run",
-                "digest": rendered.digest, "previous_digest": None, "knobs": rendered.knobs,
-                "restart_issued_at": None, "healthy_at": None, "pid": None,
-                "batch": self.batch_of(svc.host, svc.role) + 1, "rollback": None,
-                "gate": {"result": "not-run", "url": svc.health_url, "status": None, "seconds": None, "checked_at": None},
-            })
+            self.record.services.append(ServiceRow(
+                host=svc.host, service=svc.name, role=svc.role,
+                reason=f"not in only={self.options.only}" if svc.role not in self.scope else "not run",
+                digest=rendered.digest, knobs=rendered.knobs, batch=self.batch_of(svc.host, svc.role) + 1,
+                gate=Gate(url=svc.health_url),
+            ))
         self.host_launch: dict[tuple[str, str], str | None] = {}
         current_state.add_callback_handler(_ErrorWatch(self))
         atexit.register(self.finish)
 
-    def row(self, svc: Service) -> dict[str, Any]:
+    def row(self, svc: Service) -> ServiceRow:
         return self.record.service(svc.host, svc.name)
 
     def in_scope(self, svc: Service) -> bool:
@@ -183,7 +170,7 @@ class Run:
 
     def batches(self, role: str) -> list[list[str]]:
         """The role's hosts in inventory order, `batch` at a time (default: one batch, all of them)."""
-        return role_batches(self.stack, role, self.batch)
+        return role_batches(self.stack, role, self.options.batch)
 
     def batch_numbers(self, role: str) -> list[int]:
         return list(range(len(self.batches(role))))
@@ -196,20 +183,34 @@ class Run:
 
     # decisions ------------------------------------------------------------------------------------
 
-    def decide(self, svc: Service, observed: dict[str, Any]) -> tuple[str, str]:
-        return decide_action(self.restart, self.in_scope(svc), self.only, self.rendered[(svc.host, svc.name)],
-                             observed, self.host_launch.get((svc.host, svc.name)))
+    def decide(self, svc: Service, observed: dict[str, Any]) -> tuple[str, str, list[str]]:
+        return decide(self.options, self.in_scope(svc), self.rendered[(svc.host, svc.name)], observed,
+                      self.host_launch.get((svc.host, svc.name)))
 
-    def note_decision(self, svc: Service, observed: dict[str, Any], action: str, reason: str) -> None:
+    def note_decision(self, svc: Service, observed: dict[str, Any], action: str, reason: str,
+                      changes: list[str]) -> None:
         row = self.row(svc)
-        row.update(action=action, reason=reason, previous_digest=(observed.get("started") or {}).get("digest"))
+        row.action, row.reason, row.changes = action, reason, changes
+        row.previous_digest = (observed.get("started") or {}).get("digest")
         if action == "unchanged":
-            row["pid"] = observed.get("pid")
+            row.pid = observed.get("pid")
+
+    def note_versions(self, host_name: str, venv: str, pinned: dict[str, str]) -> None:
+        """Record what the venv has of every pinned distribution; a pin pip did not meet fails the run."""
+        installed = parse_versions(_on_this_host(versions_command(venv, pinned)), pinned)
+        self.record.engine_versions[host_name] = installed
+        drift = version_drift(pinned, installed)
+        if drift:
+            self.error = self.error or f"host {host_name}: " + "; ".join(drift)
+            raise UserError(self.error)
 
     def mark_issued(self, svc: Service) -> None:
-        self.row(svc)["restart_issued_at"] = iso(utcnow())
+        self.row(svc).restart_issued_at = iso(utcnow())
 
     # gates ----------------------------------------------------------------------------------------
+
+    def wait(self, plan: HostPlan, svc: Service, settle: float) -> GateOutcome:
+        return wait_gate(svc, self.expected_workers(), svc.health_timeout, _on_this_host, plan.ctl, settle=settle)
 
     def gate(self, host_name: str, role: str, batch: int = 0) -> None:
         """Wait until every service of `role` on this host is healthy (when the host is in `batch`);
@@ -219,65 +220,50 @@ class Run:
             return
         for svc in plan.role_services(role):
             row = self.row(svc)
-            if role not in self.gated or self.restart == "none":
-                row["gate"]["result"] = "skipped"
+            if role not in self.gated or self.options.restart == "none":
+                row.gate.result = "skipped"
                 continue
             started = time.monotonic()
-            ok, status = wait_healthy(svc, self.expected_workers(), svc.health_timeout)
+            outcome = self.wait(plan, svc, settle=svc.settle if row.acted else 0.0)
             seconds = round(time.monotonic() - started, 3)
-            row["gate"].update(status=status, seconds=seconds, checked_at=iso(utcnow()))
-            if not ok:
-                row["gate"]["result"] = "failed"
-                url = svc.health_url if not status.startswith("workers") else svc.workers_url
-                error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {status} "
+            row.gate.status, row.gate.seconds, row.gate.checked_at = outcome.status, seconds, iso(utcnow())
+            if not outcome.ok:
+                row.gate.result = "failed"
+                url = svc.health_url if not outcome.status.startswith("workers") else svc.workers_url
+                error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {outcome.status} "
                          f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
-                if self.rollback and row["action"] in ("restarted", "started"):
+                if self.options.rollback and row.acted:
                     error += "; " + self.roll_back(plan, svc)
                 self.error = self.error or error
                 raise GateFailed(error)
-            row["gate"]["result"] = "passed"
-            if row["action"] != "unchanged":
-                row["healthy_at"] = row["gate"]["checked_at"]
-                observed = current_host.get_fact(ServiceState, **_state_args(plan, svc))
-                row["pid"] = observed.get("pid")
+            row.gate.result = "passed"
+            row.pid = outcome.pid
+            if row.acted:
+                row.healthy_at = row.gate.checked_at
 
     def roll_back(self, plan: HostPlan, svc: Service) -> str:
         """Put back the launch script and program/unit `svc` ran before this run restarted it, restart
-        it and gate it again. Returns the words for the run's error; the row gets a "rollback" entry."""
+        it and gate it again. Returns the words for the run's error; the row gets a Rollback."""
         row = self.row(svc)
-        rollback: dict[str, Any] = {"result": "failed", "digest": row.get("previous_digest"),
-                                    "restart_issued_at": None, "healthy_at": None, "status": None}
-        row["rollback"] = rollback
-        if not row.get("previous_digest"):
-            rollback["status"] = "nothing to roll back to (no previous started.sh)"
+        rollback = row.rollback = Rollback(digest=row.previous_digest)
+        if not row.previous_digest:
+            rollback.status = "nothing to roll back to (no previous started.sh)"
             return f"no rollback of {svc.key}: it had no previous launch script"
-        q = shlex.quote
-        restore = (f"test -f {q(svc.previous_launch_path)} && "
-                   f"cp -f {q(svc.previous_launch_path)} {q(svc.launch_path)} && "
-                   f"cp -f {q(svc.previous_launch_path)} {q(svc.started_path)} && "
-                   f"{{ ! test -f {q(svc.previous_manager_path)} || "
-                   f"cp -f {q(svc.previous_manager_path)} {q(svc.manager_file)}; }}")
-        if svc.manager == "supervisord":
-            ctl = plan.supervisor.ctl
-            restart = (f"{ctl('update', svc.name)} >/dev/null && {{ {ctl('stop', svc.name)} >/dev/null 2>&1 || true; }}"
-                       f" && {ctl('start', svc.name)}")
-        else:
-            restart = f"systemctl daemon-reload && systemctl restart {q(svc.name)}.service"
-        rollback["restart_issued_at"] = iso(utcnow())
-        ok, output = current_host.run_shell_command(StringCommand(f"{restore} && {restart}"))
+        rollback.restart_issued_at = iso(utcnow())
+        ok, output = current_host.run_shell_command(StringCommand(f"{restore_shell(svc)} && {restart_shell(plan, svc)}"))
         if not ok:
             text = " ".join((list(output.stdout_lines) + list(output.stderr_lines))[-3:])
-            rollback["status"] = f"restore failed: {text}"
-            return f"rollback of {svc.key} to {row['previous_digest']} FAILED ({text})"
-        healthy, status = wait_healthy(svc, self.expected_workers(), svc.health_timeout)
-        rollback["status"] = status
-        if not healthy:
-            return f"rolled back {svc.key} to {row['previous_digest']}, but it is not healthy either ({status})"
-        rollback.update(result="passed", healthy_at=iso(utcnow()))
-        return f"rolled back {svc.key} to {row['previous_digest']} (healthy again)"
+            rollback.status = f"restore failed: {text}"
+            return f"rollback of {svc.key} to {row.previous_digest} FAILED ({text})"
+        outcome = self.wait(plan, svc, settle=svc.settle)
+        rollback.status = outcome.status
+        if not outcome.ok:
+            return f"rolled back {svc.key} to {row.previous_digest}, but it is not healthy either ({outcome.status})"
+        rollback.result, rollback.healthy_at = "passed", iso(utcnow())
+        return f"rolled back {svc.key} to {row.previous_digest} (healthy again)"
 
     def expected_workers(self) -> int:
-        return sum(1 for s in self.stack.services if s.engine in ("sim", "sglang"))
+        return sum(1 for s in self.stack.services if s.engine in WORKER_ENGINES)
 
     # the end --------------------------------------------------------------------------------------
 
@@ -291,14 +277,14 @@ class Run:
             _unlock(self.lock)
             return
         self.record.finished_at = iso(utcnow())
-        ok = self.error is None and all(r["gate"]["result"] != "failed" for r in self.record.services)
-        if ok and any(r["reason"] == "not run" for r in self.record.services):
+        ok = self.error is None and all(r.gate.result != "failed" for r in self.record.services)
+        if ok and any(r.reason == "not run" for r in self.record.services):
             ok = False
             self.error = self.error or "the run stopped before every service was handled"
         self.record.result = "ok" if ok else "failed"
         self.record.error = self.error
         try:
-            self.saved = save(self.project, self.record, commit=self.record_on)
+            self.saved = save(self.project, self.record, commit=self.options.record)
         except Exception as exc:  # the run's outcome stands; say why the record is missing
             self.saved = Path("/dev/null")
             print(f"knobkeeper: could not save deploy record {self.record.id}: {exc}", file=sys.stderr)
@@ -307,7 +293,7 @@ class Run:
             _unlock(self.lock)
         verdict = "ok" if ok else f"FAILED: {self.error}"
         print(f"knobkeeper: deploy {self.record.id} {verdict}; record {self.project.rel(self.saved)}"
-              + ("" if self.record_on else " (not committed: record=false)"), file=sys.stderr, flush=True)
+              + ("" if self.options.record else " (not committed: record=false)"), file=sys.stderr, flush=True)
 
 
 class _ErrorWatch(BaseStateCallback):
@@ -350,31 +336,38 @@ def engine(run: Run, plan: HostPlan) -> None:
     """a. Production: a venv under the prefix with a pinned sglang (and router) and this repo's
     kernels. The local stack uses this repo's own environment (the sim and sglang-router).
 
-    Data: `engine_packages` (pip requirements; default: the pins below), `engine_wheels` (wheel files
-    on the controller, uploaded to {prefix}/wheels/ and installed with --no-deps whenever the wheel
-    installed in the venv is not that file, by its sha256), `pip_install_args` (e.g. ["--no-index"]
-    for hosts without an index), `base_python` (the interpreter that makes the venv)."""
+    Data: `engine_packages` (pip requirements; default: sglang[all]==`sglang_version` and/or
+    sglang-router==`sglang_router_version` for the host's engines), `engine_wheelhouse` (a folder of
+    wheels on the controller, synced to {prefix}/wheelhouse/ and installed from there with --no-index)
+    or `engine_index` (the package index URL to install from), `engine_wheels` (wheel files on the
+    controller, uploaded to {prefix}/wheels/ and installed with --no-deps whenever the wheel installed
+    in the venv is not that file, by its sha256), `pip_install_args` (e.g. ["--no-deps"]),
+    `base_python` (the interpreter that makes the venv). The versions installed of every pinned
+    distribution go into the record (`engine_versions`); `status` reports a host whose installed
+    versions are not the pinned ones as drifted."""
     data = plan.data
-    python_bin = str(data.get("python") or "").replace("{prefix}", plan.prefix)
-    if not python_bin.startswith(plan.prefix + "/"):
+    venv = engine_venv(plan)
+    if venv is None:
         return
-    venv = str(Path(python_bin).parent.parent)
     engines = {s.engine for s in plan.services}
     pip.virtualenv(name="knobkeeper: engine venv", path=venv, python=str(data.get("base_python") or "python3"),
                    venv=True)
     pip_args = data.get("pip_install_args") or []
     if isinstance(pip_args, str) or not all(isinstance(a, str) for a in pip_args):
         raise UserError(f"host {plan.name}: data pip_install_args: expected a list of pip arguments")
-    wanted = data.get("engine_packages")
-    if wanted is None:
-        wanted = []
-        if "sglang" in engines:
-            wanted.append(f"sglang[all]=={data.get('sglang_version') or _required(plan, 'sglang_version')}")
-        for router_engine in (ROUTERS[e] for e in sorted(engines) if e in ROUTERS):
-            wanted.append(router_engine.requirement(data) or _required(plan, router_engine.version_key))
+    wanted = engine_requirements(plan)
+    source_args = []
+    if data.get("engine_wheelhouse"):
+        local = Path(str(data["engine_wheelhouse"])).expanduser()
+        if not local.is_dir():
+            raise UserError(f"host {plan.name}: data engine_wheelhouse: {local}: no such folder on this machine")
+        files.sync(name="knobkeeper: engine wheelhouse", src=str(local), dest=f"{plan.prefix}/wheelhouse")
+        source_args = ["--no-index", "--find-links", f"{plan.prefix}/wheelhouse"]
+    elif data.get("engine_index"):
+        source_args = ["--index-url", str(data["engine_index"])]
     if wanted:
         pip.packages(name="knobkeeper: pinned engine packages", packages=list(wanted), virtualenv=venv,
-                     extra_install_args=shlex.join(pip_args) or None)
+                     extra_install_args=shlex.join([*source_args, *pip_args]) or None)
     wheels = data.get("engine_wheels") or []
     if isinstance(wheels, str):
         wheels = [wheels]
@@ -392,6 +385,10 @@ def engine(run: Run, plan: HostPlan) -> None:
         server.shell(name="knobkeeper: install kernels", commands=[
             f"{shlex.quote(venv)}/bin/pip install --no-deps --quiet {shlex.quote(plan.prefix + '/src/kernels')}"],
             _if=synced.did_change)
+    pins = pinned_versions(wanted)
+    if pins:
+        python.call(name="knobkeeper: engine versions", function=run.note_versions, host_name=plan.name, venv=venv,
+                    pinned=pins)
 
 
 class InstalledWheel(FactBase):
@@ -468,7 +465,8 @@ def upload(run: Run, plan: HostPlan) -> None:
                 unit_ops.append(op)
         for path in current_host.loop(sorted(rendered.secrets)):
             role, knob = rendered.secrets[path]
-            files.put(name=f"knobkeeper: secret {knob} of {role}", src=str(run.project.secrets_dir / role / knob),
+            value_file = secret_path(run.project, role, knob, rendered.knobs[knob])  # checked before the run
+            files.put(name=f"knobkeeper: secret {knob} of {role}", src=str(value_file),
                       dest=path, mode="600", create_remote_dir=True)
     if plan.manager == "systemd" and services:
         systemd.daemon_reload(name="knobkeeper: systemd daemon-reload",
@@ -488,26 +486,51 @@ def restart(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
 def service_state(run: Run, plan: HostPlan, svc: Service):
     """Bring one service to its rendered state: start it if down, restart it if its files changed
     (or on a co-restart), else nothing. Records the decision and when the restart was issued."""
-    observed = current_host.get_fact(ServiceState, **_state_args(plan, svc))
-    action, reason = run.decide(svc, observed)
+    observed = current_host.get_fact(ServiceState, svc=svc, ctl=plan.ctl)
+    action, reason, changes = run.decide(svc, observed)
     if current_state.is_executing:
-        run.note_decision(svc, observed, action, reason)
+        run.note_decision(svc, observed, action, reason, changes)
     if action == "unchanged":
         return
-    q = shlex.quote
     yield FunctionCommand(run.mark_issued, (svc,), {})
-    # What ran until now becomes previous.* (a rollback puts it back); the new files become started.*
-    yield (f"if test -f {q(svc.started_path)}; then cp -f {q(svc.started_path)} {q(svc.previous_launch_path)} && "
-           f"{{ ! test -f {q(svc.started_manager_path)} || "
-           f"cp -f {q(svc.started_manager_path)} {q(svc.previous_manager_path)}; }}; fi && "
-           f"cp -f {q(svc.launch_path)} {q(svc.started_path)} && cp -f {q(svc.manager_file)} {q(svc.started_manager_path)}")
+    yield rotate_shell(svc)
+    yield restart_shell(plan, svc)
+
+
+def rotate_shell(svc: Service) -> str:
+    """What ran until now becomes previous.* (a rollback puts it back); the new files become started.*"""
+    q = shlex.quote
+    return (f"if test -f {q(svc.started_path)}; then cp -f {q(svc.started_path)} {q(svc.previous_launch_path)} && "
+            f"{{ ! test -f {q(svc.started_manager_path)} || "
+            f"cp -f {q(svc.started_manager_path)} {q(svc.previous_manager_path)}; }}; fi && "
+            f"cp -f {q(svc.launch_path)} {q(svc.started_path)} && cp -f {q(svc.manager_file)} {q(svc.started_manager_path)}")
+
+
+def restore_shell(svc: Service) -> str:
+    """Put previous.* back as the launch script / program / unit, and as started.* (what will run)."""
+    q = shlex.quote
+    return (f"test -f {q(svc.previous_launch_path)} && "
+            f"cp -f {q(svc.previous_launch_path)} {q(svc.launch_path)} && "
+            f"cp -f {q(svc.previous_launch_path)} {q(svc.started_path)} && "
+            f"{{ ! test -f {q(svc.previous_manager_path)} || "
+            f"{{ cp -f {q(svc.previous_manager_path)} {q(svc.manager_file)} && "
+            f"cp -f {q(svc.previous_manager_path)} {q(svc.started_manager_path)}; }}; }}")
+
+
+def restart_shell(plan: HostPlan, svc: Service) -> str:
+    """THE restart of one service (deploy and rollback): apply its program/unit file, stop it, start
+    it. supervisord: `start` returns once the program stayed up for its startsecs, and fails (spawn
+    error, naming the log) when it could not."""
+    q = shlex.quote
     if svc.manager == "supervisord":
         ctl = plan.supervisor.ctl
-        stop = f"{{ {ctl('stop', svc.name)} >/dev/null 2>&1 || true; }} && " if observed["running"] else ""
-        yield f"{ctl('update', svc.name)} >/dev/null && {stop}{ctl('start', svc.name)}"
-    else:
-        yield from systemd.service._inner(service=f"{svc.name}.service", running=True,
-                                          restarted=observed["running"], enabled=True)
+        # Stopped first whatever its state: a program STARTING or in BACKOFF refuses a plain start.
+        stop = f"{{ {ctl('stop', svc.name)} >/dev/null 2>&1 || true; }} && "
+        return (f"{ctl('update', svc.name)} >/dev/null && {stop}"
+                f"{{ {ctl('start', svc.name)} || {{ echo 'knobkeeper: {svc.name} did not stay up; its log "
+                f"{svc.log_path} ends:' >&2; tail -n 5 {q(svc.log_path)} >&2; exit 1; }}; }}")
+    unit = q(f"{svc.name}.service")
+    return f"systemctl daemon-reload && systemctl enable --quiet {unit} && systemctl restart {unit}"
 
 
 def gate(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
@@ -523,48 +546,10 @@ def finish(run: Run) -> None:
 # --- helpers -------------------------------------------------------------------------------------------
 
 
-def _state_args(plan: HostPlan, svc: Service) -> dict[str, str]:
-    ctl = plan.supervisor.ctl() if plan.supervisor else ""
-    return {"manager": svc.manager, "ctl": ctl, "program": svc.name, "started_path": svc.started_path}
-
-
-def probe(url: str, timeout: float = 2.0) -> tuple[int | None, str, bytes]:
-    """(HTTP status or None, words for it, body)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, str(resp.status), resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, f"HTTP {exc.code}", exc.read() if exc.fp else b""
-    except OSError as exc:
-        reason = getattr(exc, "reason", exc)
-        return None, f"no answer ({reason})", b""
-
-
-def wait_healthy(svc: Service, expected_workers: int, timeout: float) -> tuple[bool, str]:
-    deadline = time.monotonic() + timeout
-    last = "not checked"
-    while True:
-        code, last, _ = probe(svc.health_url)
-        if code == 200:
-            if not svc.workers_url:
-                return True, last
-            wcode, wlast, body = probe(svc.workers_url)
-            ok, last = workers_healthy(body, expected_workers, svc.engine) if wcode == 200 else (False, f"workers: {wlast}")
-            if ok:
-                return True, last
-        if time.monotonic() >= deadline:
-            return False, last
-        time.sleep(GATE_POLL_S)
-
-
-def _bool(value: Any, key: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.lower() in ("true", "1", "yes")
-    if isinstance(value, int):
-        return bool(value)
-    raise UserError(f"--data {key}={value!r}: expected true or false")
+def _on_this_host(command: str) -> list[str]:
+    """Output lines of `command` on the host whose python.call is running (health identity checks)."""
+    _, output = current_host.run_shell_command(StringCommand(command))
+    return list(output.stdout_lines) + list(output.stderr_lines)
 
 
 def _sha256(path: Path) -> str:
@@ -573,10 +558,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _required(plan: HostPlan, key: str) -> str:
-    raise UserError(f"host {plan.name}: data {key}: needed to pin the engine in its venv")
 
 
 def _inventory_arg() -> str | None:

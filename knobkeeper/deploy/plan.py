@@ -1,36 +1,39 @@
-"""`knobkeeper plan INVENTORY`: the restart plan of a deploy, computed from the rendered files and
-what the hosts have, changing nothing.
+"""The restart plan: which services a deploy restarts, starts or leaves, in which order, and why.
+The one place restart decisions are made: the deploy (operations, at run time, per host), `plan`
+(`knobkeeper plan INVENTORY`, changing nothing) and `review` (`change_plan`, from two renders) use it.
 
-For each role in deploy order, its hosts in batches (--data batch=N: N at a time; default all), and
-per service what the deploy would do and why, with the same rule the deploy applies
-(observe.decide): restart (files changed: the knobs that differ; co-restart; launch script edited on
-the host), start (not running), or leave it. Every role in scope is gated; a role downstream of
-`only=ROLE` is gated again. Hosts are read where they are (SSH for remote hosts, as `status`).
+    decide(options, ...)        one service: "started" | "restarted" | "unchanged", and why
+    change_reasons(old, new)    what changed between two renders of one service, in words a person
+                                reads: "knob SGLANG_SM120_MMA_TARGET_CTAS: 256 -> 512",
+                                "flag --time-scale: 0.1 -> 0.05", "interpreter: /a/python -> /b/python",
+                                "supervisor program section: startsecs: 0 -> 3" (never only digests)
+    restart_plan(project, inv)  the whole plan against what the hosts run now (SSH for remote hosts)
+    change_plan(...)            the plan review shows: roles to restart, roles gated again, roles kept
+
+Role order comes from the topology (topology.deploy_order), never a fixed list. For each role, its
+hosts in batches (--data batch=N: N at a time; default all). Every role in scope is gated; a role
+downstream of a restarted one is gated again.
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from knobkeeper.deploy.observe import decide, host_shell, parse_service_state, state_command
-from knobkeeper.deploy.render import render_stack
-from knobkeeper.deploy.stack import Stack, load_inventory, stack_from_inventory
-from knobkeeper.deploy.topology import downstream
-from knobkeeper.errors import UserError
+from knobkeeper import fmt
+from knobkeeper.deploy.model import Stack
+from knobkeeper.deploy.observe import hand_edits, host_shell, parse_service_state, script_knobs, state_command
+from knobkeeper.deploy.options import DeployOptions
+from knobkeeper.deploy.render import parse_meta, render_stack, strip_header
+from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
+from knobkeeper.deploy.topology import Role, downstream
 from knobkeeper.project import Project
 
-RESTART_MODES = ("changed", "co", "none")
 VERBS = {"restarted": "restart", "started": "start", "unchanged": "unchanged"}
 
 
-def parse_batch(value: Any) -> int | None:
-    """--data batch=N: hosts per batch (None: the whole role at once)."""
-    if value is None or value == "" or value == "all":
-        return None
-    if isinstance(value, bool) or not str(value).isdigit() or int(value) < 1:
-        raise UserError(f"--data batch={value!r}: expected a number of hosts (1 or more) per batch")
-    return int(value)
+# --- batches ----------------------------------------------------------------------------------------
 
 
 def role_batches(stack: Stack, role: str, size: int | None) -> list[list[str]]:
@@ -40,51 +43,279 @@ def role_batches(stack: Stack, role: str, size: int | None) -> list[list[str]]:
     return [hosts[i:i + size] for i in range(0, len(hosts), size)] or [[]]
 
 
+# --- what changed, in words -----------------------------------------------------------------------------
+
+
+def change_reasons(old_files: Mapping[str, str], new_files: Mapping[str, str]) -> list[str]:
+    """What differs between two renders of one service ({path: text}; headers are ignored except
+    for the knob values they name, which is how a secret's new fingerprint shows)."""
+    out: list[str] = []
+    for path in sorted(set(old_files) | set(new_files)):
+        old, new = old_files.get(path), new_files.get(path)
+        name = Path(path).name
+        if old is None or new is None:
+            out.append(f"{name}: {'new file' if old is None else 'no longer rendered'}")
+        elif _is_launch_script(new):
+            out += _launch_changes(old, new)
+        elif strip_header(old) != strip_header(new):
+            out += _section_changes(strip_header(old), strip_header(new), _kind(path))
+    return out
+
+
+def _is_launch_script(text: str) -> bool:
+    return text.startswith("#!") and any(line.startswith("exec ") for line in text.splitlines())
+
+
+def _kind(path: str) -> str:
+    return "systemd unit" if path.endswith(".service") else "supervisor program section"
+
+
+def _launch_changes(old: str, new: str) -> list[str]:
+    out: list[str] = []
+    old_knobs = (parse_meta(old) or {}).get("knobs") or {}
+    new_knobs = (parse_meta(new) or {}).get("knobs") or {}
+    old_body, new_body = strip_header(old), strip_header(new)
+    old_exports, new_exports = script_knobs(old_body), script_knobs(new_body)
+    for name in sorted(set(old_exports) | set(new_exports) | set(old_knobs) | set(new_knobs)):
+        knob = name in old_knobs or name in new_knobs
+        a, b = old_exports.get(name), new_exports.get(name)
+        if knob and (a == "(secret)" or b == "(secret)" or a is None and b is None):
+            a, b = old_knobs.get(name), new_knobs.get(name)  # a secret: its fingerprint
+        if a != b:
+            out.append(f"{'knob' if knob else 'environment'} {name}: {_change(a, b)}")
+    old_cmd, new_cmd = _exec_argv(old_body), _exec_argv(new_body)
+    out += _command_changes(old_cmd, new_cmd)
+    old_rest, new_rest = _template_lines(old_body), _template_lines(new_body)
+    if old_rest != new_rest:
+        added = [line for line in new_rest if line not in old_rest]
+        removed = [line for line in old_rest if line not in new_rest]
+        sample = (f"+ {added[0]}" if added else f"- {removed[0]}") if added or removed else "lines reordered"
+        out.append(f"launch script template: {len(added)} line(s) added, {len(removed)} removed ({fmt.short(sample, 60)})")
+    return out
+
+
+def _change(old: str | None, new: str | None) -> str:
+    if old is None:
+        return f"set to {fmt.quoted_if_needed(new)} (was unset)"
+    if new is None:
+        return f"unset (was {fmt.quoted_if_needed(old)})"
+    return f"{fmt.quoted_if_needed(old)} -> {fmt.quoted_if_needed(new)}"
+
+
+def _exec_argv(body: str) -> list[str]:
+    lines = body.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("exec "):
+            text = line
+            while text.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                text = text[:-1] + " " + lines[i]
+            try:
+                return shlex.split(text)[1:]
+            except ValueError:
+                return text.split()[1:]
+    return []
+
+
+def _template_lines(body: str) -> list[str]:
+    """The launch script's lines that come from the template alone (not exports, unset, exec)."""
+    out, in_exec = [], False
+    for line in body.splitlines():
+        if line.startswith("exec "):
+            in_exec = line.endswith("\\")
+            continue
+        if in_exec:
+            in_exec = line.endswith("\\")
+            continue
+        bare = line.strip()
+        name = bare.removeprefix("export ").partition("=")[0]
+        if bare.startswith(("export ", "unset ")) or ("=" in bare and name.isidentifier() and '"$(cat ' in bare):
+            continue
+        out.append(line)
+    return out
+
+
+def _flags(argv: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """(leading words before the first flag, {flag: its values joined, one entry per occurrence})."""
+    lead: list[str] = []
+    flags: dict[str, list[str]] = {}
+    current: str | None = None
+    for arg in argv:
+        if arg.startswith("--"):
+            current = arg
+            flags.setdefault(arg, []).append("")
+        elif current is None:
+            lead.append(arg)
+        else:
+            values = flags[current]
+            values[-1] = f"{values[-1]} {arg}".strip()
+    return lead, flags
+
+
+def _command_changes(old: list[str], new: list[str]) -> list[str]:
+    if old == new:
+        return []
+    out = []
+    if old[:1] != new[:1]:
+        out.append(f"interpreter: {old[0] if old else '(none)'} -> {new[0] if new else '(none)'}")
+    old_lead, old_flags = _flags(old[1:])
+    new_lead, new_flags = _flags(new[1:])
+    if old_lead != new_lead:
+        out.append(f"command: {shlex.join(old_lead) or '(none)'} -> {shlex.join(new_lead) or '(none)'}")
+    for flag in sorted(set(old_flags) | set(new_flags)):
+        a, b = old_flags.get(flag), new_flags.get(flag)
+        if a == b:
+            continue
+        show = lambda v: ", ".join(x or "(on)" for x in v)  # noqa: E731
+        if a is None:
+            out.append(f"flag {flag}: added ({show(b)})")
+        elif b is None:
+            out.append(f"flag {flag}: removed (was {show(a)})")
+        else:
+            out.append(f"flag {flag}: {show(a)} -> {show(b)}")
+    if not out:
+        out.append("engine command: arguments reordered")
+    return out
+
+
+def _section_changes(old: str, new: str, kind: str) -> list[str]:
+    def pairs(text: str) -> tuple[dict[str, str], list[str]]:
+        keyed, other, section = {}, [], ""
+        for line in text.splitlines():
+            bare = line.strip()
+            if bare.startswith("[") and bare.endswith("]"):
+                section = bare
+            elif "=" in bare and not bare.startswith(("#", ";")):
+                key, _, value = bare.partition("=")
+                keyed[f"{section} {key.strip()}".strip()] = value.strip()
+            elif bare:
+                other.append(bare)
+        return keyed, other
+
+    (a, a_other), (b, b_other) = pairs(old), pairs(new)
+    out = [f"{kind}: {key.split(' ', 1)[-1]}: {_change(a.get(key), b.get(key))}"
+           for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
+    if a_other != b_other or not out:
+        out.append(f"{kind}: template changed")
+    return out
+
+
+# --- one service's decision -----------------------------------------------------------------------------
+
+
+def decide(options: DeployOptions, in_scope: bool, rendered: Any, observed: Mapping[str, Any],
+           host_launch: str | None = None) -> tuple[str, str, list[str]]:
+    """What a deploy does to one service, why, and what changed: (action, reason, changes).
+
+        not in only=ROLE                        -> unchanged
+        restart=none                            -> unchanged
+        not running                             -> started   (a rerun repairs what a failed run left down)
+        restart=co                              -> restarted (co-restart)
+        digest of started.sh != rendered digest -> restarted (files changed: change_reasons)
+        the host's launch script was edited     -> restarted (what the edit changed)
+        otherwise                               -> unchanged
+    `rendered` is a RenderedService; `observed` parse_service_state's dict (with the started files'
+    texts); `host_launch` the host's launch script as it was before this deploy uploaded anything.
+    """
+    started = observed.get("started") or {}
+    before = started.get("digest")
+    if not in_scope:
+        return "unchanged", f"not in only={options.only}", []
+    if options.restart == "none":
+        return "unchanged", "restart=none" + ("" if observed["running"] else " (not running)"), []
+    if not observed["running"]:
+        return "started", f"not running ({str(observed['state']).lower()})", []
+    if options.restart == "co":
+        return "restarted", "co-restart", []
+    if before != rendered.digest:
+        if not before:
+            return "restarted", "files changed (no started.sh: started outside knobkeeper)", []
+        old = {path: text for path, text in ((rendered.service.launch_path, observed.get("started_text")),
+                                             (rendered.service.manager_file, observed.get("started_manager")))
+               if text is not None}
+        new = {path: text for path, text in rendered.files.items() if path in old} or dict(rendered.files)
+        changes = change_reasons(old, new) or [f"rendered digest {before} -> {rendered.digest}"]
+        return "restarted", "files changed: " + "; ".join(changes), changes
+    edits = hand_edits(rendered.launch, host_launch)
+    if edits:
+        return "restarted", "launch script edited on the host: " + "; ".join(edits), edits
+    return "unchanged", "files unchanged and running", []
+
+
+# --- the plan of a whole deploy ----------------------------------------------------------------------
+
+
 def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    data = dict(data or {})
-    mode = str(data.get("restart", "changed"))
-    if mode not in RESTART_MODES:
-        raise UserError(f"--data restart={mode}: expected one of {', '.join(RESTART_MODES)}")
-    only = data.get("only") or None
-    size = parse_batch(data.get("batch"))
-    overrides = data.get("knob_overrides") or None
+    """`knobkeeper plan`: per role in order, per batch, per service: the action, why, whether gated."""
+    options = DeployOptions.from_data(data)
     inventory = load_inventory(project.root, inventory_path, data)
     stack = stack_from_inventory(inventory, Path(inventory_path).stem)
-    if only is not None and only not in stack.roles:
-        raise UserError(f"--data only={only}: not a role of this inventory (roles: {', '.join(stack.order)})")
-    rendered = render_stack(project, stack, knob_overrides=overrides)
-    scope = [only] if only else list(stack.order)
+    options.check_roles(list(stack.order), inventory_path)
+    rendered = render_stack(project, stack, knob_overrides=options.knob_overrides)
+    scope = options.scope(stack.order)
     gated = set(scope) | downstream(stack.order, stack.roles, scope)
     roles = []
     counts = {"restart": 0, "start": 0, "unchanged": 0, "unknown": 0}
     with host_shell(inventory) as shell:
         for role in stack.order:
             batches = []
-            for hosts in role_batches(stack, role, size):
+            for hosts in role_batches(stack, role, options.batch):
                 batch = []
                 for host in hosts:
                     plan = stack.hosts[host]
-                    ctl = plan.supervisor.ctl() if plan.supervisor else ""
                     for svc in plan.role_services(role):
-                        lines = shell.run(host, state_command(svc.manager, ctl, svc.name, svc.started_path,
-                                                              svc.launch_path))
+                        lines = shell.run(host, state_command(svc, plan.ctl, with_launch=True))
+                        changes: list[str] = []
                         if lines is None:
                             action, reason = "unknown", shell.errors.get(host, "could not connect")
                         else:
                             seen = parse_service_state(lines)
-                            action, reason = decide(mode, role in scope, only, rendered[(host, svc.name)], seen,
-                                                    seen["launch"])
+                            action, reason, changes = decide(options, role in scope, rendered[(host, svc.name)],
+                                                             seen, seen["launch"])
                             action = VERBS[action]
                         counts[action] += 1
                         batch.append({"host": host, "service": svc.name, "action": action, "reason": reason,
-                                      "gate": role in gated and mode != "none",
+                                      "changes": changes, "gate": role in gated and options.restart != "none",
                                       "digest": rendered[(host, svc.name)].digest})
                 batches.append(batch)
             roles.append({"role": role, "health": stack.roles[role].health, "after": list(stack.roles[role].after),
                           "batches": batches})
     return {"inventory": str(inventory_path), "order": list(stack.order),
-            "options": {"restart": mode, "only": only, "batch": size, "knob_overrides": overrides},
+            "options": {"restart": options.restart, "only": options.only, "batch": options.batch,
+                        "knob_overrides": options.knob_overrides},
             "counts": counts, "roles": roles, "unreachable": dict(shell.errors)}
+
+
+def change_plan(inventory: str, order: list[str], roles: Mapping[str, Role], services: Mapping[str, set[str]],
+                hosts: Mapping[str, set[str]]) -> dict[str, Any]:
+    """The plan `review` shows for a change: `services`/`hosts` per role are those whose rendered
+    files changed. Roles to restart in topology order, roles gated again (downstream of a restart),
+    roles that keep running; `restart` and `keep` list them, `summary` says it in one line."""
+    restart = [r for r in order if r in services]
+    gated = downstream(order, roles, restart) - set(restart) if restart else set()
+    steps: list[dict[str, Any]] = []
+    for role in order:
+        if role in services:
+            steps.append({"role": role, "action": "restart", "services": sorted(services[role]),
+                          "hosts": sorted(hosts.get(role, ())), "health": roles[role].health})
+        elif role in gated:
+            deps = [d for d in roles[role].after if d in restart]
+            steps.append({"role": role, "action": "gate", "after": deps, "health": roles[role].health})
+        else:
+            steps.append({"role": role, "action": "keep"})
+    keep = [r for r in order if r not in services]
+    if not restart:
+        summary = "no restart: no rendered file changes"
+    elif not keep:
+        summary = "full co-restart in dependency order: " + " -> ".join(restart)
+    else:
+        summary = f"{' and '.join(restart)} only: {' and '.join(keep)} keep running"
+        if gated:
+            summary += "; " + "; ".join(
+                f"the {g} is still gated on the restarted {' and '.join(d for d in roles[g].after if d in restart)} workers"
+                for g in order if g in gated)
+    return {"inventory": inventory, "order": list(order), "steps": steps, "summary": summary,
+            "restart": restart, "keep": keep}
 
 
 def plan_text(plan: Mapping[str, Any]) -> str:
@@ -101,8 +332,8 @@ def plan_text(plan: Mapping[str, Any]) -> str:
             for i, svc in enumerate(batch):
                 label = f"batch {b}:" if i == 0 else ""
                 gate = "" if svc["gate"] else ", not gated"
-                lines.append(f"   {label:<9} {svc['host']}/{svc['service']}: {svc['action'].upper() if svc['action'] != 'unchanged' else 'unchanged'}"
-                             f" ({svc['reason']}{gate})")
+                action = svc["action"].upper() if svc["action"] != "unchanged" else "unchanged"
+                lines.append(f"   {label:<9} {svc['host']}/{svc['service']}: {action} ({fmt.safe(svc['reason'])}{gate})")
     for host, why in plan["unreachable"].items():
         lines.append(f"unreachable: {host}: {why}")
     return "\n".join(lines)

@@ -5,8 +5,10 @@ reference point for later incidents:
 
     {"id", "inventory", "inventory_path", "commit", "dirty", "allow_dirty", "options",
      "order", "started_at", "finished_at", "result": "ok" | "failed", "error",
+     "engine_versions": {host: {distribution: installed version}} (hosts with a pinned engine venv),
      "services": [{"host", "service", "role", "action": "restarted" | "started" | "unchanged",
-                   "reason", "digest", "previous_digest", "knobs", "restart_issued_at",
+                   "reason", "changes": [what changed, in words], "digest", "previous_digest",
+                   "knobs", "restart_issued_at", "batch", "rollback": {...} | null,
                    "healthy_at", "pid", "gate": {"result": "passed" | "failed" | "skipped" | "not-run",
                    "url", "status", "seconds", "checked_at"}}]}
 
@@ -17,7 +19,7 @@ so a caller (the A/B harness) still gets its timings.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,89 @@ from knobkeeper.timeutil import file_stem, parse_time
 
 ACTIONS = ("restarted", "started", "unchanged")
 GATES = ("passed", "failed", "skipped", "not-run")
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+class _ByField:
+    """row["action"] reads row.action: the JSON field names are the attribute names, so code written
+    against the record's JSON reads the typed rows unchanged."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
+            raise KeyError(key)
+        return getattr(self, key)
+
+
+@dataclass
+class Gate(_ByField):
+    """A service's health gate in one run."""
+
+    result: str = "not-run"  # one of GATES
+    url: str | None = None
+    status: str | None = None
+    seconds: float | None = None
+    checked_at: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Gate":
+        return cls(**_known(cls, data)) if isinstance(data, dict) else cls(result=str(data))
+
+
+@dataclass
+class Rollback(_ByField):
+    """What a rollback after a failed gate did (rollback=true)."""
+
+    result: str = "failed"
+    digest: str | None = None
+    restart_issued_at: str | None = None
+    healthy_at: str | None = None
+    status: str | None = None
+
+
+@dataclass
+class ServiceRow(_ByField):
+    """What one run did to one (host, service), and when."""
+
+    host: str
+    service: str
+    role: str
+    action: str = "unchanged"  # one of ACTIONS
+    reason: str = ""
+    changes: list[str] = field(default_factory=list)  # what changed, in words (files-changed restarts)
+    digest: str = ""
+    previous_digest: str | None = None
+    knobs: dict[str, str] = field(default_factory=dict)
+    restart_issued_at: str | None = None
+    healthy_at: str | None = None
+    pid: int | None = None
+    batch: int = 1
+    rollback: Rollback | None = None
+    gate: Gate = field(default_factory=Gate)
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}/{self.service}"
+
+    @property
+    def acted(self) -> bool:
+        return self.action in ("restarted", "started")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ServiceRow":
+        known = _known(cls, data)
+        known["gate"] = Gate.from_json(data.get("gate") or {})
+        rollback = data.get("rollback")
+        known["rollback"] = Rollback(**_known(Rollback, rollback)) if isinstance(rollback, dict) else None
+        known["changes"] = list(data.get("changes") or [])
+        known["knobs"] = dict(data.get("knobs") or {})
+        return cls(**known)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -43,33 +128,33 @@ class DeployRecord:
     finished_at: str | None = None
     result: str = "running"
     error: str | None = None
-    services: list[dict[str, Any]] = field(default_factory=list)
+    services: list[ServiceRow] = field(default_factory=list)
+    engine_versions: dict[str, dict[str, str | None]] = field(default_factory=dict)  # host -> {dist: version}
+
+    def __post_init__(self) -> None:
+        self.services = [r if isinstance(r, ServiceRow) else ServiceRow.from_json(r) for r in self.services]
 
     @property
     def stem(self) -> str:
         return file_stem(parse_time(self.started_at), self.id)
 
-    def service(self, host: str, name: str) -> dict[str, Any]:
+    def service(self, host: str, name: str) -> ServiceRow:
         for row in self.services:
-            if row["host"] == host and row["service"] == name:
+            if row.host == host and row.service == name:
                 return row
         raise KeyError((host, name))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "inventory": self.inventory, "inventory_path": self.inventory_path,
-            "commit": self.commit, "dirty": self.dirty, "allow_dirty": self.allow_dirty,
-            "options": self.options, "order": self.order, "started_at": self.started_at,
-            "finished_at": self.finished_at, "result": self.result, "error": self.error,
-            "services": self.services,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["services"] = [r.to_json() for r in self.services]
+        return out
 
     def text(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "DeployRecord":
-        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k in data})
+        return cls(**_known(cls, data))
 
 
 def record_path(project: Project, record: DeployRecord, committed: bool) -> Path:
@@ -78,7 +163,7 @@ def record_path(project: Project, record: DeployRecord, committed: bool) -> Path
 
 
 def message(record: DeployRecord) -> Message:
-    acted = [f"{r['host']}/{r['service']}" for r in record.services if r["action"] != "unchanged"]
+    acted = [r.key for r in record.services if r.acted]
     what = ", ".join(acted) if acted else "nothing restarted"
     summary = f"deploy {record.inventory}: {what} ({record.result})"
     body = f"Deploy {record.id} of {record.inventory_path} at {record.commit}"
@@ -87,8 +172,7 @@ def message(record: DeployRecord) -> Message:
     if record.error:
         body += f"\n\n{record.error}"
     trailers = [("Deploy", record.id), ("Inventory", record.inventory), ("Result", record.result)]
-    trailers += [("Restarted" if r["action"] == "restarted" else "Started", f"{r['host']}/{r['service']}")
-                 for r in record.services if r["action"] != "unchanged"]
+    trailers += [("Restarted" if r.action == "restarted" else "Started", r.key) for r in record.services if r.acted]
     return Message(summary=summary, body=body, trailers=trailers)
 
 
@@ -102,16 +186,30 @@ def save(project: Project, record: DeployRecord, commit: bool) -> Path:
     return path
 
 
+def read_record(path: Path) -> DeployRecord:
+    return DeployRecord.from_json(json.loads(path.read_text()))
+
+
 def find_record(project: Project, deploy_id: str) -> DeployRecord | None:
     for folder in (project.deploys_dir, project.state_dir / "deploys"):
         for path in sorted(folder.glob(f"*-{deploy_id}.json")) if folder.is_dir() else []:
-            return DeployRecord.from_json(json.loads(path.read_text()))
+            return read_record(path)
     return None
 
 
-def load_records(project: Project) -> list[DeployRecord]:
-    """Committed records, oldest first."""
+def load_records(project: Project, problems: list[str] | None = None) -> list[DeployRecord]:
+    """Committed records, oldest first, as typed rows. A file that does not read as a record is
+    left out and named in `problems` (when given)."""
     folder = project.deploys_dir
     if not folder.is_dir():
         return []
-    return [DeployRecord.from_json(json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            out.append(read_record(path))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            if problems is not None:
+                problems.append(f"{project.rel(path)}: not a deploy record ({exc})")
+    return out

@@ -7,8 +7,11 @@ source commit and, in the launch script, the changelog entry behind each knob (o
 run)"), plus one machine-readable `# knobkeeper: {...}` line that `status` reads back. Values are
 shell-quoted; a secret's value is never in a file text: the script reads it from a 0600 file.
 
-`digest` hashes every file as rendered WITHOUT its header: it changes exactly when the process
-would see something different. The deploy restarts on a digest change, not on a new commit id.
+The header rule is `strip_header` (the one place it is written): an optional shebang, then the
+header's comment lines (`# ...` or `; ...`) up to the first line that is not one; every template
+puts a non-comment line (a blank one at least) between its header and its body. `digest` hashes
+every file with its header stripped: it changes exactly when the process would see something
+different. The deploy restarts on a digest change, not on a new commit id.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any, Mapping
 
 import jinja2
 
+from knobkeeper import gitio
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Value
 
@@ -104,6 +107,22 @@ def _render(templates_dir: Path, name: str, context: dict[str, Any]) -> str:
         raise UserError(f"{templates_dir}/{name}: {exc.message} (a template variable knobkeeper does not provide)") from None
 
 
+def strip_header(text: str) -> str:
+    """A rendered file without its header: the shebang (kept: it is content), then everything after
+    the header's comment lines. What the digest covers, what review diffs, what a hand edit is."""
+    lines = text.splitlines(keepends=True)
+    start = 1 if lines and lines[0].startswith("#!") else 0
+    end = start
+    while end < len(lines) and _is_header_line(lines[end]):
+        end += 1
+    return "".join(lines[:start] + lines[end:])
+
+
+def _is_header_line(line: str) -> bool:
+    bare = line.rstrip("\n")
+    return bare in ("#", ";") or bare.startswith(("# ", "; "))
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -160,9 +179,8 @@ def render_service(
     }
     manager_template = PROGRAM_TEMPLATE if service.manager == "supervisord" else UNIT_TEMPLATE
     paths = [(service.launch_path, LAUNCH_TEMPLATE, "0755"), (service.manager_file, manager_template, "0644")]
-    bare = {path: _render(templates_dir, tpl, {**context, "header": []}) for path, tpl, _ in paths}
-    digest_input = json.dumps({"files": bare, "knobs": shown}, sort_keys=True)
-    digest = "sha256:" + hashlib.sha256(digest_input.encode()).hexdigest()[:16]
+    bare = {path: strip_header(_render(templates_dir, tpl, {**context, "header": []})) for path, tpl, _ in paths}
+    digest = content_digest(bare, shown)
     meta = {
         "service": service.name, "role": service.role, "host": service.host,
         "source": source.commit, "dirty": source.dirty, "digest": digest, "knobs": shown,
@@ -179,6 +197,13 @@ def render_service(
         service=service, files=files, modes={path: mode for path, _, mode in paths}, secrets=secrets,
         knobs=shown, provenance={n: provenance.get(n, "") for n in knobs}, digest=digest,
     )
+
+
+def content_digest(bodies: Mapping[str, str], knobs: Mapping[str, str]) -> str:
+    """The digest of a service's files (headers stripped) and its knob values as shown (a secret's
+    fingerprint: a new secret value restarts the service although no file text changed)."""
+    text = json.dumps({"files": dict(bodies), "knobs": dict(knobs)}, sort_keys=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def render_supervisord(plan: Any, source: Source, templates_dir: Path) -> dict[str, str]:
@@ -214,24 +239,16 @@ def source_of(root: Path, paths: tuple[str, ...] = ("inventory", "templates")) -
     """The last commit that changed what files are rendered from (not HEAD: a deploy record commit
     must not change every file's header, or every deploy re-uploads every file), and whether `paths`
     have uncommitted changes (tracked or untracked)."""
-    last = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%H", "--", *SOURCE_PATHS],
-                          capture_output=True, text=True)
-    commit = last.stdout.strip()
-    if not commit:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "-q", "--verify", "HEAD"], capture_output=True, text=True)
-        commit = head.stdout.strip()
-    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *paths], capture_output=True, text=True)
-    return Source(commit=commit or "uncommitted", dirty=bool(status.stdout.strip()))
+    commit = gitio.last_commit_touching(root, SOURCE_PATHS) or gitio.head_sha(root)
+    return Source(commit=commit or "uncommitted", dirty=bool(gitio.dirty_paths(root, paths)))
 
 
 def head_commit(root: Path) -> str:
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "-q", "--verify", "HEAD"], capture_output=True, text=True)
-    return head.stdout.strip() or "uncommitted"
+    return gitio.head_sha(root) or "uncommitted"
 
 
 def dirty_paths(root: Path, paths: tuple[str, ...] = ("inventory", "templates")) -> list[str]:
-    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *paths], capture_output=True, text=True)
-    return [line[3:] for line in status.stdout.splitlines() if line.strip()]
+    return gitio.dirty_paths(root, paths)
 
 
 def normalize_overrides(catalog: Catalog, overrides: Mapping[str, Any] | None, roles: list[str]) -> dict[str, dict[str, Value | None]]:
@@ -278,6 +295,7 @@ def render_stack(
     check_secrets: bool = False,
 ) -> dict[tuple[str, str], RenderedService]:
     """Every (host, service) of the stack rendered from the project's knobs, catalog and changelog."""
+    from knobkeeper.changelog.secrets import secret_mismatch
     from knobkeeper.changelog.entries import latest_by_knob, load_entries
     from knobkeeper.knobs.catalog import load_catalog
     from knobkeeper.knobs.state import read_declared
@@ -303,13 +321,11 @@ def render_stack(
             else:
                 values[name] = value
                 provenance[name] = OVERRIDE
-        for name, value in values.items():
-            knob = catalog.get(name)
-            if knob.secret and check_secrets:
-                path = project.secrets_dir / role / name
-                if not path.is_file():
-                    raise UserError(f"secret {name} of role {role}: {project.rel(path)} is missing "
-                                    f"(set it again with `knobkeeper set` on this machine)")
+        if check_secrets:
+            for name, value in values.items():
+                problem = secret_mismatch(project, role, name, value) if catalog.get(name).secret else None
+                if problem:
+                    raise UserError(problem)
         for plan in stack.hosts.values():
             env = plan.data.get("environment") or {}
             for svc in plan.role_services(role):
@@ -318,15 +334,3 @@ def render_stack(
                     source=source, templates_dir=project.templates_dir, environment=env,
                 )
     return out
-
-
-def strip_header(text: str) -> str:
-    """A rendered file without its header: a shebang line is kept, the comment block that follows it
-    (`#` or `;` lines: knobkeeper's header) is dropped. What the process or service manager would
-    see differently; two files with the same stripped text differ only in provenance."""
-    lines = text.splitlines(keepends=True)
-    kept = lines[:1] if lines and lines[0].startswith("#!") else []
-    i = len(kept)
-    while i < len(lines) and lines[i].startswith(("#", ";")):
-        i += 1
-    return "".join(kept + lines[i:])

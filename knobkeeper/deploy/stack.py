@@ -14,8 +14,11 @@ Data keys (host data > group data > group_data/all.py; `--data` wins over all):
     advertise_host    address other hosts use to reach this one (default: ssh_hostname or host name)
     <role>_port       port of the role's first service (the n-th service of a role on a host: +n)
     prefill_bootstrap_port, router_metrics_port
-    served_model_name, model, transfer_backend, tp_size, sglang_version, router_policy
-    environment       {NAME: value} fixed, non-knob environment of every service
+    served_model_name, model, transfer_backend, tp_size, router_policy
+    sglang_version, sglang_router_version   the engine pinned in the venv (engine_packages overrides;
+                      engine_wheelhouse / engine_index: where pip gets it; see operations.engine)
+    environment       {NAME: value} fixed, non-knob environment of every service (NAME: a plain
+                      variable name, knobs.catalog.check_env_name)
     service_user      systemd User= (optional); systemd_unit_dir (default /etc/systemd/system)
     stop_timeout      seconds a stop may take before SIGKILL (default 60)
     health_timeout    overrides every role's health_timeout (seconds) for this run
@@ -24,175 +27,24 @@ Data keys (host data > group data > group_data/all.py; `--data` wins over all):
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from knobkeeper.deploy.engines import engine_command, interpreter, workers_of
+from knobkeeper.deploy.model import HostPlan, Service, Stack, Supervisor
 from knobkeeper.deploy.routers import ROUTERS
 from knobkeeper.deploy.topology import ROLE_PREFIX, Role, deploy_order, role_from_data
 from knobkeeper.errors import UserError
+from knobkeeper.knobs.catalog import check_env_name
 
 MANAGERS = ("supervisord", "systemd")
 ENGINES = ("sim", "sglang", *ROUTERS)
 WORKER_MODES = ("prefill", "decode")
 
-
-@dataclass(frozen=True)
-class Service:
-    """One supervised process: (host, service name) is unique in a stack."""
-
-    host: str
-    role: str
-    name: str
-    index: int
-    prefix: str
-    manager: str
-    engine: str
-    listen_host: str
-    address: str
-    port: int
-    bootstrap_port: int | None
-    metrics_port: int | None
-    health_path: str
-    workers_path: str | None
-    health_timeout: float
-    user: str | None
-    stop_timeout: int
-    unit_dir: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.host}/{self.name}"
-
-    @property
-    def url(self) -> str:
-        host = "127.0.0.1" if self.address in ("@local", "localhost") else self.address
-        return f"http://{host}:{self.port}"
-
-    @property
-    def health_url(self) -> str:
-        return self.url + self.health_path
-
-    @property
-    def workers_url(self) -> str | None:
-        return self.url + self.workers_path if self.workers_path else None
-
-    @property
-    def service_dir(self) -> str:
-        return f"{self.prefix}/services/{self.name}"
-
-    @property
-    def launch_path(self) -> str:
-        return f"{self.service_dir}/launch.sh"
-
-    @property
-    def started_path(self) -> str:
-        """A copy of the launch script taken when the service was last (re)started: what runs."""
-        return f"{self.service_dir}/started.sh"
-
-    @property
-    def started_manager_path(self) -> str:
-        """A copy of the program section / unit taken at the last (re)start."""
-        return f"{self.service_dir}/started.{'conf' if self.manager == 'supervisord' else 'service'}"
-
-    @property
-    def previous_launch_path(self) -> str:
-        """The launch script that ran before the last (re)start: what a rollback puts back."""
-        return f"{self.service_dir}/previous.sh"
-
-    @property
-    def previous_manager_path(self) -> str:
-        return f"{self.service_dir}/previous.{'conf' if self.manager == 'supervisord' else 'service'}"
-
-    @property
-    def secrets_dir(self) -> str:
-        return f"{self.prefix}/secrets/{self.role}"
-
-    @property
-    def supervisor_conf_path(self) -> str:
-        return f"{self.prefix}/supervisor/conf.d/{self.name}.conf"
-
-    @property
-    def unit_path(self) -> str:
-        return f"{self.unit_dir}/{self.name}.service"
-
-    @property
-    def log_path(self) -> str:
-        return f"{self.prefix}/supervisor/logs/{self.name}.log"
-
-    @property
-    def manager_file(self) -> str:
-        return self.supervisor_conf_path if self.manager == "supervisord" else self.unit_path
-
-
-@dataclass(frozen=True)
-class Supervisor:
-    """Paths of one host's own supervisord (everything under {prefix}/supervisor/)."""
-
-    root: str
-    supervisord: str
-    supervisorctl: str
-
-    @property
-    def conf(self) -> str:
-        return f"{self.root}/supervisord.conf"
-
-    @property
-    def socket(self) -> str:
-        return f"{self.root}/supervisor.sock"
-
-    @property
-    def pidfile(self) -> str:
-        return f"{self.root}/supervisord.pid"
-
-    def ctl(self, *args: str) -> str:
-        return shlex.join([self.supervisorctl, "-c", self.conf, *args])
-
-
-@dataclass
-class HostPlan:
-    name: str
-    prefix: str
-    manager: str
-    data: dict[str, Any]
-    services: list[Service] = field(default_factory=list)
-    supervisor: Supervisor | None = None
-
-    def role_services(self, role: str) -> list[Service]:
-        return [s for s in self.services if s.role == role]
-
-    @property
-    def roles(self) -> list[str]:
-        out: list[str] = []
-        for s in self.services:
-            if s.role not in out:
-                out.append(s.role)
-        return out
-
-
-@dataclass
-class Stack:
-    inventory: str  # the inventory's name (its file stem), e.g. "local"
-    roles: dict[str, Role]
-    order: list[str]
-    hosts: dict[str, HostPlan]
-    commands: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-
-    @property
-    def services(self) -> list[Service]:
-        return [s for h in self.hosts.values() for s in h.services]
-
-    def service(self, host: str, name: str) -> Service:
-        for s in self.hosts[host].services:
-            if s.name == name:
-                return s
-        raise KeyError((host, name))
-
-    def command(self, service: Service) -> list[str]:
-        return self.commands[(service.host, service.name)]
+__all__ = ["HostPlan", "Service", "Stack", "Supervisor", "host_plan", "load_inventory", "load_stack",
+           "stack_from_inventory"]
 
 
 def _get(data: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -206,7 +58,9 @@ def _int(host: str, key: str, value: Any) -> int:
     return value
 
 
-def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapping[str, Role]) -> HostPlan:
+def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapping[str, Role],
+              inventory: str = "") -> HostPlan:
+    where = f"inventory {inventory}, host {name}" if inventory else f"host {name}"
     prefix = data.get("prefix")
     if not isinstance(prefix, str) or not prefix.startswith("/") or any(c.isspace() for c in prefix):
         raise UserError(f"host {name}: data prefix = {prefix!r}: expected an absolute path without spaces")
@@ -218,6 +72,12 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
     engine_args = _get(data, "engine_args", {})
     if not isinstance(engines, Mapping) or not isinstance(engine_args, Mapping):
         raise UserError(f"host {name}: data engines / engine_args: expected dicts keyed by role")
+    environment = _get(data, "environment", {})
+    if not isinstance(environment, Mapping):
+        raise UserError(f"{where}: data environment: expected a dict of NAME: value")
+    for env_name in environment:
+        # A name reaches the launch script as `export NAME=...`: only a plain variable name may.
+        check_env_name(env_name, f"{where}: data environment")
     listen = str(_get(data, "listen_host", "0.0.0.0"))
     address = str(_get(data, "advertise_host", data.get("ssh_hostname") or name))
     if address == "@local":
@@ -225,7 +85,7 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
     timeout_override = data.get("health_timeout")
     plan = HostPlan(name=name, prefix=prefix, manager=manager, data=dict(data))
     if manager == "supervisord":
-        bindir = str(Path(_python(data, prefix)).parent)
+        bindir = str(Path(interpreter(data, prefix, "sim")).parent)
         plan.supervisor = Supervisor(
             root=f"{prefix}/supervisor",
             supervisord=str(_get(data, "supervisord", f"{bindir}/supervisord")),
@@ -254,15 +114,12 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
                 host=name, role=role_name, name=svc, index=index, prefix=prefix, manager=manager,
                 engine=engine, listen_host=listen, address=address, port=base + index,
                 bootstrap_port=bootstrap, metrics_port=metrics, health_path=role.health,
-                workers_path=role.workers, health_timeout=timeout, user=data.get("service_user"),
+                workers_path=role.workers, health_timeout=timeout, settle=role.settle,
+                user=data.get("service_user"),
                 stop_timeout=int(_get(data, "stop_timeout", 60)),
                 unit_dir=str(_get(data, "systemd_unit_dir", "/etc/systemd/system")),
             ))
     return plan
-
-
-def _python(data: Mapping[str, Any], prefix: str) -> str:
-    return str(_get(data, "python", sys.executable)).replace("{prefix}", prefix)
 
 
 def stack_from_inventory(inventory: Any, name: str) -> Stack:
@@ -286,7 +143,7 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
     for host in hosts:
         data = _host_data(host)
         groups = sorted(members.get(host.name, []), key=order.index)
-        plans[host.name] = host_plan(host.name, data, groups, roles)
+        plans[host.name] = host_plan(host.name, data, groups, roles, name)
     seen: dict[tuple[str, int], str] = {}
     for plan in plans.values():
         for svc in plan.services:
@@ -298,10 +155,9 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
                     raise UserError(f"port {port} on {svc.address}: used by both {other} and {svc.key}")
                 seen[(svc.address, port)] = svc.key
     stack = Stack(inventory=name, roles=roles, order=order, hosts=plans)
-    from knobkeeper.deploy.engines import engine_command
-
+    workers = workers_of(stack.services)
     for svc in stack.services:
-        stack.commands[(svc.host, svc.name)] = engine_command(stack, svc)
+        stack.commands[(svc.host, svc.name)] = engine_command(svc, stack.hosts[svc.host].data, workers)
     return stack
 
 

@@ -5,7 +5,9 @@ started; it names the knob values and the digest the process was started with) +
 from the service manager. Declared = a fresh render of knobs.toml. Each service is:
 
     in sync   running, started from what is declared now
-    drifted   running, but knobs (listed) or other rendered content differ: a deploy would restart it
+    drifted   running, but knobs (listed) or other rendered content differ: a deploy would restart it;
+              or the stored secret is not the declared one; or the installed engine version is not
+              the pinned one
     down      not running
     unknown   the host could not be inspected (it could not be reached: the reason is given)
 
@@ -17,18 +19,26 @@ naming the knobs whose exported values differ from the declared ones.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from knobkeeper.deploy.observe import (HostShell, hand_edits, host_shell, knob_differences, parse_service_state,
-                                       state_command)
+from knobkeeper import fmt
+from knobkeeper.deploy.engines import (engine_requirements, engine_venv, parse_versions, pinned_versions,
+                                      version_drift, versions_command)
+from knobkeeper.deploy.model import HostPlan, Service
+from knobkeeper.deploy.observe import (HostShell, hand_edits, host_shell, knob_differences, manager_status_command,
+                                       parse_manager_status, parse_service_state, state_command)
+from knobkeeper.deploy.plan import change_reasons
+from knobkeeper.changelog.secrets import secret_mismatch
 from knobkeeper.deploy.render import render_stack
-from knobkeeper.deploy.stack import HostPlan, Service, load_inventory, stack_from_inventory
+from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
+from knobkeeper.knobs.catalog import load_catalog
 from knobkeeper.project import Project
 
-# Shared with the deploy's facts and `plan` (re-exported here for the callers that import them from status).
-__all__ = ["state_command", "parse_service_state", "knob_differences", "stack_status", "ServiceStatus"]
+# Two looks at each running service's PID, this far apart: a PID that changed is a restart loop.
+LOOP_CHECK_S = 1.0
 
 
 @dataclass
@@ -47,12 +57,17 @@ class ServiceStatus:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def detail(self) -> str:
+        if self.differences:
+            return "; ".join(self.differences)
+        return self.manager_state.lower() if self.state == "down" else ""
+
 
 def observe(shell: HostShell, plan: HostPlan, svc: Service) -> dict[str, Any] | None:
-    """The service manager's view, started.sh's header and the launch script on the host, or None
+    """The service manager's view, the started files and the launch script on the host, or None
     when the host cannot be reached (shell.errors says why)."""
-    ctl = plan.supervisor.ctl() if plan.supervisor else ""
-    lines = shell.run(plan.name, state_command(svc.manager, ctl, svc.name, svc.started_path, svc.launch_path))
+    lines = shell.run(plan.name, state_command(svc, plan.ctl, with_launch=True))
     return None if lines is None else parse_service_state(lines)
 
 
@@ -64,37 +79,110 @@ def _merge(diffs: list[str], edits: list[str] | None) -> list[str]:
     return [by_name[k] for k in sorted(by_name)]
 
 
+def secret_problems(project: Project, stack: Any) -> dict[str, list[str]]:
+    """{role: [one line per declared secret whose stored value is missing or is not the declared one]}."""
+    from knobkeeper.knobs.state import read_declared
+
+    catalog = load_catalog(project.catalog_path)
+    declared = read_declared(project.knobs_path, catalog)
+    out: dict[str, list[str]] = {}
+    for role in stack.order:
+        for name, value in sorted(declared.get(role, {}).items()):
+            problem = secret_mismatch(project, role, name, value) if catalog.get(name).secret else None
+            if problem:
+                out.setdefault(role, []).append(problem)
+    return out
+
+
 def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] | None = None) -> list[ServiceStatus]:
     inventory = load_inventory(project.root, inventory_path, data)
     stack = stack_from_inventory(inventory, Path(inventory_path).stem)
     rendered = render_stack(project, stack)
+    secrets = secret_problems(project, stack)
     out: list[ServiceStatus] = []
     with host_shell(inventory) as shell:
-        for svc in sorted(stack.services, key=lambda s: (stack.order.index(s.role), s.host, s.name)):
-            plan = stack.hosts[svc.host]
+        services = sorted(stack.services, key=lambda s: (stack.order.index(s.role), s.host, s.name))
+        seen = {svc.key: observe(shell, stack.hosts[svc.host], svc) for svc in services}
+        _mark_restart_loops(shell, stack, services, seen)
+        engines = {name: engine_drift(shell, plan) for name, plan in stack.hosts.items() if name not in shell.errors}
+        for svc in services:
             want = rendered[(svc.host, svc.name)]
-            seen = observe(shell, plan, svc)
-            if seen is None:
+            look = seen[svc.key]
+            if look is None:
                 out.append(ServiceStatus(svc.host, svc.name, svc.role, "unknown", None, "unreachable",
                                          want.digest, None, [shell.errors.get(svc.host, "could not connect")]))
                 continue
-            started = seen["started"] or {}
+            started = look["started"] or {}
             running_digest = started.get("digest")
             diffs: list[str] = []
-            if not seen["running"]:
+            if not look["running"]:
                 state = "down"
             else:
                 diffs = knob_differences(want.knobs, started.get("knobs") or {})
-                edits = hand_edits(want.launch, seen["launch"])
+                edits = hand_edits(want.launch, look["launch"])
                 if edits and (any(": running " in e for e in edits) or running_digest == want.digest):
                     diffs = _merge(diffs, edits)
                 if running_digest != want.digest and not diffs:
-                    diffs = ["engine command or service files differ (knobs are the same)" if running_digest
-                             else "started outside knobkeeper (no started.sh)"]
+                    diffs = _file_changes(svc, want, look) if running_digest else ["started outside knobkeeper (no started.sh)"]
                 state = "drifted" if diffs else "in sync"
+            problems = secrets.get(svc.role, []) + engines.get(svc.host, [])
+            if problems:
+                diffs = diffs + problems
+                state = "drifted" if state == "in sync" else state
             out.append(ServiceStatus(
-                host=svc.host, service=svc.name, role=svc.role, state=state, pid=seen["pid"],
-                manager_state=seen["state"], declared_digest=want.digest, running_digest=running_digest,
+                host=svc.host, service=svc.name, role=svc.role, state=state, pid=look["pid"],
+                manager_state=look["state"], declared_digest=want.digest, running_digest=running_digest,
                 differences=diffs, started_from=started.get("source"),
             ))
     return out
+
+
+def engine_drift(shell: HostShell, plan: HostPlan) -> list[str]:
+    """The host's pinned engine packages whose installed version is another (one line each)."""
+    venv = engine_venv(plan)
+    pinned = pinned_versions(engine_requirements(plan)) if venv else {}
+    if not pinned:
+        return []
+    lines = shell.run(plan.name, versions_command(venv, pinned))
+    return [] if lines is None else version_drift(pinned, parse_versions(lines, pinned))
+
+
+def _file_changes(svc: Service, want: Any, look: Mapping[str, Any]) -> list[str]:
+    """What a deploy would change for a running service whose knobs are as declared."""
+    old = {svc.launch_path: look["started_text"]}
+    if look["started_manager"] is not None:
+        old[svc.manager_file] = look["started_manager"]
+    new = {path: text for path, text in want.files.items() if path in old}
+    return change_reasons(old, new) or ["rendered files differ (knobs are the same)"]
+
+
+def _mark_restart_loops(shell: HostShell, stack: Any, services: list[Service], seen: dict[str, Any]) -> None:
+    """A service whose PID changes between two looks is crash-looping: it is down, whatever its
+    service manager calls it."""
+    running = [svc for svc in services if seen[svc.key] is not None and seen[svc.key]["running"]]
+    if not running:
+        return
+    time.sleep(LOOP_CHECK_S)
+    for svc in running:
+        lines = shell.run(svc.host, manager_status_command(svc, stack.hosts[svc.host].ctl))
+        if lines is None:
+            continue
+        state, pid = parse_manager_status(lines)
+        first = seen[svc.key]
+        if pid != first["pid"]:
+            first.update(running=False, state=f"RESTART-LOOP (pid {first['pid']} -> {fmt.value(pid)})", pid=pid)
+
+
+def status_table(rows: list[ServiceStatus]):
+    """The rich table `knobkeeper status` and the demo print (terminal-safe details)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("HOST", "SERVICE", "ROLE", "STATE", "PID", "DETAIL"):
+        table.add_column(col)
+    for r in rows:
+        colour = {"in sync": "green", "drifted": "yellow", "down": "red"}.get(r.state, "")
+        table.add_row(escape(r.host), escape(r.service), escape(r.role), f"[{colour}]{r.state}[/]" if colour else r.state,
+                      str(r.pid or "-"), escape(fmt.safe(r.detail)))
+    return table

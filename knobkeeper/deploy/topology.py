@@ -9,7 +9,8 @@ Group data (inventory/group_data/<role>.py) defines one dict per role, named `ro
         "after": ["prefill"],                # roles that must be healthy before this one starts
         "health_timeout": 600,               # seconds a gate waits (--data health_timeout=N overrides)
         "workers": None,                     # router only: path listing workers that must be healthy
-    }
+        "settle": 2,                         # seconds a (re)started process must stay up, same PID,
+    }                                        # still healthy, before its gate passes
 
 A host is in a role when it is in the pyinfra group of that name (group data reaches only hosts of
 the group, so `role_<name>` is present exactly on the role's hosts).
@@ -23,7 +24,7 @@ from typing import Any, Iterable, Mapping
 from knobkeeper.errors import UserError
 
 ROLE_PREFIX = "role_"
-_ROLE_KEYS = {"services", "health", "after", "health_timeout", "workers"}
+_ROLE_KEYS = {"services", "health", "after", "health_timeout", "workers", "settle"}
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,12 @@ class Role:
     after: tuple[str, ...] = ()
     health_timeout: float = 600.0
     workers: str | None = None
+    settle: float = 2.0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "services": list(self.services), "health": self.health, "after": list(self.after),
-            "health_timeout": self.health_timeout, "workers": self.workers,
+            "health_timeout": self.health_timeout, "workers": self.workers, "settle": self.settle,
         }
 
 
@@ -73,8 +75,11 @@ def role_from_data(name: str, spec: Any, where: str = "group data") -> Role:
     workers = spec.get("workers")
     if workers is not None and (not isinstance(workers, str) or not workers.startswith("/")):
         raise UserError(f"{where}: {key}['workers']: expected a URL path such as '/workers', or None")
+    settle = spec.get("settle", 2.0)
+    if isinstance(settle, bool) or not isinstance(settle, (int, float)) or settle < 0:
+        raise UserError(f"{where}: {key}['settle']: expected a number of seconds (0 or more)")
     return Role(name=name, services=tuple(services), health=health, after=tuple(after),
-                health_timeout=float(timeout), workers=workers)
+                health_timeout=float(timeout), workers=workers, settle=float(settle))
 
 
 def deploy_order(roles: Mapping[str, Role]) -> list[str]:

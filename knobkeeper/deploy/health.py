@@ -1,0 +1,210 @@
+"""Health gates: is a service healthy, and is it the process the service manager supervises?
+
+An answer on the port proves little on its own: a stray server holding the port answers /health
+while the new process crash-loops on "address already in use". So a gate passes only when
+
+    1. the health URL answers 200 (a router: /readiness, and /workers lists every worker healthy),
+    2. the process listening on the port is the supervised PID (or one of its children), read from
+       /proc on the host (`identity_command`), and
+    3. for a process this run (re)started: it has been up for `settle` seconds (its age from /proc;
+       the gate waits out the rest) and is then still the same PID, listening, healthy (a restart
+       loop changes the PID).
+
+Waits say what they wait for: a line on stderr every few seconds ("knobkeeper: waiting for decode
+127.0.0.1:30001 /health (12 s of 900 s): last status no answer").
+
+`require_up` is the seconds-long check a partial deploy (only=ROLE, `ab run`, canary) makes first:
+every role it does not restart must already be up, else it says which deploy to run.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from knobkeeper.deploy.model import Service, Stack
+from knobkeeper.deploy.routers import workers_healthy
+from knobkeeper.deploy.topology import downstream
+from knobkeeper.errors import UserError
+
+POLL_S = 0.1
+QUIET_S = 5.0  # a wait shorter than this prints nothing
+PROGRESS_EVERY_S = 10.0
+IDENTITY_MARKER = "knobkeeper-identity"
+
+RunOnHost = Callable[[str], list[str]]
+
+
+def probe(url: str, timeout: float = 2.0) -> tuple[int | None, str, bytes]:
+    """(HTTP status or None, words for it, body)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, str(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, f"HTTP {exc.code}", exc.read() if exc.fp else b""
+    except OSError as exc:
+        reason = getattr(exc, "reason", exc)
+        return None, f"no answer ({reason})", b""
+
+
+def healthy_now(svc: Service, expected_workers: int) -> tuple[bool, str]:
+    """One look at the service's health URL (and a router's /workers)."""
+    code, last, _ = probe(svc.health_url)
+    if code != 200:
+        return False, last
+    if not svc.workers_url:
+        return True, last
+    wcode, wlast, body = probe(svc.workers_url)
+    return workers_healthy(body, expected_workers, svc.engine) if wcode == 200 else (False, f"workers: {wlast}")
+
+
+# --- which process answers ----------------------------------------------------------------------------
+
+
+def identity_command(svc: Service, ctl: str) -> str:
+    """Shell printing `knobkeeper-identity pid=P holder=yes|no listening=yes|no age=S`: the supervised
+    PID, whether it (or a child) holds a socket LISTENing on the service's port, whether anything
+    does, and how many seconds that process has been running."""
+    q = shlex.quote
+    if svc.manager == "supervisord":
+        pid = f"{ctl} pid {q(svc.name)} 2>/dev/null"
+    else:
+        pid = f"systemctl show -p MainPID --value {q(svc.name)}.service 2>/dev/null"
+    port = f"{svc.port:04X}"
+    return (
+        f"pid=$({pid}); case \"$pid\" in ''|*[!0-9]*) pid=0;; esac; "
+        f"inodes=$(awk '$4 == \"0A\" && $2 ~ /:{port}$/ {{print $10}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null); "
+        "holder=no; "
+        "if [ \"$pid\" != 0 ] && [ -n \"$inodes\" ]; then "
+        "for p in $pid $(cat /proc/$pid/task/*/children 2>/dev/null); do "
+        "for fd in /proc/$p/fd/*; do link=$(readlink \"$fd\" 2>/dev/null) || continue; "
+        "for i in $inodes; do [ \"$link\" = \"socket:[$i]\" ] && holder=yes; done; done; done; fi; "
+        "age=0; if [ \"$pid\" != 0 ] && stat=$(cat /proc/$pid/stat 2>/dev/null); then "
+        "set -- ${stat##*) }; age=$(awk -v t=\"${20}\" -v hz=\"$(getconf CLK_TCK)\" "
+        "'{printf \"%.2f\", $1 - t / hz}' /proc/uptime); fi; "
+        f"echo \"{IDENTITY_MARKER} pid=$pid holder=$holder listening=$([ -n \"$inodes\" ] && echo yes || echo no) age=$age\""
+    )
+
+
+@dataclass(frozen=True)
+class Identity:
+    pid: int | None
+    holder: bool
+    listening: bool
+    age: float = 0.0
+
+    def problem(self, svc: Service) -> str | None:
+        """Words for why the answer on the port is not the supervised process's, or None."""
+        if self.listening and not self.holder:
+            whose = f"pid {self.pid}" if self.pid else "not running"
+            return f"port {svc.port} answers, but not from {svc.name} ({whose}): another process holds the port (stop it)"
+        if self.pid is None:
+            return f"{svc.name} is not running under its service manager (crash loop?)"
+        if not self.listening:
+            return f"{svc.name} (pid {self.pid}) runs, but nothing listens on port {svc.port}"
+        return None
+
+    @property
+    def stray(self) -> bool:
+        """Something other than the supervised process listens on the port: waiting cannot help."""
+        return self.listening and not self.holder
+
+
+def parse_identity(lines: Iterable[str]) -> Identity:
+    for line in lines:
+        if line.startswith(IDENTITY_MARKER):
+            fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
+            pid = fields.get("pid", "0")
+            try:
+                age = float(fields.get("age", "0"))
+            except ValueError:
+                age = 0.0
+            return Identity(int(pid) if pid.isdigit() and pid != "0" else None, fields.get("holder") == "yes",
+                            fields.get("listening") == "yes", age)
+    return Identity(None, False, False)
+
+
+# --- the gate -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GateOutcome:
+    ok: bool
+    status: str
+    pid: int | None = None
+
+
+def _say(text: str) -> None:
+    print(f"knobkeeper: {text}", file=sys.stderr, flush=True)
+
+
+def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: RunOnHost, ctl: str, *,
+              settle: float = 0.0, say: Callable[[str], None] = _say) -> GateOutcome:
+    """Wait (up to `timeout` s) until `svc` is healthy and it is the supervised process that answers;
+    with `settle`, also until it stayed so (same PID) for that long."""
+    started = time.monotonic()
+    deadline = started + timeout
+    next_say = started + QUIET_S
+    what = f"{svc.role} {svc.url.split('//', 1)[1]} {svc.health_path}"
+    last = "not checked"
+    while True:
+        ok, last = healthy_now(svc, expected_workers)
+        if ok:
+            ident = parse_identity(run_on_host(identity_command(svc, ctl)))
+            problem = ident.problem(svc)
+            if ident.stray:
+                return GateOutcome(False, problem or "", ident.pid)
+            if problem is None:
+                if ident.age >= settle:
+                    return GateOutcome(True, last, ident.pid)
+                rest = settle - ident.age
+                if rest >= QUIET_S:
+                    say(f"{what}: healthy (pid {ident.pid}); settling {rest:.0f} s")
+                time.sleep(rest)
+                again = parse_identity(run_on_host(identity_command(svc, ctl)))
+                still, status = healthy_now(svc, expected_workers)
+                if again.pid != ident.pid:
+                    return GateOutcome(False, f"restart loop: pid {ident.pid} -> {again.pid} within {settle:g} s",
+                                       again.pid)
+                later = again.problem(svc)
+                if later:
+                    return GateOutcome(False, later, again.pid)
+                if still:
+                    return GateOutcome(True, status, again.pid)
+                last = status
+            else:
+                last = problem
+        now = time.monotonic()
+        if now >= deadline:
+            return GateOutcome(False, last)
+        if now >= next_say:
+            say(f"waiting for {what} ({now - started:.0f} s of {timeout:g} s): last status {last}")
+            next_say = now + PROGRESS_EVERY_S
+        time.sleep(POLL_S)
+
+
+# --- before a partial deploy ----------------------------------------------------------------------------
+
+
+def require_up(stack: Stack, scope: Iterable[str], inventory_path: str) -> None:
+    """Refuse (one line) when a role this run does not restart is not up right now. A role the
+    scope starts after must be healthy; a role downstream of the scope (gated again after the
+    restart, judged by its own gate then) must at least be running: answer on its port."""
+    scope = list(scope)
+    later = downstream(stack.order, stack.roles, scope)
+    for role in (r for r in stack.order if r not in scope):
+        for svc in (s for s in stack.services if s.role == role):
+            code, status, _ = probe(svc.health_url)
+            if code is None:
+                problem = "is not running"
+            elif code != 200 and role not in later:
+                problem = "is not healthy"
+            else:
+                continue
+            raise UserError(f"the {role} {problem} ({svc.key}, {svc.health_url}: {status}): "
+                            f"run `knobkeeper deploy {inventory_path}` first")

@@ -1,0 +1,173 @@
+"""The deploy's data model: a Stack of HostPlans, each with its Services (and, on supervisord hosts,
+its own Supervisor). Plain dataclasses with the paths and URLs derived from them; built by
+knobkeeper.deploy.stack from an inventory, read by every other module of the package.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from knobkeeper.deploy.topology import Role
+
+
+@dataclass(frozen=True)
+class Service:
+    """One supervised process: (host, service name) is unique in a stack."""
+
+    host: str
+    role: str
+    name: str
+    index: int
+    prefix: str
+    manager: str
+    engine: str
+    listen_host: str
+    address: str
+    port: int
+    bootstrap_port: int | None
+    metrics_port: int | None
+    health_path: str
+    workers_path: str | None
+    health_timeout: float
+    settle: float
+    user: str | None
+    stop_timeout: int
+    unit_dir: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}/{self.name}"
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.address in ("@local", "localhost") else self.address
+        return f"http://{host}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.url + self.health_path
+
+    @property
+    def workers_url(self) -> str | None:
+        return self.url + self.workers_path if self.workers_path else None
+
+    @property
+    def service_dir(self) -> str:
+        return f"{self.prefix}/services/{self.name}"
+
+    @property
+    def launch_path(self) -> str:
+        return f"{self.service_dir}/launch.sh"
+
+    @property
+    def started_path(self) -> str:
+        """A copy of the launch script taken when the service was last (re)started: what runs."""
+        return f"{self.service_dir}/started.sh"
+
+    @property
+    def started_manager_path(self) -> str:
+        """A copy of the program section / unit taken at the last (re)start."""
+        return f"{self.service_dir}/started.{'conf' if self.manager == 'supervisord' else 'service'}"
+
+    @property
+    def previous_launch_path(self) -> str:
+        """The launch script that ran before the last (re)start: what a rollback puts back."""
+        return f"{self.service_dir}/previous.sh"
+
+    @property
+    def previous_manager_path(self) -> str:
+        return f"{self.service_dir}/previous.{'conf' if self.manager == 'supervisord' else 'service'}"
+
+    @property
+    def secrets_dir(self) -> str:
+        return f"{self.prefix}/secrets/{self.role}"
+
+    @property
+    def supervisor_conf_path(self) -> str:
+        return f"{self.prefix}/supervisor/conf.d/{self.name}.conf"
+
+    @property
+    def unit_path(self) -> str:
+        return f"{self.unit_dir}/{self.name}.service"
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.prefix}/supervisor/logs/{self.name}.log"
+
+    @property
+    def manager_file(self) -> str:
+        return self.supervisor_conf_path if self.manager == "supervisord" else self.unit_path
+
+
+@dataclass(frozen=True)
+class Supervisor:
+    """Paths of one host's own supervisord (everything under {prefix}/supervisor/)."""
+
+    root: str
+    supervisord: str
+    supervisorctl: str
+
+    @property
+    def conf(self) -> str:
+        return f"{self.root}/supervisord.conf"
+
+    @property
+    def socket(self) -> str:
+        return f"{self.root}/supervisor.sock"
+
+    @property
+    def pidfile(self) -> str:
+        return f"{self.root}/supervisord.pid"
+
+    def ctl(self, *args: str) -> str:
+        return shlex.join([self.supervisorctl, "-c", self.conf, *args])
+
+
+@dataclass
+class HostPlan:
+    name: str
+    prefix: str
+    manager: str
+    data: dict[str, Any]
+    services: list[Service] = field(default_factory=list)
+    supervisor: Supervisor | None = None
+
+    @property
+    def ctl(self) -> str:
+        """This host's supervisorctl command ('' on systemd hosts)."""
+        return self.supervisor.ctl() if self.supervisor else ""
+
+    def role_services(self, role: str) -> list[Service]:
+        return [s for s in self.services if s.role == role]
+
+    @property
+    def roles(self) -> list[str]:
+        out: list[str] = []
+        for s in self.services:
+            if s.role not in out:
+                out.append(s.role)
+        return out
+
+
+@dataclass
+class Stack:
+    inventory: str  # the inventory's name (its file stem), e.g. "local"
+    roles: dict[str, Role]
+    order: list[str]
+    hosts: dict[str, HostPlan]
+    commands: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+    @property
+    def services(self) -> list[Service]:
+        return [s for h in self.hosts.values() for s in h.services]
+
+    def service(self, host: str, name: str) -> Service:
+        for s in self.hosts[host].services:
+            if s.name == name:
+                return s
+        raise KeyError((host, name))
+
+    def command(self, service: Service) -> list[str]:
+        return self.commands[(service.host, service.name)]
