@@ -67,6 +67,10 @@ def demo(project) -> int:
     from knobkeeper.deploy.status import stack_status, status_table
 
     Console().print(status_table(stack_status(project, INVENTORY)))
+    from knobkeeper.report import write_report
+
+    written = write_report(project)
+    print(f"\nreport of this repository: {written.path}  (open it in a browser, or: knobkeeper report --open)")
     print("\nstop the stack with: make stop")
     return 0
 

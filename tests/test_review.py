@@ -218,12 +218,11 @@ def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tm
     plan = body.split("### Restart plan")[1].split("### Warnings")[0]
     prod = plan.split("#### inventory/local.py")[0]
     decode = next(line for line in prod.splitlines() if line.startswith("   - knobkeeper-decode on decode-1, decode-2: "))
-    for words in (f"{KNOB}: running (unset), declared 512", "environment HF_HOME: running /models/hf-cache, "
-                  "declared /models/cache", "interpreter /opt/knobkeeper/venv/bin/python -> "
-                  "/opt/knobkeeper/venv-0.5.7/bin/python", "flag --cuda-graph-max-bs-decode 128 -> 256",
-                  "flag --enable-dp-attention added",
-                  "knobkeeper-decode.service text changed (templates/systemd.service.j2): "
-                  "`-Restart=on-failure`, `+Restart=always`"):
+    # the phrases are knobkeeper.deploy.plan.change_reasons', the same the deploy record and `plan` show
+    for words in (f"knob {KNOB}: set to 512 (was unset)", "environment HF_HOME: /models/hf-cache -> /models/cache",
+                  "interpreter: /opt/knobkeeper/venv/bin/python -> /opt/knobkeeper/venv-0.5.7/bin/python",
+                  "flag --cuda-graph-max-bs-decode: 128 -> 256", "flag --enable-dp-attention: added",
+                  "systemd unit: Restart: on-failure -> always"):
         assert fmt.cell(words) in decode, (words, decode)
     prefill = next(line for line in prod.splitlines() if line.startswith("   - knobkeeper-prefill on prefill-1, prefill-2: "))
     assert KNOB not in prefill and "--cuda-graph-max-bs" not in prefill and "interpreter" in prefill

@@ -163,12 +163,7 @@ def deploy_records(project: Project, problems: list[str]) -> list[Any]:
     A record that cannot be read is reported in `problems`, not fatal."""
     from knobkeeper.deploy.record import load_records
 
-    try:
-        return load_records(project)
-    except (OSError, ValueError, TypeError) as exc:
-        problems.append(f"{project.rel(project.deploys_dir)}/: a deploy record is unreadable ({exc}); "
-                        f"deploys and restarts are left out")
-        return []
+    return load_records(project, problems)  # an unreadable record is named there, the rest still count
 
 
 def deploy_events(project: Project, problems: list[str] | None = None, lo: str | None = None,

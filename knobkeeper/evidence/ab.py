@@ -353,9 +353,12 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, baseline: str =
         raise UserError("--endpoint: required (the inventory names no router endpoint)")
     engine = engine_of(project, inventory, role) if switcher is None else "custom switcher"
     setup = {"inventory": inventory, "git_sha": git_sha(project), "engine": engine}
-    doc = run_ab(switch_arm, restore, endpoint, levels, repeats, max_repeats=max_repeats, arms=arms, knob=knob,
-                 role=role, requests=requests, duration=duration, api=api, input_len=input_len,
-                 output_len=output_len, setup=setup, load=load, probes=probes, keep_invalid=keep_invalid,
-                 progress=progress)
+    from knobkeeper.deploy.api import terminate_as_interrupt
+
+    with terminate_as_interrupt():  # a CI job's SIGTERM restores the declared state, as Ctrl-C does
+        doc = run_ab(switch_arm, restore, endpoint, levels, repeats, max_repeats=max_repeats, arms=arms, knob=knob,
+                     role=role, requests=requests, duration=duration, api=api, input_len=input_len,
+                     output_len=output_len, setup=setup, load=load, probes=probes, keep_invalid=keep_invalid,
+                     progress=progress)
     path = write(project, doc, no_commit=no_commit)
     return json.loads(path.read_text())
