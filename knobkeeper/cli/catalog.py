@@ -72,7 +72,7 @@ def list_cmd(knob: str | None, repo: str | None, as_json: bool) -> None:
 @example("knobkeeper catalog import sglang --version 0.5.23")
 def import_cmd(engine, version, wheel, from_installed, wheelhouse, no_commit, repo) -> None:
     """Record every variable one engine version reads (inventory/engines/ENGINE-V.json), in one commit."""
-    from knobkeeper.knobs.registry import import_registry
+    from knobkeeper.changelog.engine_import import import_registry
 
     result = import_registry(find_project(repo), engine, version=version, wheel=wheel, from_installed=from_installed,
                              wheelhouse=wheelhouse, no_commit=no_commit)

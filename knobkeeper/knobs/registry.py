@@ -1,10 +1,10 @@
 """Engine registries: which environment variables a given engine VERSION actually reads.
 
 sglang declares every variable it reads in `sglang/srt/environ.py` (`class Envs`, one typed
-EnvField per variable, comments above each field as its only documentation). `import_registry`
-reads that file from a wheel, a wheelhouse, PyPI (`pip download --no-deps`) or the installed
-package and writes one generated JSON file per version, `inventory/engines/sglang-<V>.json`,
-in one changelog commit. The hand-written catalog (inventory/catalog.toml) stays the curated layer
+EnvField per variable, comments above each field as its only documentation). `generate` reads
+that file from a wheel, a wheelhouse, PyPI (`pip download --no-deps`) or the installed package;
+knobkeeper.changelog.engine_import writes it as one generated JSON file per version,
+`inventory/engines/sglang-<V>.json`, in one changelog commit. The hand-written catalog (inventory/catalog.toml) stays the curated layer
 on top (roles, risk, ranges, docs); it is never written here.
 
 What the registry answers:
@@ -773,74 +773,3 @@ def diff(engine: str, old_version: str, new_version: str, inventory_dir: Path | 
     engine_spec(engine)
     return diff_registries(registry_for(engine, old_version, inventory_dir, wheelhouse),
                            registry_for(engine, new_version, inventory_dir, wheelhouse))
-
-
-# --- the import: one file, one commit -----------------------------------------------------------
-
-
-@dataclass
-class ImportResult:
-    path: Path
-    version: str
-    count: int
-    commit: str | None
-    changed: bool
-    summary: list[str]
-
-
-def _message_lines(doc: dict[str, Any], previous: Registry | None) -> tuple[str, list[str]]:
-    engine, version = doc["engine"], doc["version"]
-    new = parse_registry(doc, "new registry")
-    summary = f"catalog import: {engine} {version} ({len(new.knobs)} variables)"
-    if previous is None:
-        return summary, [f"First registry of {engine}: {len(new.knobs)} variables added."]
-    d = diff_registries(previous, new)
-    body = [f"Against {previous.label()}: {len(d.added)} added, {len(d.removed)} no longer declared, "
-            f"{len(d.renamed)} renamed, {len(d.defaults)} defaults changed."]
-
-    def listing(title: str, items: list[str]) -> None:
-        if items:
-            shown = items[:40]
-            more = f" (and {len(items) - len(shown)} more)" if len(items) > len(shown) else ""
-            body.append(f"{title}: " + ", ".join(shown) + more)
-
-    listing("Added", d.added)
-    listing("No longer declared", d.removed)
-    listing("Renamed", [f"{o} -> {n}" for o, n in d.renamed])
-    listing("Defaults changed", [f"{n} {_show(o)} -> {_show(v)}" for n, o, v in d.defaults])
-    return summary, body
-
-
-def import_registry(project: Any, engine: str, version: str | None = None, wheel: Path | None = None,
-                    from_installed: bool = False, wheelhouse: Path | None = None, no_commit: bool = False) -> ImportResult:
-    """Generate the registry of one engine version into inventory/engines/ and commit it (one commit).
-
-    Idempotent: an unchanged registry writes and commits nothing. Refused (nothing written) when a
-    catalog entry's type disagrees with the engine's.
-    """
-    from knobkeeper.changelog.store import Message, commit_change, repo_lock
-    from knobkeeper.knobs.catalog import load_catalog
-
-    doc = generate(engine, version=version, wheel=wheel, from_installed=from_installed, wheelhouse=wheelhouse)
-    text = dump(doc)
-    inventory_dir = project.inventory_dir
-    path = registry_path(inventory_dir, engine, doc["version"])
-    with repo_lock(project):
-        catalog = load_catalog(project.catalog_path)
-        problems = catalog_type_problems(catalog, parse_registry(doc, str(path)))
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise UserError(problems[0] + more)
-        if path.exists() and path.read_text() == text:
-            return ImportResult(path, doc["version"], doc["count"], None, False,
-                                [f"{project.rel(path)}: already up to date ({doc['count']} variables); nothing to commit"])
-        older = [v for v in imported_versions(inventory_dir, engine) if version_key(v) < version_key(doc["version"])]
-        newer = [v for v in imported_versions(inventory_dir, engine) if version_key(v) > version_key(doc["version"])]
-        base = older[-1] if older else (newer[0] if newer else None)
-        previous = load_registry(inventory_dir, engine, base) if base else None
-        summary, body = _message_lines(doc, previous)
-        message = Message(summary=summary, body="\n\n".join(body),
-                          trailers=[("Engine", engine), ("Engine-Version", doc["version"]), ("Registry", project.rel(path))])
-        sha = commit_change(project, {path: text}, message, no_commit=no_commit, locked=True)
-    return ImportResult(path, doc["version"], doc["count"], sha, True, [summary, *body])
-
