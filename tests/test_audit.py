@@ -395,7 +395,7 @@ def test_timeline_bad_input(shared, args, message):
 def test_timeline_reads_unreadable_deploy_records_as_problems(project):
     (project.deploys_dir / "20261129T000000.000000Z-deadbeef.json").write_text("{not json")
     tl = audit.timeline(project, *audit.window())
-    assert tl.problems and "unreadable" in tl.problems[0]
+    assert tl.problems and "deadbeef.json: not a deploy record" in tl.problems[0]
 
 
 # --------------------------------------------------------------------------- issue 18: hostile text, huge windows

@@ -185,20 +185,19 @@ def deploy_events(project: Project, problems: list[str] | None = None, lo: str |
             continue
         if (first and start < first) or (hi and start > hi):
             continue
-        acted = [row for row in rec.services if row.get("action") in ("restarted", "started")]
+        acted = [row for row in rec.services if row.acted]
         bits = [f"inventory {rec.inventory}", f"git {str(rec.commit)[:10]}" if rec.commit else "",
                 f"{len(acted)} restart(s)", f"result {rec.result}"]
         events.append(Event(start, "deploy", rec.id, f"deploy {rec.id}: " + ", ".join(b for b in bits if b),
                             {"file": project.rel(record_path(project, rec, committed=True))}))
         for row in acted:
-            issued, healthy = _iso_of(row.get("restart_issued_at")), _iso_of(row.get("healthy_at"))
-            gate = (row.get("gate") or {}).get("result")
-            what = " ".join(str(x) for x in (row.get("role"), row.get("service"), "on", row.get("host")) if x)
+            issued, healthy = _iso_of(row.restart_issued_at), _iso_of(row.healthy_at)
+            gate = row.gate.result if row.gate else None
+            what = " ".join(str(x) for x in (row.role, row.service, "on", row.host) if x)
             tail = (f", healthy {healthy[11:19]}Z" if healthy else ", not healthy") + (f" (gate {gate})" if gate else "")
-            events.append(Event(issued or healthy or start, "restart", rec.id, f"{row['action']} {what}{tail}",
-                                {"deploy": rec.id, "role": row.get("role"), "host": row.get("host"),
-                                 "service": row.get("service"), "action": row["action"], "issued": issued,
-                                 "healthy": healthy}))
+            events.append(Event(issued or healthy or start, "restart", rec.id, f"{row.action} {what}{tail}",
+                                {"deploy": rec.id, "role": row.role, "host": row.host, "service": row.service,
+                                 "action": row.action, "issued": issued, "healthy": healthy}))
     return events
 
 

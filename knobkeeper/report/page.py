@@ -131,10 +131,10 @@ def _deploys_now(src: Sources, opt: Options) -> str:
     last: dict[tuple[str, str], tuple[Any, dict]] = {}
     for record in src.records:
         for svc in record.services or []:
-            if opt.role and svc.get("role") != opt.role:
+            if opt.role and svc.role != opt.role:
                 continue
-            key = (svc.get("host"), svc.get("service"))
-            if svc.get("action") in ("restarted", "started") or key not in last:
+            key = (svc.host, svc.service)
+            if svc.acted or key not in last:
                 last[key] = (record, svc)
     observed = {(r.get("host"), r.get("service")): r for r in (opt.status_rows or [])}
     out = ["<h3>Last deploy per host and service</h3>"]
@@ -143,11 +143,11 @@ def _deploys_now(src: Sources, opt: Options) -> str:
     out.append('<table><thead><tr><th>host</th><th>service</th><th>role</th><th>last start</th><th>gate</th>'
                '<th>deploy</th><th>state</th></tr></thead><tbody>')
     for key in sorted(set(last) | set(observed), key=lambda k: (str(k[0]), str(k[1]))):
-        record, svc = last.get(key, (None, {}))
+        record, svc = last.get(key, (None, None))
         seen = observed.get(key)
-        role = svc.get("role") or (seen or {}).get("role") or "?"
-        gate = (svc.get("gate") or {}).get("result") if isinstance(svc.get("gate"), dict) else svc.get("gate")
-        started = svc.get("restart_issued_at") or (record.started_at if record else None)
+        role = (svc.role if svc else None) or (seen or {}).get("role") or "?"
+        gate = svc.gate.result if svc else None
+        started = (svc.restart_issued_at if svc else None) or (record.started_at if record else None)
         if seen is not None:
             diffs = "; ".join(seen.get("differences") or [])
             state = f'<span class="state s-{esc(seen.get("state", "unknown").replace(" ", "-"))}">' \
@@ -155,7 +155,7 @@ def _deploys_now(src: Sources, opt: Options) -> str:
                     f'{": " + esc(diffs) if diffs else ""}</span>'
         elif record is not None:
             want = declared.get(role, {})
-            had = svc.get("knobs") or {}
+            had = svc.knobs or {}
             differ = sorted(k for k in set(want) | set(had) if want.get(k) != had.get(k))
             if gate == "failed":
                 state = '<span class="state s-down">gate failed</span>'
@@ -168,7 +168,7 @@ def _deploys_now(src: Sources, opt: Options) -> str:
         else:
             state = "—"
         out.append(f'<tr><td>{esc(key[0])}</td><td>{esc(key[1])}</td><td>{esc(role)}</td>'
-                   f'<td>{esc(when(started)) if started else "—"} {esc(svc.get("action") or "")}</td>'
+                   f'<td>{esc(when(started)) if started else "—"} {esc(svc.action if svc else "")}</td>'
                    f'<td><span class="gate g-{esc(gate or "none")}">{esc(gate or "—")}</span></td>'
                    f'<td>{"<code>" + esc(record.id) + "</code> " + esc(record.result) if record else "—"}</td>'
                    f'<td>{state}</td></tr>')
@@ -320,8 +320,7 @@ def _gates(src: Sources) -> dict:
     gates = {}
     for record in src.records:
         for svc in record.services or []:
-            gate = svc.get("gate")
-            gates[(record.id, svc.get("host"), svc.get("service"))] = gate.get("result") if isinstance(gate, dict) else gate
+            gates[(record.id, svc.host, svc.service)] = svc.gate.result
     return gates
 
 

@@ -45,11 +45,7 @@ def read_sources(project: Project, since: datetime, until: datetime, role: str |
     reclaim = audit.reclaimable(project)
     tl = audit.timeline(project, since, until)
     docs, problems = read_evidence(project)
-    try:
-        records = load_records(project)
-    except (OSError, ValueError, TypeError) as exc:
-        records, problem = [], f"{project.rel(project.deploys_dir)}: a deploy record is unreadable ({exc})"
-        tl.problems.append(problem)
+    records = load_records(project, tl.problems)  # an unreadable record is named, the rest still count
     return Sources(entries=entries, incidents=incidents, declared=declared, statuses=statuses, reclaim=reclaim,
                    events=tl.events, records=records, evidence=docs, evidence_problems=problems,
                    catalog=load_catalog(project.catalog_path), problems=list(tl.problems))
