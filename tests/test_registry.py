@@ -369,3 +369,17 @@ def test_launch_script_unsets_only_hand_written_catalog_knobs(project):
         names = set(unset.split()[1:])
         assert names == {n for n, k in catalog.knobs.items() if role in k.roles} - {"SGLANG_SORT_WEIGHT_FILES"}
         assert len(names) < 20
+
+
+def test_plan_warns_about_knobs_the_pinned_engine_would_ignore(project):
+    from knobkeeper.deploy.plan import engine_warnings, plan_text
+
+    assert engine_warnings(project, "inventory/example_prod.py") == []
+    ops.set_knob(project, STORY, "512", "decode", "A/B", allow_undeclared=True)
+    [line] = engine_warnings(project, "inventory/example_prod.py")
+    assert f"[decode] {STORY}: sglang 0.5.23 (pinned in inventory/example_prod.py) does not declare it" in line
+    assert engine_warnings(project, "inventory/local.py") == []  # the sim pins no sglang version
+    plan = {"inventory": "inventory/example_prod.py", "options": {"restart": "changed", "only": None, "batch": None},
+            "counts": {"restart": 0, "start": 0, "unchanged": 0, "unknown": 0}, "roles": [], "unreachable": {},
+            "engine_warnings": [line]}
+    assert f"warning: {line}" in plan_text(plan).splitlines()

@@ -283,7 +283,17 @@ def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] 
     return {"inventory": str(inventory_path), "order": list(stack.order),
             "options": {"restart": options.restart, "only": options.only, "batch": options.batch,
                         "knob_overrides": options.knob_overrides},
-            "counts": counts, "roles": roles, "unreachable": dict(shell.errors)}
+            "counts": counts, "roles": roles, "unreachable": dict(shell.errors),
+            "engine_warnings": engine_warnings(project, str(inventory_path))}
+
+
+def engine_warnings(project: Project, inventory_path: str) -> list[str]:
+    """Declared knobs that the engine version this inventory pins would ignore (forks included: a
+    deploy should say what it ships that the engine may not read)."""
+    from knobkeeper.knobs.registry import ignored_knobs
+
+    where = f"pinned in {Path(inventory_path).as_posix()}"
+    return [line for line in ignored_knobs(project, include_other_origin=True) if where in line]
 
 
 def change_plan(inventory: str, order: list[str], roles: Mapping[str, Role], services: Mapping[str, set[str]],
@@ -336,4 +346,6 @@ def plan_text(plan: Mapping[str, Any]) -> str:
                 lines.append(f"   {label:<9} {svc['host']}/{svc['service']}: {action} ({fmt.safe(svc['reason'])}{gate})")
     for host, why in plan["unreachable"].items():
         lines.append(f"unreachable: {host}: {why}")
+    for line in plan.get("engine_warnings") or []:
+        lines.append(f"warning: {fmt.safe(line)}")
     return "\n".join(lines)
