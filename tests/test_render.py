@@ -436,19 +436,25 @@ def test_deploy_and_status_refuse_a_secret_whose_stored_value_is_not_the_declare
     set_knob(project, "HF_TOKEN", "token-b", "decode", "rotated")
     revert_knob(project, "HF_TOKEN", "decode", "back to a")
     stack = load_stack(project.root, LOCAL)
-    stored = (project.secrets_dir / "decode" / "HF_TOKEN").read_text()
-    if stored == "token-a":  # the store already keeps a value per fingerprint: make the mismatch by hand
-        (project.secrets_dir / "decode" / "HF_TOKEN").write_text("token-b")
-    with pytest.raises(UserError, match="secret HF_TOKEN of role decode: the stored value is sha256:.*, but "
-                                        "knobs.toml declares sha256:"):
+    from knobkeeper.changelog.secrets import secret_path
+    from knobkeeper.knobs.catalog import fingerprint
+
+    # The store keeps a value per fingerprint, so the revert found token-a; edit that file by hand.
+    value_file = secret_path(project, "decode", "HF_TOKEN", fingerprint("token-a"))
+    assert value_file.read_text() == "token-a"
+    value_file.write_text("token-b")
+    with pytest.raises(UserError, match=r"\[decode\] HF_TOKEN: .* holds a value whose fingerprint is not sha256:"):
         render_stack(project, stack, check_secrets=True)
     head = git(project.root, "rev-parse", "HEAD")
-    with pytest.raises(UserError, match="secret HF_TOKEN of role decode"):
+    with pytest.raises(UserError, match=r"\[decode\] HF_TOKEN"):
         run_deploy(project, LOCAL)
     assert git(project.root, "rev-parse", "HEAD") == head and not (project.state_dir / "local").exists()
     rows = {r.service: r for r in stack_status(project, LOCAL)}
-    assert any("secret HF_TOKEN of role decode: the stored value" in d for d in rows["knobkeeper-decode"].differences)
+    assert any("[decode] HF_TOKEN: " in d and "fingerprint is not" in d for d in rows["knobkeeper-decode"].differences)
     assert not any("HF_TOKEN" in d for d in rows["knobkeeper-prefill"].differences)
+    value_file.unlink()  # a value this machine never had: refused as missing, not shipped
+    with pytest.raises(UserError, match=r"\[decode\] HF_TOKEN: the secret value sha256:\w+ is not in"):
+        render_stack(project, stack, check_secrets=True)
     assert "token-a" not in str(rows) and "token-b" not in str(rows)
 
 
