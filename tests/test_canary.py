@@ -154,3 +154,236 @@ def test_scrape_and_prometheus_agree_on_real_workers(pd):
         assert runs, windows
         verdicts.append(C.decide(runs, C.judgement(runs))[0])
     assert verdicts[0] == verdicts[1] == "better", verdicts
+
+
+def test_histogram_quantiles_agree_with_prometheus(tmp_path):
+    """TTFT/TPOT percentiles: the scrape path's histogram_quantile on bucket increases gives what
+    Prometheus's histogram_quantile(rate(..._bucket)) gives, on a real prometheus-client exposition."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+    reg = CollectorRegistry()
+    tokens = Counter("sglang:generation_tokens", "tokens", registry=reg)
+    Gauge("sglang:num_running_reqs", "running", registry=reg).set(8)
+    ttft = Histogram("sglang:time_to_first_token_seconds", "ttft", registry=reg,
+                     buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0))
+    tpot = Histogram("sglang:request_time_per_output_token_seconds", "tpot", registry=reg,
+                     buckets=(0.002, 0.005, 0.01, 0.02, 0.05))
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    stop_feed = threading.Event()
+
+    def feed():
+        i = 0
+        while not stop_feed.is_set():
+            tokens.inc(50)
+            ttft.observe(0.03 + 0.1 * (i % 10) / 10)
+            tpot.observe(0.004 + 0.01 * (i % 7) / 7)
+            i += 1
+            time.sleep(0.005)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    target = M.Target(key="h/engine", host="h", role="decode", url=f"http://127.0.0.1:{port}/metrics")
+    prom = Prometheus(tmp_path, M.scrape_config_for([target], SCRAPE))
+    try:
+        prom.wait_scraped(1)
+        by_scrape, by_prom = collect([M.ScrapeSource([target], SCRAPE), M.PrometheusSource(prom.url, [target], SCRAPE)],
+                                     2.0, 3)
+    finally:
+        stop_feed.set()
+        prom.stop()
+        server.shutdown()
+    for a, b in zip(by_scrape["h/engine"], by_prom["h/engine"]):
+        for field in ("ttft_ms", "tpot_ms"):
+            assert getattr(a, field) and getattr(b, field), (field, a, b)
+            for q in ("p50", "p99"):
+                assert math.isclose(getattr(a, field)[q], getattr(b, field)[q], rel_tol=0.15), (field, q, a, b)
+        assert math.isclose(a.running, 8) and math.isclose(b.running, 8)
+    # the interpolation itself, against hand-computed values (Prometheus's rules)
+    assert M.histogram_quantile(0.5, [(0.1, 2.0), (0.2, 6.0), (math.inf, 8.0)]) == pytest.approx(0.15)
+    assert M.histogram_quantile(0.99, [(0.1, 2.0), (0.2, 6.0), (math.inf, 8.0)]) == 0.2  # +Inf bucket: its lower edge
+    assert M.histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]) is None
+
+
+# ---------------------------------------------------------------- 2. the window judgement
+
+def _stats(tokens: float, running: float, errors: int = 0, n: int = 6, noise: float = 0.01, seed: int = 0):
+    import random
+
+    rng = random.Random(seed)
+    return [M.WindowStats(k, k + 1, tokens * math.exp(rng.gauss(0, noise)), running, errors) for k in range(n)]
+
+
+def _plan():
+    t = [M.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics") for i in (1, 2, 3)]
+    return C.Plan(KNOB, 512, None, "decode", canary=[t[0]], baseline=t[1:])
+
+
+def test_round_robin_hides_a_faster_host_in_raw_tokens_normalisation_shows_it():
+    """Round-robin: the faster canary serves the same tokens/s with fewer requests in flight; the
+    judged metric (tokens/s at the window's mean load) shows it 'better', raw tokens/s would not."""
+    plan = _plan()
+    stats = {"h1/decode": _stats(1000, 14, seed=1), "h2/decode": _stats(1000, 16, seed=2),
+             "h3/decode": _stats(1000, 16, seed=3)}
+    runs, windows = C.window_runs(plan, stats)
+    assert all(w["valid"] for w in windows) and len(runs) == 18
+    verdict, failed = C.decide(runs, C.judgement(runs))
+    assert verdict == "better" and not failed
+    raw = [r["raw_output_tokens_per_s"] for r in runs]
+    assert max(raw) / min(raw) < 1.1   # the raw numbers alone show no difference
+
+
+def test_invalid_windows_no_traffic_and_imbalance():
+    plan = _plan()
+    stats = {"h1/decode": _stats(1000, 16), "h2/decode": _stats(1000, 16), "h3/decode": _stats(1000, 16)}
+    stats["h2/decode"][1].output_tokens_per_s = 0.0
+    stats["h3/decode"][2].running = 40.0
+    runs, windows = C.window_runs(plan, stats)
+    assert [w["valid"] for w in windows] == [True, False, False, True, True, True]
+    assert windows[1]["reasons"] == ["no traffic on h2/decode"]
+    assert "spread beyond 2x" in windows[2]["reasons"][0]
+    assert {r["window"] for r in runs} == {0, 3, 4, 5}
+
+
+def test_errors_on_the_canary_fail_it_whatever_the_throughput():
+    plan = _plan()
+    stats = {"h1/decode": _stats(1100, 16, errors=0), "h2/decode": _stats(1000, 16), "h3/decode": _stats(1000, 16)}
+    stats["h1/decode"][0].errors = 3
+    runs, _ = C.window_runs(plan, stats)
+    verdict, failed = C.decide(runs, C.judgement(runs))
+    assert verdict == "worse" and failed and failed[0].startswith("errors")
+    stats["h1/decode"][0].errors = 0
+    runs, _ = C.window_runs(plan, stats)
+    assert C.decide(runs, C.judgement(runs)) == ("better", [])
+
+
+def test_guard_regression_fails_the_canary():
+    """TTFT p99 40% higher on the canary with throughput unchanged: a failed guard, verdict worse."""
+    plan = _plan()
+    stats = {"h1/decode": _stats(1000, 16, seed=4), "h2/decode": _stats(1000, 16, seed=5),
+             "h3/decode": _stats(1000, 16, seed=6)}
+    for key, ms in (("h1/decode", 140.0), ("h2/decode", 100.0), ("h3/decode", 100.0)):
+        for k, w in enumerate(stats[key]):
+            w.ttft_ms = {"p50": ms / 2, "p99": ms * (1 + 0.01 * (k % 3))}
+            w.tpot_ms = {"p50": 5.0 + 0.01 * k, "p99": 8.0 + 0.02 * k}
+    runs, _ = C.window_runs(plan, stats)
+    verdict, failed = C.decide(runs, C.judgement(runs))
+    assert verdict == "worse" and any(f.startswith("ttft_p99_ms") for f in failed), failed
+
+
+def test_choose_refuses_one_host_and_the_whole_role():
+    plan = _plan()
+    with pytest.raises(UserError, match="at least 2"):
+        C.choose(plan.canary, "decode")
+    with pytest.raises(UserError, match="whole decode role"):
+        C.choose(plan.targets, "decode", hosts=3)
+    with pytest.raises(UserError, match="--host nope: not a decode worker"):
+        C.choose(plan.targets, "decode", names=["nope"])
+    canary, baseline = C.choose(plan.targets, "decode", names=["h2"])
+    assert [t.key for t in canary] == ["h2/decode"] and len(baseline) == 2
+
+
+# ---------------------------------------------------------------- 3. the orchestration on real workers
+
+class Switch:
+    """apply/restore backed by restarting the canary worker with the candidate's environment (the
+    deploy's per-host override, played by the test), counting what it did."""
+
+    def __init__(self, worker: Worker, args: tuple[str, ...] = ()):
+        self.worker, self.args, self.calls = worker, args, []
+
+    def apply(self, targets, knobs):
+        assert [t.key for t in targets] == [self.worker.target.key]
+        self.calls.append(("apply", dict(knobs)))
+        self.worker.restart({k: "" if v is None else str(v) for k, v in knobs.items()}, self.args)
+
+    def restore(self):
+        self.calls.append(("restore",))
+        self.worker.restart({})
+
+
+def _plan_of(pd, value, baseline_value=None):
+    d = pd["decodes"]
+    return C.Plan(KNOB, value, baseline_value, "decode", canary=[d[1].target], baseline=[d[0].target])
+
+
+def test_canary_better_is_promoted_with_evidence(pd, tmp_path):
+    project = make_infra_repo(tmp_path)
+    plan = _plan_of(pd, 512)
+    switch = Switch(pd["decodes"][1])
+    promoted = []
+    load = Load(pd["router"], 26)
+    out = C.canary(project, plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
+                   duration=16, interval=2, promote=True, promote_rest=lambda: promoted.append(True),
+                   reason="canary on decode2")
+    load.join()
+    assert out.verdict == "better" and out.action == "promoted" and out.exit_code == 0, out.doc["canary"]
+    assert switch.calls == [("apply", {KNOB: 512})] and promoted == [True]
+    doc = store.load(project, out.doc["id"])
+    assert doc["source"]["tool"] == "knobkeeper canary"
+    assert doc["canary"]["hosts"] == {"canary": [plan.canary[0].key], "baseline": [plan.baseline[0].key]}
+    assert len(doc["canary"]["windows"]) == 8 and doc["runs"]
+    assert store.verify(doc) == []
+    # the `set` that promoted it carries the evidence, like any benchmark evidence
+    shown = kk(project, "log")
+    assert KNOB in shown.output and out.doc["id"] in shown.output, shown.output
+    assert 'SGLANG_SM120_MMA_TARGET_CTAS = 512' in (project.root / "inventory" / "knobs.toml").read_text()
+
+
+def test_aa_canary_is_never_better_and_is_put_back(pd, tmp_path):
+    """The same value on the canary host (A/A): no detectable change or inconclusive, hosts put back,
+    knobs.toml untouched."""
+    project = make_infra_repo(tmp_path)
+    plan = _plan_of(pd, None)
+    switch = Switch(pd["decodes"][1])
+    before = (project.root / "inventory" / "knobs.toml").read_text()
+    load = Load(pd["router"], 26)
+    out = C.canary(project, plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
+                   duration=12, interval=2)
+    load.join()
+    assert out.verdict in ("no detectable change", "inconclusive"), out.doc["judgement"]
+    assert out.action == "put back" and switch.calls[-1] == ("restore",)
+    assert (project.root / "inventory" / "knobs.toml").read_text() == before
+
+
+def test_no_traffic_puts_the_canary_back_and_fails(pd, tmp_path):
+    project = make_infra_repo(tmp_path)
+    plan = _plan_of(pd, 512)
+    switch = Switch(pd["decodes"][1])
+    with pytest.raises(UserError, match="no valid window .*no traffic"):
+        C.canary(project, plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
+                 duration=2, interval=1, settle=0)
+    assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
+    assert store.paths(project) == []
+
+
+def test_unreachable_prometheus_or_missing_series_deploys_nothing(pd, tmp_path):
+    plan = _plan_of(pd, 512)
+    switch = Switch(pd["decodes"][1])
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(UserError, match="unreachable"):
+        C.run_canary(plan, M.PrometheusSource(dead, plan.targets), switch.apply, switch.restore,
+                     duration=4, interval=2)
+    # a Prometheus that scrapes only one of the two workers: refused, naming the other
+    prom = Prometheus(tmp_path, M.scrape_config_for(plan.baseline, SCRAPE))
+    try:
+        prom.wait_scraped(1)
+        with pytest.raises(UserError, match=f"no sglang:generation_tokens_total series for {plan.canary[0].key}"):
+            C.run_canary(plan, M.PrometheusSource(prom.url, plan.targets), switch.apply, switch.restore,
+                         duration=4, interval=2)
+    finally:
+        prom.stop()
+    assert switch.calls == []
+
+
+def test_interrupt_puts_the_canary_back(pd):
+    plan = _plan_of(pd, 512)
+    switch = Switch(pd["decodes"][1])
+
+    def interrupted(k, n):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        C.run_canary(plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
+                     duration=4, interval=1, settle=0, on_window=interrupted)
+    assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]

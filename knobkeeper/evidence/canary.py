@@ -284,3 +284,65 @@ def longer_canary(doc: dict) -> str | None:
     per_window = min(len(c["hosts"]["canary"]), len(c["hosts"]["baseline"]))
     seconds = needed / per_window * c["interval_s"]
     return f"a canary of about {seconds:.0f} s ({needed} windows per arm) would detect ±5%"
+
+
+# ---------------------------------------------------------------- the project-level command
+
+@dataclass
+class Outcome:
+    doc: dict
+    verdict: str
+    action: str            # "rolled back" | "promoted" | "put back"
+    evidence_path: str
+    entry: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.verdict == "worse" else 0
+
+
+def canary(project, plan: Plan, source, apply: Apply, restore: Callable[[], None], *, duration: float,
+           interval: float, promote: bool = False, promote_rest: Callable[[], None] | None = None,
+           reason: str | None = None, setup: dict | None = None, settle: float | None = None,
+           imbalance: float = IMBALANCE, on_window: Callable[[int, int], None] | None = None) -> Outcome:
+    """Run the canary, write its evidence (one commit), then roll back, promote or put back.
+
+    Promote ("better" and `promote`): `set KNOB=VALUE --role R --evidence ID` (the usual entry, one
+    commit), then `promote_rest()` deploys the declared state to the whole role. Any other verdict
+    but "worse": the canary hosts are put back (restore) and knobs.toml is left as it was.
+    """
+    from knobkeeper.evidence.store import write
+
+    if promote and promote_rest is None:
+        raise UserError("--promote: no deploy to promote with")
+    try:
+        doc = run_canary(plan, source, apply, restore, duration=duration, interval=interval, settle=settle,
+                         imbalance=imbalance, setup=setup, on_window=on_window)
+    except CanaryWorse as worse:
+        path = write(project, worse.doc)
+        return Outcome(worse.doc, "worse", "rolled back", project.rel(path))
+    verdict = doc["canary"]["verdict"]
+    if verdict == "better" and promote:
+        from knobkeeper.changelog.ops import set_knob
+        from knobkeeper.fmt import pct
+
+        path = write(project, doc)
+        try:
+            change = set_knob(project, plan.knob, _raw(plan.value), plan.role,
+                              reason or f"canary on {', '.join(t.key for t in plan.canary)}: "
+                                        f"{pct(doc['judgement']['levels'][0]['effect'])} tokens/s",
+                              [doc["id"]])
+        except BaseException:
+            restore()
+            raise
+        promote_rest()
+        return Outcome(doc, verdict, "promoted", project.rel(path), change.entry.id)
+    restore()
+    path = write(project, doc)
+    return Outcome(doc, verdict, "put back", project.rel(path))
+
+
+def _raw(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
