@@ -387,3 +387,58 @@ def test_interrupt_puts_the_canary_back(pd):
         C.run_canary(plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
                      duration=4, interval=1, settle=0, on_window=interrupted)
     assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
+
+
+# ---------------------------------------------------------------- the command: refusals before any deploy
+
+TWO_DECODE = '''
+_base = {"prefix": "/tmp/kk-canary-never", "service_manager": "systemd", "listen_host": "0.0.0.0",
+         "engines": {"prefill": "sim", "decode": "sim", "router": "sglang-router"}}
+prefill = [("prefill-1", {**_base, "ssh_hostname": "127.0.0.2"})]
+decode = [("decode-1", {**_base, "ssh_hostname": "127.0.0.4"}), ("decode-2", {**_base, "ssh_hostname": "127.0.0.5"})]
+router = [("router-1", {**_base, "ssh_hostname": "127.0.0.6"})]
+'''
+
+
+@pytest.fixture
+def short_tmp():
+    """A temp dir with a short path: the local inventory's supervisord socket must stay < 100 chars."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="kkc", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["NOPE_KNOB=1", "--role", "decode"], "unknown knob 'NOPE_KNOB'"),
+    ([f"{KNOB}=512", "--role", "decode"], "--role decode: 1 worker(s); a canary needs at least 2"),
+    ([f"{KNOB}=512", "--role", "decode", "--inventory", "inventory/two.py", "--hosts", "2"], "whole decode role"),
+    ([f"{KNOB}=512", "--role", "decode", "--inventory", "inventory/two.py", "--host", "decode-9"],
+     "--host decode-9: not a decode worker"),
+    ([f"{KNOB}=512", "--role", "decode", "--source", "graphite", "http://x"], "expected `--source prometheus URL`"),
+    ([f"{KNOB}=512", "--role", "decode", "--inventory", "inventory/two.py", "--duration", "1m",
+      "--interval", "45s"], "expected at least 2 windows"),
+    ([f"{KNOB}=512", "--role", "decode", "--inventory", "inventory/two.py", "--duration", "soon"],
+     "--duration: 'soon' is not a duration"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_deployed(short_tmp, args, message):
+    project = make_infra_repo(short_tmp)
+    (project.root / "inventory" / "two.py").write_text(TWO_DECODE)
+    before = sorted(p.name for p in (project.root / "changelog").rglob("*"))
+    result = kk(project, "canary", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert sorted(p.name for p in (project.root / "changelog").rglob("*")) == before
+
+
+def test_scrape_config_names_every_worker_and_the_router_metrics_port(tmp_path):
+    project = make_infra_repo(tmp_path)
+    (project.root / "inventory" / "two.py").write_text(TWO_DECODE)
+    result = kk(project, "canary", "--role", "decode", "--inventory", "inventory/two.py", "--print-scrape-config")
+    config = json.loads(result.output)
+    targets = {c["static_configs"][0]["labels"]["kk_target"]: c["static_configs"][0]["targets"][0]
+               for c in config["scrape_configs"]}
+    assert targets == {"prefill-1/knobkeeper-prefill": "127.0.0.2:30000", "decode-1/knobkeeper-decode": "127.0.0.4:30001",
+                       "decode-2/knobkeeper-decode": "127.0.0.5:30001", "router-1/knobkeeper-router": "127.0.0.6:29080"}

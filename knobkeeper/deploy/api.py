@@ -62,6 +62,7 @@ def deploy_command(
     allow_dirty: bool = False,
     extra_data: Mapping[str, Any] | None = None,
     deploy_id: str | None = None,
+    limit: list[str] | None = None,
 ) -> list[str]:
     """The pyinfra command line of a deploy (every --data value JSON-encoded: pyinfra parses it so)."""
     data: dict[str, Any] = {"restart": restart, "record": record, "allow_dirty": allow_dirty,
@@ -73,7 +74,8 @@ def deploy_command(
     if deploy_id:
         data["deploy_id"] = deploy_id
     data.update(extra_data or {})
-    cmd = [sys.executable, "-m", "pyinfra", "-y", inventory_path, "deploy.py"]
+    cmd = [sys.executable, "-m", "pyinfra", "-y", *[x for h in limit or () for x in ("--limit", h)],
+           inventory_path, "deploy.py"]
     for key, value in data.items():
         cmd += ["--data", f"{key}={json.dumps(value)}"]
     return cmd
@@ -104,8 +106,12 @@ def run_deploy(
     timeout: float = 1800,
     env: Mapping[str, str] | None = None,
     echo: bool = False,
+    limit: list[str] | None = None,
 ) -> DeployResult:
-    """Deploy `inventory_path` of `project`; never raises for a failed run (see .ok / .error)."""
+    """Deploy `inventory_path` of `project`; never raises for a failed run (see .ok / .error).
+
+    `limit`: only these hosts (pyinfra --limit; the canary's per-host override).
+    """
     inv = Path(inventory_path)
     rel = str(inv.relative_to(project.root)) if inv.is_absolute() and inv.is_relative_to(project.root) else str(inv)
     if not (project.root / rel).is_file():
@@ -115,7 +121,7 @@ def run_deploy(
     _preflight(project, rel, only, knob_overrides)
     deploy_id = new_id()
     cmd = deploy_command(rel, restart=restart, only=only, knob_overrides=knob_overrides, record=record,
-                         allow_dirty=allow_dirty, extra_data=extra_data, deploy_id=deploy_id)
+                         allow_dirty=allow_dirty, extra_data=extra_data, deploy_id=deploy_id, limit=limit)
     started = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=project.root, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,

@@ -74,7 +74,7 @@ from knobkeeper.timeutil import iso, new_id, utcnow
 
 RESTART_MODES = ("changed", "co", "none")
 OPTION_KEYS = ("restart", "only", "knob_overrides", "record", "allow_dirty", "deploy_id", "inventory_path",
-               "batch", "rollback")
+               "batch", "rollback", "canary")
 GATE_POLL_S = 0.1
 PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -155,7 +155,7 @@ class Run:
             id=str(data.get("deploy_id") or new_id()), inventory=name, inventory_path=self.inventory_path,
             commit=head_commit(self.project.root), dirty=self.source.dirty, allow_dirty=self.allow_dirty,
             options={"restart": self.restart, "only": self.only, "knob_overrides": overrides, "record": self.record_on,
-                     "batch": self.batch, "rollback": self.rollback},
+                     "batch": self.batch, "rollback": self.rollback, "canary": data.get("canary")},
             order=self.order, started_at=iso(utcnow()),
         )
         for svc in self.stack.services:

@@ -346,3 +346,87 @@ def _raw(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+# ---------------------------------------------------------------- `knobkeeper canary` through the deploy
+
+def deploy_switch(project, inventory: str, plan: Plan) -> tuple[Apply, Callable[[], None], Callable[[], None]]:
+    """(apply, restore, promote_rest) backed by the real deploy (knobkeeper.deploy.api.run_deploy).
+
+    apply: the role only, the canary hosts only (pyinfra --limit), the candidate as a knob override
+    (never in knobs.toml), recorded as a deploy with options.canary = {"phase": "candidate", ...};
+    restore: the same hosts back to the declared state (phase "rollback"); promote_rest: the whole
+    role at the declared state (after the `set`), phase "promote". Every gate holds as usual.
+    """
+    from knobkeeper.deploy.api import run_deploy
+
+    hosts = sorted({t.host for t in plan.canary})
+    shared = sorted({t.host for t in plan.baseline} & set(hosts))
+    if shared:
+        raise UserError(f"--host {shared[0]}: runs both canary and baseline {plan.role} workers; the deploy "
+                        f"overrides knobs per host, so pick whole hosts (or give each worker its own host)")
+    tag = {"knob": plan.knob, "value": plan.value, "hosts": hosts}
+
+    def deploy(phase: str, overrides: dict | None, limit: list[str] | None) -> None:
+        result = run_deploy(project, inventory, only=plan.role, knob_overrides=overrides, limit=limit,
+                            extra_data={"canary": {**tag, "phase": phase}})
+        if not result.ok:
+            raise UserError(f"canary: {phase} deploy of {inventory} failed: {result.error}")
+
+    def apply(targets: list[Target], knobs: dict) -> None:
+        deploy("candidate", {plan.role: dict(knobs)}, hosts)
+
+    def restore() -> None:
+        deploy("rollback", None, hosts)
+
+    def promote_rest() -> None:
+        deploy("promote", None, None)
+
+    return apply, restore, promote_rest
+
+
+def canary_command(project, spec: str, *, role: str, inventory: str, hosts: int | None = None,
+                   host_names: list[str] | None = None, duration: float = 600, interval: float = 30,
+                   prometheus: str | None = None, promote: bool = False, reason: str | None = None,
+                   scrape_interval: float = 1.0, on_window: Callable[[int, int], None] | None = None) -> Outcome:
+    """`knobkeeper canary KNOB=VALUE --role R ...`: everything checked before anything deploys."""
+    from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.evidence.metrics import PrometheusSource, ScrapeSource, targets_of
+    from knobkeeper.evidence.store import git_sha, parse_knob_spec
+    from knobkeeper.knobs.state import read_declared, value_of
+
+    knob, value = parse_knob_spec(project, spec, role, "KNOB=VALUE")
+    stack = load_stack(project.root, inventory)
+    if role not in stack.roles:
+        raise UserError(f"--role {role}: not a role of {inventory} (roles: {', '.join(stack.order)})")
+    canary_t, baseline_t = choose(targets_of(stack, [role]), role, hosts, host_names)
+    declared = value_of(read_declared(project.knobs_path), role, knob) if project.knobs_path.exists() else None
+    plan = Plan(knob, value, declared, role, canary_t, baseline_t)
+    apply, restore, promote_rest = deploy_switch(project, inventory, plan)
+    source = (PrometheusSource(prometheus, plan.targets, scrape_interval) if prometheus
+              else ScrapeSource(plan.targets, scrape_interval))
+    setup = {"inventory": inventory, "git_sha": git_sha(project),
+             "engine": ", ".join(sorted({s.engine for s in stack.services if s.role == role}))}
+    return canary(project, plan, source, apply, restore, duration=duration, interval=interval, promote=promote,
+                  promote_rest=promote_rest, reason=reason, setup=setup, on_window=on_window)
+
+
+def report_lines(out: Outcome) -> list[str]:
+    """What `knobkeeper canary` prints: verdict, effect, windows, what was done, the evidence."""
+    from knobkeeper.evidence.store import summary_line
+
+    c = out.doc["canary"]
+    valid = sum(1 for w in c["windows"] if w["valid"])
+    lines = [f"canary {out.doc['knob']}={_raw(out.doc['arms']['B']['knobs'][out.doc['knob']])} on "
+             f"{', '.join(c['hosts']['canary'])} vs {', '.join(c['hosts']['baseline'])}: {out.verdict}",
+             f"  {summary_line(out.doc)}",
+             f"  windows: {valid} valid of {len(c['windows'])} ({c['interval_s']:g} s each, source {c['source']['kind']})"]
+    if c["failed_guards"]:
+        lines.append(f"  failed guards: {', '.join(c['failed_guards'])}")
+    lines.append(f"  {out.action}; evidence {out.doc['id']} ({out.evidence_path})")
+    if out.entry:
+        lines.append(f"  entry {out.entry}: set {out.doc['knob']} on {out.doc['role']} with --evidence {out.doc['id']}")
+    hint = longer_canary(out.doc)
+    if hint and out.verdict == "inconclusive":
+        lines.append(f"  {hint}")
+    return lines
