@@ -35,3 +35,4 @@ for command in [*core.COMMANDS, *audit_cli.COMMANDS, *deploy_cli.COMMANDS, *revi
     main.add_command(command)
 main.add_command(report_cli.report_cmd)
 main.add_command(canary_cli.canary_cmd)
+canary_cli.register(audit_cli.incident_group)

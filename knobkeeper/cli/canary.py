@@ -91,3 +91,25 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, sou
 
 
 COMMANDS = [canary_cmd]
+
+
+@click.command("snapshot")
+@click.argument("incident_id", metavar="ID")
+@click.option("--inventory", default="inventory/local.py", show_default=True, help="The stack to read.")
+@click.option("--window", type=float, default=5.0, show_default=True,
+              help="Seconds between the two scrapes that give each engine's tokens/s.")
+@repo_option
+@example("knobkeeper incident snapshot 1a2b3c4d --inventory inventory/local.py")
+def snapshot_cmd(incident_id, inventory, window, repo):
+    """Record every service's engine and router gauges now (running, queued, tokens/s, in-flight,
+    workers as the router sees them) into the incident: a note plus the full JSON, one commit."""
+    from knobkeeper.evidence.metrics import snapshot_incident
+
+    change = snapshot_incident(find_project(repo), incident_id, inventory, window)
+    click.echo(f"incident {change.incident.id}: {change.incident.notes[-1].text}")
+    click.echo(f"commit {change.commit[:10]}" if change.commit else "staged, not committed")
+
+
+def register(incident_group: click.Group) -> None:
+    """`incident snapshot` joins the incident group (kept here, with the scraping it uses)."""
+    incident_group.add_command(snapshot_cmd)

@@ -380,9 +380,80 @@ def scrape_config_for(targets: Iterable[Target], scrape_interval: float = 0.5) -
                        "scrape_configs": jobs}, indent=2) + "\n"
 
 
-# ---------------------------------------------------------------- gauges now (incident snapshots)
+# ---------------------------------------------------------------- incident snapshots
 
-def gauges_now(url: str) -> dict[str, float]:
-    """Every gauge and counter of one /metrics endpoint now, summed over labels (one scrape)."""
-    data = parse(fetch(url))
-    return {**data["gauges"], **data["counters"]}
+def snapshot(stack, window: float = 5.0) -> dict[str, Any]:
+    """Every service's gauges now: per engine running/queued requests and tokens/s over `window` s
+    (two scrapes `window` apart), per router its metrics-port gauges and /workers as it sees them.
+    A service that does not answer is recorded with its error: during an incident that IS the
+    observation."""
+    def scrape(url: str) -> dict[str, Any]:
+        try:
+            return parse(fetch(url))
+        except (UserError, ValueError) as exc:
+            return {"error": str(exc)}
+
+    engines = [s for s in stack.services if s.engine != "sglang-router"]
+    first = {s.key: scrape(s.url + "/metrics") for s in engines}
+    t0 = time.time()
+    time.sleep(window)
+    services = []
+    for svc in stack.services:
+        row: dict[str, Any] = {"host": svc.host, "service": svc.name, "role": svc.role}
+        if svc.engine == "sglang-router":
+            if svc.metrics_port is not None:
+                host = urllib.parse.urlsplit(svc.url).hostname
+                got = scrape(f"http://{host}:{svc.metrics_port}/metrics")
+                row["error"] = got.get("error")
+                row["gauges"] = got.get("gauges", {})
+            try:
+                row["workers"] = json.loads(fetch(svc.workers_url)) if svc.workers_url else None
+            except (UserError, ValueError) as exc:
+                row["workers"] = {"error": str(exc)}
+        else:
+            now, before = scrape(svc.url + "/metrics"), first[svc.key]
+            row["error"] = now.get("error") or before.get("error")
+            gauges = now.get("gauges", {})
+            row["running"] = gauges.get(RUNNING)
+            row["queued"] = gauges.get(QUEUED)
+            a, b = before.get("counters", {}).get(TOKENS), now.get("counters", {}).get(TOKENS)
+            row["tokens_per_s"] = None if a is None or b is None else max(0.0, b - a) / max(1e-9, time.time() - t0)
+            row["gauges"] = gauges
+        services.append(row)
+    return {"window_s": window, "services": services}
+
+
+def snapshot_summary(snap: dict[str, Any]) -> str:
+    """One line: `knobkeeper-decode@local running 0, queued 0, 0.0 tok/s; router: ...`."""
+    parts = []
+    for row in snap["services"]:
+        name = row["service"] if row["host"] == "@local" else f"{row['host']}/{row['service']}"
+        if row.get("error"):
+            parts.append(f"{name} unreachable")
+        elif row["role"] == "router" or "workers" in row:
+            # requests the router has sent to workers and not yet answered (smg: smg_worker_requests_active)
+            inflight = {k: v for k, v in row.get("gauges", {}).items() if "requests_active" in k or "flight" in k}
+            workers = row.get("workers")
+            healthy = ""
+            if isinstance(workers, dict) and isinstance(workers.get("workers"), list):
+                ws = workers["workers"]
+                healthy = f", workers healthy {sum(1 for w in ws if w.get('is_healthy', True))}/{len(ws)}"
+            parts.append(f"{name} in-flight {sum(inflight.values()):g}{healthy}" if inflight or healthy
+                         else f"{name} up")
+        else:
+            tps = row.get("tokens_per_s")
+            parts.append(f"{name} running {row.get('running') or 0:g}, queued {row.get('queued') or 0:g}, "
+                         f"{0.0 if tps is None else tps:.1f} tok/s")
+    return "; ".join(parts)
+
+
+def snapshot_incident(project, ident: str, inventory: str = "inventory/local.py", window: float = 5.0):
+    """`knobkeeper incident snapshot ID`: the stack's gauges now, recorded in the incident (one commit)."""
+    from knobkeeper.changelog.incidents import add_snapshot, find_incident
+    from knobkeeper.deploy.stack import load_stack
+
+    find_incident(project, ident)  # a bad id fails before the window is waited out
+    if window <= 0:
+        raise UserError(f"--window {window:g}: expected a positive number of seconds")
+    snap = snapshot(load_stack(project.root, inventory), window)
+    return add_snapshot(project, ident, snapshot_summary(snap), {"inventory": inventory, **snap})
