@@ -104,8 +104,8 @@ def main() -> int:
                     doc = worse.doc
                 to_verdict.append(time.monotonic() - began)
                 for n in prefixes:
-                    runs, _ = C.window_runs(plan, stats_of(doc, n))
-                    verdicts[name][n].append(C.decide(runs, C.judgement(runs))[0] if runs else "invalid")
+                    runs, windows = C.window_runs(plan, stats_of(doc, n))
+                    verdicts[name][n].append(C.decide(plan, windows, C.judgement(runs))[0] if runs else "invalid")
             print(f"  run {run + 1}/{args.runs} done", flush=True)
         load.join()
     finally:

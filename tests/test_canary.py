@@ -153,7 +153,7 @@ def test_scrape_and_prometheus_agree_on_real_workers(pd):
     for stats in (by_scrape, by_prom):
         runs, windows = C.window_runs(plan, stats)
         assert runs, windows
-        verdicts.append(C.decide(runs, C.judgement(runs))[0])
+        verdicts.append(C.decide(plan, windows, C.judgement(runs))[0])
     assert verdicts[0] == verdicts[1] == "better", verdicts
 
 
@@ -228,7 +228,7 @@ def test_round_robin_hides_a_faster_host_in_raw_tokens_normalisation_shows_it():
              "h3/decode": _stats(1000, 16, seed=3)}
     runs, windows = C.window_runs(plan, stats)
     assert all(w["valid"] for w in windows) and len(runs) == 18
-    verdict, failed = C.decide(runs, C.judgement(runs))
+    verdict, failed = C.decide(plan, windows, C.judgement(runs))
     assert verdict == "better" and not failed
     raw = [r["raw_output_tokens_per_s"] for r in runs]
     assert max(raw) / min(raw) < 1.1   # the raw numbers alone show no difference
@@ -250,12 +250,17 @@ def test_errors_on_the_canary_fail_it_whatever_the_throughput():
     plan = _plan()
     stats = {"h1/decode": _stats(1100, 16, errors=0), "h2/decode": _stats(1000, 16), "h3/decode": _stats(1000, 16)}
     stats["h1/decode"][0].errors = 3
-    runs, _ = C.window_runs(plan, stats)
-    verdict, failed = C.decide(runs, C.judgement(runs))
+    runs, windows = C.window_runs(plan, stats)
+    verdict, failed = C.decide(plan, windows, C.judgement(runs))
     assert verdict == "worse" and failed and failed[0].startswith("errors")
+    # errors in a window made invalid by the failures themselves still count
+    stats["h1/decode"][0].output_tokens_per_s = 0.0
+    runs, windows = C.window_runs(plan, stats)
+    assert not windows[0]["valid"] and C.decide(plan, windows, C.judgement(runs))[0] == "worse"
     stats["h1/decode"][0].errors = 0
-    runs, _ = C.window_runs(plan, stats)
-    assert C.decide(runs, C.judgement(runs)) == ("better", [])
+    stats["h1/decode"][0].output_tokens_per_s = 1100.0
+    runs, windows = C.window_runs(plan, stats)
+    assert C.decide(plan, windows, C.judgement(runs)) == ("better", [])
 
 
 def test_guard_regression_fails_the_canary():
@@ -267,8 +272,8 @@ def test_guard_regression_fails_the_canary():
         for k, w in enumerate(stats[key]):
             w.ttft_ms = {"p50": ms / 2, "p99": ms * (1 + 0.01 * (k % 3))}
             w.tpot_ms = {"p50": 5.0 + 0.01 * k, "p99": 8.0 + 0.02 * k}
-    runs, _ = C.window_runs(plan, stats)
-    verdict, failed = C.decide(runs, C.judgement(runs))
+    runs, windows = C.window_runs(plan, stats)
+    verdict, failed = C.decide(plan, windows, C.judgement(runs))
     assert verdict == "worse" and any(f.startswith("ttft_p99_ms") for f in failed), failed
 
 
@@ -329,6 +334,10 @@ def test_canary_better_is_promoted_with_evidence(pd, tmp_path):
     shown = kk(project, "log")
     assert KNOB in shown.output and out.doc["id"] in shown.output, shown.output
     assert 'SGLANG_SM120_MMA_TARGET_CTAS = 512' in (project.root / "inventory" / "knobs.toml").read_text()
+    shown = kk(project, "ab", "show", out.doc["id"])
+    assert shown.exit_code == 0 and "knobkeeper canary" in shown.output, shown.output
+    timeline = kk(project, "timeline")
+    assert timeline.exit_code == 0 and KNOB in timeline.output, timeline.output
 
 
 def test_aa_canary_is_never_better_and_is_put_back(pd, tmp_path):

@@ -133,6 +133,22 @@ def window_runs(plan: Plan, stats: dict[str, list[WindowStats]], imbalance: floa
     return runs, windows
 
 
+def _unjudged_runs(plan: Plan, windows: list[dict]) -> list[dict]:
+    """Runs of a canary that failed on errors with no valid window: every (host, window) that served
+    tokens, raw tokens/s, so the evidence of the rollback still holds what was seen."""
+    arm_of = {t.key: "B" for t in plan.canary} | {t.key: "A" for t in plan.baseline}
+    runs, repeat = [], {"A": 0, "B": 0}
+    for w in windows:
+        for key, s in w["hosts"].items():
+            if s["output_tokens_per_s"]:
+                repeat[arm_of[key]] += 1
+                runs.append({"arm": arm_of[key], "repeat": repeat[arm_of[key]], "concurrency": 1,
+                             METRIC: s["output_tokens_per_s"], "raw_output_tokens_per_s": s["output_tokens_per_s"],
+                             "running": s["running"], "errors": s["errors"], "ttft_ms": s["ttft_ms"],
+                             "tpot_ms": s["tpot_ms"], "host": key, "window": w["index"], "valid_window": False})
+    return runs
+
+
 # ---------------------------------------------------------------- the judgement (one place)
 
 def judgement(runs: list[dict]) -> dict:
@@ -163,15 +179,21 @@ def judgement(runs: list[dict]) -> dict:
     return {**result, "guards": rows}
 
 
-def decide(runs: list[dict], judged: dict) -> tuple[str, list[str]]:
-    """(verdict, failed guards): the level's verdict, "worse" when any guard failed."""
-    failed = [f"{g['metric']} {g['effect'] * 100:+.1f}%" for g in judged.get("guards") or [] if g.get("regression")]
-    errors = {arm: sum(r["errors"] for r in runs if r["arm"] == arm) / max(1, len({r["host"] for r in runs
-                                                                                 if r["arm"] == arm}))
-              for arm in ("A", "B")}
-    if errors["B"] > errors["A"]:
-        failed.append(f"errors {errors['B']:g} per canary host vs {errors['A']:g} per baseline host")
-    levels = judged.get("levels") or []
+def decide(plan: Plan, windows: list[dict], judged: dict | None) -> tuple[str, list[str]]:
+    """(verdict, failed guards): the level's verdict, "worse" when any guard failed.
+
+    Errors count over EVERY window, valid or not: a canary whose requests fail serves few tokens,
+    which can make its windows invalid ("no traffic"), and the failures are the finding.
+    """
+    failed = [f"{g['metric']} {g['effect'] * 100:+.1f}%" for g in (judged or {}).get("guards") or []
+              if g.get("regression")]
+    per_host = {}
+    for arm, targets in (("B", plan.canary), ("A", plan.baseline)):
+        total = sum(w["hosts"][t.key]["errors"] for w in windows for t in targets if t.key in w["hosts"])
+        per_host[arm] = total / max(1, len(targets))
+    if per_host["B"] > per_host["A"]:
+        failed.append(f"errors {per_host['B']:g} per canary host vs {per_host['A']:g} per baseline host")
+    levels = (judged or {}).get("levels") or []
     verdict = levels[0]["verdict"] if levels else "inconclusive"
     return ("worse" if failed else verdict), failed
 
@@ -231,12 +253,13 @@ def run_canary(plan: Plan, source, apply: Apply, restore: Callable[[], None], *,
             source.stop()
             stats = source.windows(edges)
             runs, windows = window_runs(plan, stats, imbalance)
+            verdict, failed = decide(plan, windows, judgement(runs) if runs else None)
+            if not runs and verdict == "worse":
+                runs = _unjudged_runs(plan, windows)
             if not runs:
                 reasons = sorted({r for w in windows for r in w["reasons"]})
                 raise UserError(f"canary: no valid window ({'; '.join(reasons[:3]) or 'no data'}); the canary "
                                 f"hosts were put back")
-            judged = judgement(runs)
-            verdict, failed = decide(runs, judged)
         except BaseException:
             rolled_back = True
             restore()
@@ -264,10 +287,17 @@ def run_canary(plan: Plan, source, apply: Apply, restore: Callable[[], None], *,
     }
     validity = {"levels": [{"concurrency": runs[0]["concurrency"], "valid": True, "reasons": []}],
                 "reasons": [f"window {w['index']}: {'; '.join(w['reasons'])}" for w in invalid]}
+    import inspect
+
+    # Schema 2's build_doc computes `validity` itself and takes file-level reasons as `notes`;
+    # schema 1's has no validity: the windows' reasons go where the store in use keeps them.
+    if "notes" in inspect.signature(build_doc).parameters:
+        placed = {"extra": {"canary": canary_block}, "notes": validity["reasons"]}
+    else:
+        placed = {"extra": {"canary": canary_block, "validity": validity}}
     doc = build_doc(knob=plan.knob, role=plan.role, arms=arms, runs=runs,
                     setup={**(setup or {}), "workload": {"api": None, "duration_s": duration}},
-                    source={"tool": "knobkeeper canary", "format": "canary"},
-                    extra={"canary": canary_block, "validity": validity})
+                    source={"tool": "knobkeeper canary", "format": "canary"}, **placed)
     if verdict == "worse":
         raise CanaryWorse(doc, f"canary worse: {', '.join(failed) or 'throughput'}; canary hosts rolled back")
     return doc
