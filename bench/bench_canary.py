@@ -57,7 +57,10 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--interval", type=float, default=2.0)
     ap.add_argument("--concurrency", type=int, default=26)
+    ap.add_argument("--settle", type=float, default=None, help="seconds after the restart before the first window")
+    ap.add_argument("--cases", default=",".join(name for name, _ in CASES), help="which of A/A,+5%%,+12.8%%")
     args = ap.parse_args()
+    cases = [c for c in CASES if c[0] in args.cases.split(",")]
     tmp = Path(__import__("tempfile").mkdtemp(prefix="kkbench-canary-"))
     effects = tmp / "effects.toml"
     effects.write_text(EFFECTS)
@@ -78,17 +81,17 @@ def main() -> int:
                        tmp / "router.log", cwd=str(ROOT))
         wait_http(f"http://127.0.0.1:{rport}/readiness", timeout=90, proc=router)
         endpoint = f"http://127.0.0.1:{rport}"
-        total = len(CASES) * args.runs * (args.windows * args.interval + 6)
-        print(f"canary bench: {args.runs} runs x {len(CASES)} cases, {args.windows} windows of {args.interval:g} s, "
+        total = len(cases) * args.runs * (args.windows * args.interval + 6)
+        print(f"canary bench: {args.runs} runs x {len(cases)} cases, {args.windows} windows of {args.interval:g} s, "
               f"concurrency {args.concurrency} through the router (about {total / 60:.0f} min)", flush=True)
         load = Load(endpoint, total * 1.5 + 60, concurrency=args.concurrency)
         canary = decodes[1]
         plan_targets = [d.target for d in decodes]
         prefixes = [n for n in (2, 4, 8, 16, 32) if n <= args.windows]
-        verdicts: dict[str, dict[int, list[str]]] = {name: {n: [] for n in prefixes} for name, _ in CASES}
+        verdicts: dict[str, dict[int, list[str]]] = {name: {n: [] for n in prefixes} for name, _ in cases}
         to_verdict: list[float] = []
         for run in range(args.runs):
-            for name, value in CASES:
+            for name, value in cases:
                 plan = C.Plan(KNOB, value, None, "decode", canary=[plan_targets[1]], baseline=[plan_targets[0]])
 
                 def apply(targets, knobs):
@@ -99,7 +102,8 @@ def main() -> int:
                 began = time.monotonic()
                 try:
                     doc = C.run_canary(plan, M.ScrapeSource(plan.targets, 0.5), apply, lambda: None,
-                                       duration=args.windows * args.interval, interval=args.interval)
+                                       duration=args.windows * args.interval, interval=args.interval,
+                                       settle=args.settle)
                 except C.CanaryWorse as worse:
                     doc = worse.doc
                 to_verdict.append(time.monotonic() - began)
@@ -107,24 +111,24 @@ def main() -> int:
                     runs, windows = C.window_runs(plan, stats_of(doc, n))
                     verdicts[name][n].append(C.decide(plan, windows, C.judgement(runs))[0] if runs else "invalid")
             print(f"  run {run + 1}/{args.runs} done", flush=True)
-        load.join()
+        # the load thread is a daemon: it ends with the workers stopped below, no need to wait it out
     finally:
         for p in reversed(procs):
             p.stop()
         if "router" in locals():
             stop(router)
     print()
-    print(f"{'duration':>9} " + " ".join(f"{name + ' better':>15} {name + ' worse':>14}" for name, _ in CASES))
+    print(f"{'duration':>9} " + " ".join(f"{name + ' better':>15} {name + ' worse':>14}" for name, _ in cases))
     for n in prefixes:
         cells = []
-        for name, _ in CASES:
+        for name, _ in cases:
             got = verdicts[name][n]
             cells.append(f"{got.count('better'):>8}/{len(got):<6} {got.count('worse'):>7}/{len(got):<6}")
         print(f"{n * args.interval:>8g}s " + " ".join(cells))
     print()
     print("A/A 'better' or 'worse' = false positive; +5%/+12.8% 'better' = power.")
     print(f"time from canary start to verdict: median {statistics.median(to_verdict):.1f} s "
-          f"(duration {args.windows * args.interval:g} s + deploy + settle {args.interval:g} s + judgement), "
+          f"(duration {args.windows * args.interval:g} s + deploy + settle + judgement), "
           f"max {max(to_verdict):.1f} s")
     return 0
 

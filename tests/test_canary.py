@@ -335,7 +335,7 @@ def test_canary_better_is_promoted_with_evidence(pd, tmp_path):
     assert KNOB in shown.output and out.doc["id"] in shown.output, shown.output
     assert 'SGLANG_SM120_MMA_TARGET_CTAS = 512' in (project.root / "inventory" / "knobs.toml").read_text()
     shown = kk(project, "ab", "show", out.doc["id"])
-    assert shown.exit_code == 0 and "knobkeeper canary" in shown.output, shown.output
+    assert shown.exit_code == 0 and out.doc["id"] in shown.output and "better" in shown.output, shown.output
     timeline = kk(project, "timeline")
     assert timeline.exit_code == 0 and KNOB in timeline.output, timeline.output
 

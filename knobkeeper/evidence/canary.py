@@ -45,6 +45,10 @@ from knobkeeper.evidence.metrics import Target, WindowStats, queries
 
 METRIC = "output_tokens_per_s"
 IMBALANCE = 2.0
+# A just-restarted engine is slower for its first seconds (on the sim behind the router, an A/A canary
+# judged 'worse' in 4 of 6 runs with 2 s of settling, 1 of 4 with 8 s: bench/bench_canary.py), so the
+# first window starts at least this long after the canary's deploy.
+SETTLE_MIN_S = 10.0
 GUARD_METRICS = {"ttft_p99_ms": ("ttft_ms", "p99"), "tpot_p99_ms": ("tpot_ms", "p99")}
 
 Apply = Callable[[list[Target], dict], None]
@@ -226,8 +230,8 @@ def run_canary(plan: Plan, source, apply: Apply, restore: Callable[[], None], *,
     `restore()` puts them back to the declared state. restore() runs on every failure, Ctrl-C or
     SIGTERM, and after a "worse" verdict (then CanaryWorse carries the doc). On any other verdict the
     canary stays in place: the caller promotes it or calls restore().
-    `settle`: seconds after the deploy before the first window (default one interval: the router
-    re-spreads the load after the restart).
+    `settle`: seconds after the deploy before the first window (default: one interval, at least
+    SETTLE_MIN_S: the restarted engine warms up and the router re-spreads the load).
     """
     from knobkeeper.evidence.store import build_doc
 
@@ -243,7 +247,7 @@ def run_canary(plan: Plan, source, apply: Apply, restore: Callable[[], None], *,
             apply(plan.canary, {plan.knob: plan.value})
             deployed = time.time()
             source.start()
-            time.sleep(interval if settle is None else settle)
+            time.sleep(max(interval, SETTLE_MIN_S) if settle is None else settle)
             edges = [time.time()]
             for k in range(n_windows):
                 time.sleep(max(0.0, edges[0] + (k + 1) * interval - time.time()))
