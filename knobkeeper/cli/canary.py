@@ -49,6 +49,10 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, sou
     are rolled back and the command exits 1. Better with --promote: a `set` with the evidence, then
     the whole role is deployed. Otherwise the canary hosts are put back. Ctrl-C or SIGTERM puts them
     back too. The evidence is written either way (changelog/evidence/, source "knobkeeper canary").
+
+    Experimental: each (host, window) counts as a sample, so a lasting difference between hosts
+    that has nothing to do with the knob can read as "worse" (a harmless value rolled back) with
+    one host per arm; it is never read as "better" more often than the error rate allows by chance.
     """
     from knobkeeper.evidence import canary as C
 
