@@ -370,3 +370,26 @@ def resolve_incident(project: Project, ident: str, root_cause: str | None, impli
             body += "\n\nImplicated reverts: " + ", ".join(implicated)
         sha = _commit(project, incident, "resolve", f"resolve \"{_short(root_cause)}\"", body, trailers, no_commit)
     return IncidentChange(incident, "resolve", sha, warnings)
+
+
+def add_snapshot(project: Project, ident: str, summary: str, data: dict[str, Any], *,
+                 no_commit: bool = False) -> IncidentChange:
+    """Record a snapshot of the stack's gauges in an incident: a note (its one-line `summary`, shown
+    by `incident show` and `timeline`) and the full `data` as JSON beside the incident file,
+    changelog/incidents/<stem>/snapshot-<time>.json, in one commit."""
+    import json
+
+    from knobkeeper.changelog.store import Message, commit_change, git_author, repo_lock
+
+    with repo_lock(project):
+        incident = find_incident(project, ident)
+        when = iso(utcnow())
+        path = project.incidents_dir / incident.stem / f"snapshot-{when.replace(':', '')}.json"
+        incident.notes.append(Note(time=when, author=git_author(project),
+                                   text=f"snapshot ({project.rel(path)}): {summary}"))
+        message = Message(summary=f"incident {incident.id}: snapshot", body=summary,
+                          trailers=[("Incident", incident.id), ("Action", "snapshot")])
+        sha = commit_change(project, {incident_path(project, incident): incident.to_toml(),
+                                      path: json.dumps({"time": when, **data}, indent=2, default=str) + "\n"},
+                            message, no_commit=no_commit, locked=True)
+    return IncidentChange(incident, "snapshot", sha)

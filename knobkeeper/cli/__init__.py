@@ -13,6 +13,7 @@ from knobkeeper import __version__
 from knobkeeper.cli import ab as ab_cli
 from knobkeeper.cli import audit as audit_cli
 from knobkeeper.cli import catalog as catalog_cli
+from knobkeeper.cli import canary as canary_cli
 from knobkeeper.cli import core
 from knobkeeper.cli import deploy as deploy_cli
 from knobkeeper.cli import report as report_cli
@@ -34,3 +35,5 @@ def main() -> None:
 for command in [*catalog_cli.COMMANDS, *core.COMMANDS, *audit_cli.COMMANDS, *deploy_cli.COMMANDS, *review_cli.COMMANDS, ab_cli.ab]:
     main.add_command(command)
 main.add_command(report_cli.report_cmd)
+main.add_command(canary_cli.canary_cmd)
+canary_cli.register(audit_cli.incident_group)

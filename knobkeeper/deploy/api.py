@@ -60,12 +60,15 @@ class DeployResult:
         return f"pyinfra exited with {self.returncode}"
 
 
-def deploy_command(inventory_path: str, options: DeployOptions, extra_data: Mapping[str, Any] | None = None) -> list[str]:
-    """The pyinfra command line of a deploy (every --data value JSON-encoded: pyinfra parses it so)."""
+def deploy_command(inventory_path: str, options: DeployOptions, extra_data: Mapping[str, Any] | None = None,
+                   limit: list[str] | None = None) -> list[str]:
+    """The pyinfra command line of a deploy (every --data value JSON-encoded: pyinfra parses it so);
+    `limit`: only these hosts (pyinfra --limit; a canary's hosts)."""
     import json
 
     data = {**options.to_data(), "inventory_path": inventory_path, **(extra_data or {})}
-    cmd = [sys.executable, "-m", "pyinfra", "-y", inventory_path, "deploy.py"]
+    cmd = [sys.executable, "-m", "pyinfra", "-y", *[x for h in limit or () for x in ("--limit", h)],
+           inventory_path, "deploy.py"]
     for key, value in data.items():
         cmd += ["--data", f"{key}={json.dumps(value)}"]
     return cmd
@@ -127,10 +130,12 @@ def run_deploy(
     env: Mapping[str, str] | None = None,
     echo: bool = False,
     options: DeployOptions | None = None,
+    limit: list[str] | None = None,
 ) -> DeployResult:
     """Deploy `inventory_path` of `project`; never raises for a failed run (see .ok / .error).
     `options` (a DeployOptions) replaces the keyword options when given. With `echo`, every line
-    of pyinfra's output goes to stderr as it comes; without, only knobkeeper's own lines."""
+    of pyinfra's output goes to stderr as it comes; without, only knobkeeper's own lines.
+    `limit`: only these hosts (pyinfra --limit; the canary's per-host override)."""
     inv = Path(inventory_path)
     rel = str(inv.relative_to(project.root)) if inv.is_absolute() and inv.is_relative_to(project.root) else str(inv)
     if not (project.root / rel).is_file():
@@ -142,7 +147,7 @@ def run_deploy(
                                        allow_dirty=allow_dirty)
     options = dataclasses.replace(options, deploy_id=deploy_id)
     _preflight(project, rel, options)
-    cmd = deploy_command(rel, options, extra_data)
+    cmd = deploy_command(rel, options, extra_data, limit)
     started = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=project.root, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,

@@ -10,6 +10,7 @@
     allow_dirty     deploy uncommitted changes to inventory/ or templates/ (recorded)
     deploy_id       the record's id (the API picks one so it can find the record)
     inventory_path  the inventory file, as the record names it
+    canary          {"knob", "value", "hosts", "phase": candidate | rollback | promote}: a canary's deploy
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class DeployOptions:
     allow_dirty: bool = False
     deploy_id: str | None = None
     inventory_path: str | None = None
+    canary: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.restart not in RESTART_MODES:
@@ -57,6 +59,7 @@ class DeployOptions:
             allow_dirty=_bool(data.get("allow_dirty", False), "allow_dirty"),
             deploy_id=str(data["deploy_id"]) if data.get("deploy_id") else None,
             inventory_path=str(data["inventory_path"]) if data.get("inventory_path") else None,
+            canary=_json_object(data.get("canary"), "canary"),
         )
 
     def check_roles(self, roles: list[str], where: str = "this inventory") -> None:
@@ -70,7 +73,7 @@ class DeployOptions:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None and (value != f.default or f.name in ("restart", "record", "allow_dirty")):
-                out[f.name] = dict(value) if f.name == "knob_overrides" else value
+                out[f.name] = dict(value) if f.name in ("knob_overrides", "canary") else value
         return out
 
     def to_record(self) -> dict[str, Any]:
@@ -79,6 +82,7 @@ class DeployOptions:
         for key in ("deploy_id", "inventory_path", "allow_dirty"):
             out.pop(key)
         out["knob_overrides"] = dict(self.knob_overrides) if self.knob_overrides else None
+        out["canary"] = dict(self.canary) if self.canary else None
         return out
 
     def scope(self, order: list[str]) -> list[str]:
@@ -106,13 +110,17 @@ def _bool(value: Any, key: str) -> bool:
 
 
 def _overrides(value: Any) -> Mapping[str, Any] | None:
+    return _json_object(value, "knob_overrides")
+
+
+def _json_object(value: Any, key: str) -> Mapping[str, Any] | None:
     if not value:
         return None
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
-            raise UserError(f"--data knob_overrides={value!r}: expected a JSON object") from None
+            raise UserError(f"--data {key}={value!r}: expected a JSON object") from None
     if not isinstance(value, Mapping):
-        raise UserError(f"--data knob_overrides={value!r}: expected a JSON object")
+        raise UserError(f"--data {key}={value!r}: expected a JSON object")
     return value

@@ -1,0 +1,119 @@
+"""`knobkeeper canary`: a knob value on some of a role's hosts, judged against the rest on live traffic."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from knobkeeper.cli.common import emit_json, example, json_option, repo_option
+from knobkeeper.errors import UserError
+from knobkeeper.project import find_project
+
+
+def _seconds(text: str, option: str) -> float:
+    from knobkeeper.timeutil import parse_duration
+
+    try:
+        return parse_duration(text).total_seconds()
+    except ValueError as exc:
+        raise UserError(f"{option}: {exc}") from None
+
+
+@click.command("canary")
+@click.argument("spec", metavar="KNOB=VALUE", required=False)
+@click.option("--role", required=True, help="The role whose hosts are split into canary and baseline, e.g. decode.")
+@click.option("--inventory", default="inventory/local.py", show_default=True, help="The inventory to deploy.")
+@click.option("--hosts", "hosts", type=int, default=None, help="How many of the role's workers get the candidate (default 1).")
+@click.option("--host", "host_names", multiple=True, metavar="HOST", help="A canary host by name (repeatable).")
+@click.option("--duration", default="10m", show_default=True, help="How long to compare (30s, 10m, 1h).")
+@click.option("--interval", default="30s", show_default=True, help="Window length: one sample per host per window.")
+@click.option("--source", "source", nargs=2, default=None, metavar="prometheus URL",
+              help="Read the metrics from a Prometheus scraping the workers (default: --scrape).")
+@click.option("--scrape", is_flag=True, help="knobkeeper scrapes every worker's /metrics itself (the default).")
+@click.option("--scrape-interval", default="1s", show_default=True, help="How often the scrape path samples.")
+@click.option("--promote", is_flag=True, help="On 'better': `set` the value with the evidence and deploy the whole role.")
+@click.option("--reason", default=None, help="The reason of the entry --promote writes.")
+@click.option("--print-scrape-config", is_flag=True,
+              help="Print the prometheus.yml that scrapes this inventory's workers and router, and exit.")
+@repo_option
+@json_option
+@example("knobkeeper canary SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --hosts 1 --duration 10m "
+         "--interval 30s --promote")
+def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, source, scrape, scrape_interval,
+               promote, reason, print_scrape_config, repo, as_json):
+    """Put KNOB=VALUE on some of a role's hosts, compare them with the rest over the same windows.
+
+    The router spreads live traffic; per host and window the engines' own metrics (tokens/s, TTFT,
+    TPOT, errors, running requests) are judged family-wise. Worse, or a failed guard: the canary hosts
+    are rolled back and the command exits 1. Better with --promote: a `set` with the evidence, then
+    the whole role is deployed. Otherwise the canary hosts are put back. Ctrl-C or SIGTERM puts them
+    back too. The evidence is written either way (changelog/evidence/, source "knobkeeper canary").
+
+    Experimental: each (host, window) counts as a sample, so a lasting difference between hosts
+    that has nothing to do with the knob can read as "worse" (a harmless value rolled back) with
+    one host per arm; it is never read as "better" more often than the error rate allows by chance.
+    """
+    from knobkeeper.evidence import canary as C
+
+    project = find_project(repo)
+    if print_scrape_config:
+        from knobkeeper.deploy.stack import load_stack
+        from knobkeeper.evidence.metrics import scrape_config
+
+        click.echo(scrape_config(load_stack(project.root, inventory), _seconds(scrape_interval, "--scrape-interval")),
+                   nl=False)
+        return
+    if spec is None:
+        raise UserError("KNOB=VALUE: missing (e.g. SGLANG_SM120_MMA_TARGET_CTAS=512)")
+    prometheus = None
+    if source is not None:
+        kind, prometheus = source
+        if kind != "prometheus":
+            raise UserError(f"--source {kind}: expected `--source prometheus URL`")
+        if scrape:
+            raise UserError("--source prometheus and --scrape: give one")
+    if hosts is not None and host_names:
+        raise UserError("--hosts and --host: give one")
+
+    def progress(k: int, n: int) -> None:
+        if not as_json:
+            click.echo(f"  window {k}/{n}", err=True)
+
+    out = C.canary_command(project, spec, role=role, inventory=inventory, hosts=hosts,
+                           host_names=list(host_names) or None, duration=_seconds(duration, "--duration"),
+                           interval=_seconds(interval, "--interval"), prometheus=prometheus, promote=promote,
+                           reason=reason, scrape_interval=_seconds(scrape_interval, "--scrape-interval"),
+                           on_window=progress)
+    if as_json:
+        emit_json({"verdict": out.verdict, "action": out.action, "evidence": out.doc["id"], "entry": out.entry})
+    else:
+        for line in C.report_lines(out):
+            click.echo(line)
+    if out.exit_code:
+        sys.exit(out.exit_code)
+
+
+COMMANDS = [canary_cmd]
+
+
+@click.command("snapshot")
+@click.argument("incident_id", metavar="ID")
+@click.option("--inventory", default="inventory/local.py", show_default=True, help="The stack to read.")
+@click.option("--window", type=float, default=5.0, show_default=True,
+              help="Seconds between the two scrapes that give each engine's tokens/s.")
+@repo_option
+@example("knobkeeper incident snapshot 1a2b3c4d --inventory inventory/local.py")
+def snapshot_cmd(incident_id, inventory, window, repo):
+    """Record every service's engine and router gauges now (running, queued, tokens/s, in-flight,
+    workers as the router sees them) into the incident: a note plus the full JSON, one commit."""
+    from knobkeeper.evidence.metrics import snapshot_incident
+
+    change = snapshot_incident(find_project(repo), incident_id, inventory, window)
+    click.echo(f"incident {change.incident.id}: {change.incident.notes[-1].text}")
+    click.echo(f"commit {change.commit[:10]}" if change.commit else "staged, not committed")
+
+
+def register(incident_group: click.Group) -> None:
+    """`incident snapshot` joins the incident group (kept here, with the scraping it uses)."""
+    incident_group.add_command(snapshot_cmd)

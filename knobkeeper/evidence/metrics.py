@@ -1,0 +1,459 @@
+"""The engine's own metrics, per host and per window, from either of two sources that give the same
+numbers: knobkeeper scraping every worker's /metrics itself (`ScrapeSource`, the embedded default)
+or a real Prometheus scraping the same endpoints (`PrometheusSource`, PromQL over its HTTP API).
+
+Per target (one worker service: host/service) and per window (t_start, t_end]:
+
+    output_tokens_per_s  rate(sglang:generation_tokens_total[W])
+    running              avg_over_time(sglang:num_running_reqs[W])
+    errors               increase(sglang:num_aborted_requests_total[W])   (0 when the engine has none)
+    ttft_ms {p50,p99}    histogram_quantile(q, rate(sglang:time_to_first_token_seconds_bucket[W])) x 1000
+    tpot_ms {p50,p99}    the same over sglang:request_time_per_output_token_seconds (sglang 0.5.23),
+                         or sglang:time_per_output_token_seconds (older versions)
+
+The scrape path computes the same quantities from its own samples: a counter's rate is its increase
+between the last sample at or before each window edge, over the time between those samples (Prometheus
+extrapolates to the window edges instead: the two agree to within one scrape interval's worth of
+traffic); the gauge is the mean of the samples inside the window; a histogram quantile uses
+Prometheus's own interpolation (`histogram_quantile`) on the bucket increases. Both parse the text
+exposition with prometheus-client's parser (the scrape path) or leave it to Prometheus.
+
+`scrape_config(stack)` renders the prometheus.yml that scrapes every worker's /metrics and the
+router's metrics port, each target labelled `kk_target="<host>/<service>"` so that the PromQL and
+the scrape path name series the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from knobkeeper.errors import UserError
+
+TOKENS = "sglang:generation_tokens_total"
+RUNNING = "sglang:num_running_reqs"
+QUEUED = "sglang:num_queue_reqs"
+ABORTED = "sglang:num_aborted_requests_total"
+TTFT = "sglang:time_to_first_token_seconds"
+TPOT_NAMES = ("sglang:request_time_per_output_token_seconds", "sglang:time_per_output_token_seconds")
+QUANTILES = {"p50": 0.5, "p99": 0.99}
+LABEL = "kk_target"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One scraped endpoint: `key` is "<host>/<service>", `url` its metrics URL."""
+
+    key: str
+    host: str
+    role: str
+    url: str
+
+
+@dataclass
+class WindowStats:
+    """One target's numbers over one window (None: no data for that quantity)."""
+
+    start: float
+    end: float
+    output_tokens_per_s: float | None
+    running: float | None
+    errors: int
+    ttft_ms: dict[str, float] | None = None
+    tpot_ms: dict[str, float] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "output_tokens_per_s": self.output_tokens_per_s,
+                "running": self.running, "errors": self.errors, "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms}
+
+
+def queries(window_s: float) -> dict[str, str]:
+    """The PromQL of every quantity for a window of `window_s` (recorded in the evidence)."""
+    w = duration_text(window_s)
+    tpot = " or ".join(f"rate({n}_bucket[{w}])" for n in TPOT_NAMES)
+    out = {
+        "output_tokens_per_s": f"sum by ({LABEL}) (rate({TOKENS}[{w}]))",
+        "running": f"sum by ({LABEL}) (avg_over_time({RUNNING}[{w}]))",
+        "errors": f"sum by ({LABEL}) (increase({ABORTED}[{w}]))",
+    }
+    for key, q in QUANTILES.items():
+        out[f"ttft_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) (rate({TTFT}_bucket[{w}])))"
+        out[f"tpot_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) ({tpot}))"
+    return out
+
+
+def duration_text(seconds: float) -> str:
+    """A Prometheus duration: whole milliseconds ("2500ms")."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+# ---------------------------------------------------------------- parsing and the histogram quantile
+
+def parse(text: str) -> dict[str, Any]:
+    """One scrape as {"counters": {name: value}, "gauges": {name: value}, "buckets": {name: [(le, count)]}}.
+
+    Series of one name are summed over their labels (one engine process: one model_name).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counters: dict[str, float] = {}
+    gauges: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises ValueError and friends for any malformed line
+        raise ValueError(f"not Prometheus text ({exc})") from None
+    for fam in families:
+        for s in fam.samples:
+            if fam.type == "counter" and s.name.endswith("_total"):
+                counters[s.name] = counters.get(s.name, 0.0) + s.value
+            elif fam.type == "gauge":
+                gauges[s.name] = gauges.get(s.name, 0.0) + s.value
+            elif fam.type == "histogram" and s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                per = buckets.setdefault(s.name[: -len("_bucket")], {})
+                per[le] = per.get(le, 0.0) + s.value
+    return {"counters": counters, "gauges": gauges,
+            "buckets": {n: sorted(b.items()) for n, b in buckets.items()}}
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """Prometheus's histogram_quantile on cumulative (le, count) pairs; None without observations."""
+    if not buckets or buckets[-1][0] != math.inf:
+        return None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for i, (le, count) in enumerate(buckets):
+        if count >= rank:
+            if le == math.inf:
+                return buckets[i - 1][0] if i > 0 else None
+            if i == 0 and le <= 0:
+                return le
+            lower = prev_le if i > 0 else 0.0
+            return lower + (le - lower) * (rank - prev_count) / (count - prev_count) if count > prev_count else le
+        prev_le, prev_count = le, count
+    return None
+
+
+# ---------------------------------------------------------------- the scrape source
+
+def fetch(url: str, timeout: float = 5.0) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"{url}: cannot scrape ({reason})") from None
+
+
+@dataclass
+class _Sample:
+    t: float
+    data: dict[str, Any]
+
+
+class ScrapeSource:
+    """knobkeeper scrapes every target itself every `scrape_interval` s on a background thread."""
+
+    name = "scrape"
+
+    def __init__(self, targets: Iterable[Target], scrape_interval: float = 0.5):
+        self.targets = list(targets)
+        self.scrape_interval = scrape_interval
+        self.samples: dict[str, list[_Sample]] = {t.key: [] for t in self.targets}
+        self.failures: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> None:
+        """Scrape every target once; UserError naming the first that fails or lacks the token counter."""
+        for t in self.targets:
+            try:
+                data = parse(fetch(t.url))
+            except ValueError as exc:
+                raise UserError(f"{t.url}: {exc}") from None
+            if TOKENS not in data["counters"]:
+                raise UserError(f"{t.url} ({t.key}): no {TOKENS} series (is it an SGLang worker with "
+                                f"--enable-metrics?)")
+
+    def _scrape_all(self) -> None:
+        for t in self.targets:
+            try:
+                text = fetch(t.url, timeout=max(1.0, self.scrape_interval * 4))
+                self.samples[t.key].append(_Sample(time.time(), parse(text)))
+            except (UserError, ValueError) as exc:
+                self.failures[t.key] = str(exc)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self._scrape_all()
+            self._stop.wait(max(0.0, self.scrape_interval - (time.monotonic() - began)))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="knobkeeper-scrape", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self._scrape_all()  # a sample at or after the last window's end
+
+    def windows(self, edges: list[float]) -> dict[str, list[WindowStats]]:
+        """Per target, one WindowStats per consecutive pair of `edges` (unix seconds)."""
+        return {t.key: [self._window(self.samples[t.key], a, b) for a, b in zip(edges, edges[1:])]
+                for t in self.targets}
+
+    @staticmethod
+    def _window(samples: list[_Sample], start: float, end: float) -> WindowStats:
+        before = [s for s in samples if s.t <= start]
+        upto = [s for s in samples if s.t <= end]
+        inside = [s for s in samples if start < s.t <= end]
+        gauge = [s.data["gauges"].get(RUNNING) for s in inside]
+        gauge = [g for g in gauge if g is not None]
+        stats = WindowStats(start, end, None, sum(gauge) / len(gauge) if gauge else None, 0)
+        if not before or not upto or upto[-1].t <= before[-1].t:
+            return stats
+        a, b = before[-1], upto[-1]
+        dt = b.t - a.t
+
+        def increase(name: str) -> float | None:
+            va, vb = a.data["counters"].get(name), b.data["counters"].get(name)
+            if va is None or vb is None:
+                return None
+            return vb - va if vb >= va else vb  # a counter reset: the process restarted inside the window
+
+        tokens = increase(TOKENS)
+        stats.output_tokens_per_s = None if tokens is None else tokens / dt
+        stats.errors = int(round(increase(ABORTED) or 0))
+
+        def quantiles(names: tuple[str, ...]) -> dict[str, float] | None:
+            for name in names:
+                ba, bb = dict(a.data["buckets"].get(name, [])), b.data["buckets"].get(name)
+                if not bb:
+                    continue
+                delta = [(le, c - ba.get(le, 0.0)) for le, c in bb]
+                out = {k: histogram_quantile(q, delta) for k, q in QUANTILES.items()}
+                if all(v is not None for v in out.values()):
+                    return {k: v * 1000 for k, v in out.items()}
+            return None
+
+        stats.ttft_ms = quantiles((TTFT,))
+        stats.tpot_ms = quantiles(TPOT_NAMES)
+        return stats
+
+
+# ---------------------------------------------------------------- the Prometheus source
+
+class PrometheusSource:
+    """A real Prometheus (scraping the same targets, labelled kk_target) queried over its HTTP API."""
+
+    name = "prometheus"
+
+    def __init__(self, url: str, targets: Iterable[Target], scrape_interval: float = 0.5):
+        self.url = url.rstrip("/")
+        self.targets = list(targets)
+        self.scrape_interval = scrape_interval
+
+    def _get(self, path: str, params: dict[str, Any]) -> Any:
+        url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = json.loads(exc.read()).get("error")
+            except (ValueError, OSError):
+                detail = exc.reason
+            raise UserError(f"--source prometheus {self.url}: {path} answered {exc.code} ({detail})") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise UserError(f"--source prometheus {self.url}: unreachable ({getattr(exc, 'reason', exc)})") from None
+        if body.get("status") != "success":
+            raise UserError(f"--source prometheus {self.url}: {body.get('error') or body}")
+        return body["data"]
+
+    def query(self, promql: str, at: float | None = None) -> list[dict]:
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        return self._get("/api/v1/query", params)["result"]
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
+        return self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                 "step": duration_text(step)})["result"]
+
+    def check(self) -> None:
+        """UserError when Prometheus is unreachable or holds no token series for some target."""
+        found = {r["metric"].get(LABEL) for r in self.query(f"{TOKENS}")}
+        missing = [t.key for t in self.targets if t.key not in found]
+        if missing:
+            raise UserError(f"--source prometheus {self.url}: no {TOKENS} series for {', '.join(missing)} "
+                            f"(does its scrape config label targets {LABEL}=\"<host>/<service>\"? "
+                            f"see `knobkeeper canary --print-scrape-config`)")
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        # The window's last samples reach Prometheus up to one scrape interval after its end.
+        time.sleep(self.scrape_interval * 2 + 0.2)
+
+    def windows(self, edges: list[float]) -> dict[str, list[WindowStats]]:
+        if len(edges) < 2:
+            return {t.key: [] for t in self.targets}
+        steps = [b - a for a, b in zip(edges, edges[1:])]
+        width = sum(steps) / len(steps)
+        ends = edges[1:]
+        step = max(1, round(width * 1000)) / 1000  # what duration_text sends
+        values: dict[str, dict[str, dict[int, float]]] = {}
+        for name, promql in queries(width).items():
+            for series in self.query_range(promql, ends[0], ends[-1] + step / 2, width):
+                key = series["metric"].get(LABEL)
+                per = values.setdefault(key, {}).setdefault(name, {})
+                for t, v in series["values"]:
+                    # query_range evaluates at start + k x step: the k-th window's end
+                    per[round((float(t) - ends[0]) / step)] = float(v)
+        out: dict[str, list[WindowStats]] = {}
+        for t in self.targets:
+            per = values.get(t.key, {})
+            rows = []
+            for i, end in enumerate(ends):
+                def val(name: str) -> float | None:
+                    v = per.get(name, {}).get(i)
+                    return v if v is not None and math.isfinite(v) else None
+
+                def pair(prefix: str) -> dict[str, float] | None:
+                    got = {k: val(f"{prefix}.{k}") for k in QUANTILES}
+                    return got if all(v is not None for v in got.values()) else None
+
+                rows.append(WindowStats(edges[i], end, val("output_tokens_per_s"), val("running"),
+                                        int(round(val("errors") or 0)), pair("ttft_ms"), pair("tpot_ms")))
+            out[t.key] = rows
+        return out
+
+
+# ---------------------------------------------------------------- targets and the scrape config
+
+def targets_of(stack, roles: Iterable[str] | None = None) -> list[Target]:
+    """Every worker service's /metrics (engine roles), in the stack's order; `roles` filters."""
+    keep = set(roles) if roles is not None else None
+    out = []
+    for svc in stack.services:
+        if svc.engine == "sglang-router" or (keep is not None and svc.role not in keep):
+            continue
+        out.append(Target(key=svc.key, host=svc.host, role=svc.role, url=svc.url + "/metrics"))
+    return out
+
+
+def scrape_config(stack, scrape_interval: float = 0.5) -> str:
+    """prometheus.yml scraping every worker's /metrics and every router's metrics port."""
+    targets = targets_of(stack)
+    for svc in stack.services:
+        if svc.engine == "sglang-router" and svc.metrics_port is not None:
+            host = urllib.parse.urlsplit(svc.url).hostname
+            targets.append(Target(key=svc.key, host=svc.host, role=svc.role,
+                                  url=f"http://{host}:{svc.metrics_port}/metrics"))
+    return scrape_config_for(targets, scrape_interval)
+
+
+def scrape_config_for(targets: Iterable[Target], scrape_interval: float = 0.5) -> str:
+    """prometheus.yml scraping `targets`, each labelled kk_target/role/kk_host (YAML is a superset of
+    JSON, so the file is written as JSON: no YAML library, no quoting rules)."""
+    interval = duration_text(scrape_interval)
+    jobs = [{"job_name": f"engine-{i}", "scrape_interval": interval, "scrape_timeout": interval,
+             "metrics_path": urllib.parse.urlsplit(t.url).path or "/metrics",
+             "static_configs": [{"targets": [urllib.parse.urlsplit(t.url).netloc],
+                                 "labels": {LABEL: t.key, "role": t.role, "kk_host": t.host}}]}
+            for i, t in enumerate(targets)]
+    return json.dumps({"global": {"scrape_interval": interval, "evaluation_interval": interval},
+                       "scrape_configs": jobs}, indent=2) + "\n"
+
+
+# ---------------------------------------------------------------- incident snapshots
+
+def snapshot(stack, window: float = 5.0) -> dict[str, Any]:
+    """Every service's gauges now: per engine running/queued requests and tokens/s over `window` s
+    (two scrapes `window` apart), per router its metrics-port gauges and /workers as it sees them.
+    A service that does not answer is recorded with its error: during an incident that IS the
+    observation."""
+    def scrape(url: str) -> dict[str, Any]:
+        try:
+            return parse(fetch(url))
+        except (UserError, ValueError) as exc:
+            return {"error": str(exc)}
+
+    engines = [s for s in stack.services if s.engine != "sglang-router"]
+    first = {s.key: scrape(s.url + "/metrics") for s in engines}
+    t0 = time.time()
+    time.sleep(window)
+    services = []
+    for svc in stack.services:
+        row: dict[str, Any] = {"host": svc.host, "service": svc.name, "role": svc.role}
+        if svc.engine == "sglang-router":
+            if svc.metrics_port is not None:
+                host = urllib.parse.urlsplit(svc.url).hostname
+                got = scrape(f"http://{host}:{svc.metrics_port}/metrics")
+                row["error"] = got.get("error")
+                row["gauges"] = got.get("gauges", {})
+            try:
+                row["workers"] = json.loads(fetch(svc.workers_url)) if svc.workers_url else None
+            except (UserError, ValueError) as exc:
+                row["workers"] = {"error": str(exc)}
+        else:
+            now, before = scrape(svc.url + "/metrics"), first[svc.key]
+            row["error"] = now.get("error") or before.get("error")
+            gauges = now.get("gauges", {})
+            row["running"] = gauges.get(RUNNING)
+            row["queued"] = gauges.get(QUEUED)
+            a, b = before.get("counters", {}).get(TOKENS), now.get("counters", {}).get(TOKENS)
+            row["tokens_per_s"] = None if a is None or b is None else max(0.0, b - a) / max(1e-9, time.time() - t0)
+            row["gauges"] = gauges
+        services.append(row)
+    return {"window_s": window, "services": services}
+
+
+def snapshot_summary(snap: dict[str, Any]) -> str:
+    """One line: `knobkeeper-decode@local running 0, queued 0, 0.0 tok/s; router: ...`."""
+    parts = []
+    for row in snap["services"]:
+        name = row["service"] if row["host"] == "@local" else f"{row['host']}/{row['service']}"
+        if row.get("error"):
+            parts.append(f"{name} unreachable")
+        elif row["role"] == "router" or "workers" in row:
+            # requests the router has sent to workers and not yet answered (smg: smg_worker_requests_active)
+            inflight = {k: v for k, v in row.get("gauges", {}).items() if "requests_active" in k or "flight" in k}
+            workers = row.get("workers")
+            healthy = ""
+            if isinstance(workers, dict) and isinstance(workers.get("workers"), list):
+                ws = workers["workers"]
+                healthy = f", workers healthy {sum(1 for w in ws if w.get('is_healthy', True))}/{len(ws)}"
+            parts.append(f"{name} in-flight {sum(inflight.values()):g}{healthy}" if inflight or healthy
+                         else f"{name} up")
+        else:
+            tps = row.get("tokens_per_s")
+            parts.append(f"{name} running {row.get('running') or 0:g}, queued {row.get('queued') or 0:g}, "
+                         f"{0.0 if tps is None else tps:.1f} tok/s")
+    return "; ".join(parts)
+
+
+def snapshot_incident(project, ident: str, inventory: str = "inventory/local.py", window: float = 5.0):
+    """`knobkeeper incident snapshot ID`: the stack's gauges now, recorded in the incident (one commit)."""
+    from knobkeeper.changelog.incidents import add_snapshot, find_incident
+    from knobkeeper.deploy.stack import load_stack
+
+    find_incident(project, ident)  # a bad id fails before the window is waited out
+    if window <= 0:
+        raise UserError(f"--window {window:g}: expected a positive number of seconds")
+    snap = snapshot(load_stack(project.root, inventory), window)
+    return add_snapshot(project, ident, snapshot_summary(snap), {"inventory": inventory, **snap})

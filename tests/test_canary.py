@@ -1,0 +1,504 @@
+"""The canary: metrics collection from real sim workers behind the real router (knobkeeper's own
+scrape and a real Prometheus agreeing), the window judgement, the orchestration's rollback
+guarantees and its refusals, and the evidence it writes. Every process is started on a free
+loopback port and stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from knobkeeper.errors import UserError
+from knobkeeper.evidence import canary as C
+from knobkeeper.evidence import metrics as M
+from knobkeeper.evidence import store
+from tests.infra import kk, make_infra_repo
+from tests.procs import free_port, start, stop, wait_http
+from tests.prometheus import Prometheus
+
+KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+SCRAPE = 0.25
+TIME_SCALE = "0.3"   # decode steps of ~3.5 ms wall at the test's load: above asyncio's timer resolution
+
+
+class Worker:
+    """One sim worker process; restart() replaces it on the same port with another environment."""
+
+    def __init__(self, tmp: Path, name: str, role: str, seed: int, env: dict | None = None,
+                 bootstrap: int | None = None, args: tuple[str, ...] = ()):
+        self.tmp, self.name, self.role, self.seed, self.bootstrap, self.args = tmp, name, role, seed, bootstrap, args
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        self.launch(env or {})
+
+    def launch(self, env: dict, args: tuple[str, ...] = ()) -> None:
+        cmd = [PY, "-m", "knobkeeper.sim", "--role", self.role, "--host", "127.0.0.1", "--port", str(self.port),
+               "--time-scale", TIME_SCALE, "--seed", str(self.seed), "--log-level", "warning", *self.args, *args]
+        if self.bootstrap is not None:
+            cmd += ["--bootstrap-port", str(self.bootstrap)]
+        self.proc = start(cmd, self.tmp / f"{self.name}.log", env={KNOB: "", **env}, cwd=str(ROOT))
+        wait_http(self.url + "/health", timeout=60, proc=self.proc)
+
+    def restart(self, env: dict, args: tuple[str, ...] = ()) -> None:
+        stop(self.proc)
+        self.launch(env, args)
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+    @property
+    def target(self) -> M.Target:
+        return M.Target(key=f"127.0.0.1/{self.name}", host=self.name, role=self.role, url=self.url + "/metrics")
+
+
+@pytest.fixture(scope="module")
+def pd(tmp_path_factory):
+    """A prefill, two decode workers and the real router in PD mode in front of them."""
+    tmp = tmp_path_factory.mktemp("canary")
+    procs = []
+    try:
+        pre = Worker(tmp, "prefill", "prefill", 1, bootstrap=free_port())
+        procs.append(pre)
+        decodes = [Worker(tmp, f"decode{i}", "decode", 10 + i) for i in (1, 2)]
+        procs += decodes
+        rport, pport = free_port(), free_port()
+        cmd = [PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(rport),
+               "--pd-disaggregation", "--prefill", pre.url, str(pre.bootstrap),
+               *[x for d in decodes for x in ("--decode", d.url)], "--policy", "round_robin",
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(pport),
+               "--disable-circuit-breaker", "--health-check-interval-secs", "1", "--log-level", "warn"]
+        router = start(cmd, tmp / "router.log", cwd=str(ROOT))
+        procs.append(type("R", (), {"stop": lambda self: stop(router)})())
+        wait_http(f"http://127.0.0.1:{rport}/readiness", timeout=90, proc=router)
+        yield {"tmp": tmp, "prefill": pre, "decodes": decodes, "router": f"http://127.0.0.1:{rport}",
+               "router_port": rport, "router_metrics_port": pport}
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+class Load:
+    """Closed-loop load through the router on a thread (knobkeeper.loadgen), for `seconds`."""
+
+    def __init__(self, endpoint: str, seconds: float, concurrency: int = 24):
+        from knobkeeper.loadgen import run_load
+
+        self.result = None
+        self.thread = threading.Thread(target=lambda: setattr(self, "result", run_load(
+            endpoint, concurrency, duration=seconds, api="generate", input_len=64, output_len=48,
+            output_range=0.5, warmup=0)), daemon=True)
+        self.thread.start()
+
+    def join(self) -> dict:
+        self.thread.join(180)
+        return self.result
+
+
+def collect(sources, seconds: float, windows: int):
+    """Run every source over the same `windows` window edges, `seconds` apart."""
+    for s in sources:
+        s.start()
+    time.sleep(seconds)
+    edges = [time.time()]
+    for k in range(windows):
+        time.sleep(max(0.0, edges[0] + (k + 1) * seconds - time.time()))
+        edges.append(time.time())
+    for s in sources:
+        s.stop()
+    return [s.windows(edges) for s in sources]
+
+
+# ---------------------------------------------------------------- 1. collection: two sources, same numbers
+
+def test_scrape_and_prometheus_agree_on_real_workers(pd):
+    """The 512 worker against the unset one, both sources over the same windows: the same tokens/s and
+    running requests per host (within one scrape interval's traffic) and the same verdict."""
+    decodes = pd["decodes"]
+    decodes[1].restart({KNOB: "512"})
+    targets = [d.target for d in decodes]
+    prom = Prometheus(pd["tmp"], M.scrape_config_for(targets, SCRAPE))
+    try:
+        prom.wait_scraped(len(targets))
+        scrape = M.ScrapeSource(targets, SCRAPE)
+        promsrc = M.PrometheusSource(prom.url, targets, SCRAPE)
+        load = Load(pd["router"], 20)
+        time.sleep(2)
+        scrape.check()
+        promsrc.check()
+        by_scrape, by_prom = collect([scrape, promsrc], 2.0, 7)
+        summary = load.join()
+    finally:
+        prom.stop()
+        decodes[1].restart({})
+    assert summary["completed"] > 0, summary
+    for t in targets:
+        a = [w.output_tokens_per_s for w in by_scrape[t.key]]
+        b = [w.output_tokens_per_s for w in by_prom[t.key]]
+        assert all(x and x > 0 for x in a + b), (t.key, a, b)
+        assert math.isclose(sum(a), sum(b), rel_tol=0.1), (t.key, a, b)
+        ra = [w.running for w in by_scrape[t.key]]
+        rb = [w.running for w in by_prom[t.key]]
+        assert math.isclose(sum(ra), sum(rb), rel_tol=0.2), (t.key, ra, rb)
+    plan = C.Plan(KNOB, 512, None, "decode", canary=[targets[1]], baseline=[targets[0]])
+    verdicts = []
+    for stats in (by_scrape, by_prom):
+        runs, windows = C.window_runs(plan, stats)
+        assert runs, windows
+        verdicts.append(C.decide(plan, windows, C.judgement(runs))[0])
+    assert verdicts[0] == verdicts[1] == "better", verdicts
+
+
+def test_histogram_quantiles_agree_with_prometheus(tmp_path):
+    """TTFT/TPOT percentiles: the scrape path's histogram_quantile on bucket increases gives what
+    Prometheus's histogram_quantile(rate(..._bucket)) gives, on a real prometheus-client exposition."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+    reg = CollectorRegistry()
+    tokens = Counter("sglang:generation_tokens", "tokens", registry=reg)
+    Gauge("sglang:num_running_reqs", "running", registry=reg).set(8)
+    ttft = Histogram("sglang:time_to_first_token_seconds", "ttft", registry=reg,
+                     buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0))
+    tpot = Histogram("sglang:request_time_per_output_token_seconds", "tpot", registry=reg,
+                     buckets=(0.002, 0.005, 0.01, 0.02, 0.05))
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    stop_feed = threading.Event()
+
+    def feed():
+        i = 0
+        while not stop_feed.is_set():
+            tokens.inc(50)
+            ttft.observe(0.03 + 0.1 * (i % 10) / 10)
+            tpot.observe(0.004 + 0.01 * (i % 7) / 7)
+            i += 1
+            time.sleep(0.005)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    target = M.Target(key="h/engine", host="h", role="decode", url=f"http://127.0.0.1:{port}/metrics")
+    prom = Prometheus(tmp_path, M.scrape_config_for([target], SCRAPE))
+    try:
+        prom.wait_scraped(1)
+        by_scrape, by_prom = collect([M.ScrapeSource([target], SCRAPE), M.PrometheusSource(prom.url, [target], SCRAPE)],
+                                     2.0, 3)
+    finally:
+        stop_feed.set()
+        prom.stop()
+        server.shutdown()
+    for a, b in zip(by_scrape["h/engine"], by_prom["h/engine"]):
+        for field in ("ttft_ms", "tpot_ms"):
+            assert getattr(a, field) and getattr(b, field), (field, a, b)
+            for q in ("p50", "p99"):
+                assert math.isclose(getattr(a, field)[q], getattr(b, field)[q], rel_tol=0.15), (field, q, a, b)
+        assert math.isclose(a.running, 8) and math.isclose(b.running, 8)
+    # the interpolation itself, against hand-computed values (Prometheus's rules)
+    assert M.histogram_quantile(0.5, [(0.1, 2.0), (0.2, 6.0), (math.inf, 8.0)]) == pytest.approx(0.15)
+    assert M.histogram_quantile(0.99, [(0.1, 2.0), (0.2, 6.0), (math.inf, 8.0)]) == 0.2  # +Inf bucket: its lower edge
+    assert M.histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]) is None
+
+
+# ---------------------------------------------------------------- 2. the window judgement
+
+def _stats(tokens: float, running: float, errors: int = 0, n: int = 6, noise: float = 0.01, seed: int = 0):
+    import random
+
+    rng = random.Random(seed)
+    return [M.WindowStats(k, k + 1, tokens * math.exp(rng.gauss(0, noise)), running, errors) for k in range(n)]
+
+
+def _plan():
+    t = [M.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics") for i in (1, 2, 3)]
+    return C.Plan(KNOB, 512, None, "decode", canary=[t[0]], baseline=t[1:])
+
+
+def test_round_robin_hides_a_faster_host_in_raw_tokens_normalisation_shows_it():
+    """Round-robin: the faster canary serves the same tokens/s with fewer requests in flight; the
+    judged metric (tokens/s at the window's mean load) shows it 'better', raw tokens/s would not."""
+    plan = _plan()
+    stats = {"h1/decode": _stats(1000, 14, seed=1), "h2/decode": _stats(1000, 16, seed=2),
+             "h3/decode": _stats(1000, 16, seed=3)}
+    runs, windows = C.window_runs(plan, stats)
+    assert all(w["valid"] for w in windows) and len(runs) == 18
+    verdict, failed = C.decide(plan, windows, C.judgement(runs))
+    assert verdict == "better" and not failed
+    raw = [r["raw_output_tokens_per_s"] for r in runs]
+    assert max(raw) / min(raw) < 1.1   # the raw numbers alone show no difference
+
+
+def test_invalid_windows_no_traffic_and_imbalance():
+    plan = _plan()
+    stats = {"h1/decode": _stats(1000, 16), "h2/decode": _stats(1000, 16), "h3/decode": _stats(1000, 16)}
+    stats["h2/decode"][1].output_tokens_per_s = 0.0
+    stats["h3/decode"][2].running = 40.0
+    runs, windows = C.window_runs(plan, stats)
+    assert [w["valid"] for w in windows] == [True, False, False, True, True, True]
+    assert windows[1]["reasons"] == ["no traffic on h2/decode"]
+    assert "spread beyond 2x" in windows[2]["reasons"][0]
+    assert {r["window"] for r in runs} == {0, 3, 4, 5}
+
+
+def test_errors_on_the_canary_fail_it_whatever_the_throughput():
+    plan = _plan()
+    stats = {"h1/decode": _stats(1100, 16, errors=0), "h2/decode": _stats(1000, 16), "h3/decode": _stats(1000, 16)}
+    stats["h1/decode"][0].errors = 3
+    runs, windows = C.window_runs(plan, stats)
+    verdict, failed = C.decide(plan, windows, C.judgement(runs))
+    assert verdict == "worse" and failed and failed[0].startswith("errors")
+    # errors in a window made invalid by the failures themselves still count
+    stats["h1/decode"][0].output_tokens_per_s = 0.0
+    runs, windows = C.window_runs(plan, stats)
+    assert not windows[0]["valid"] and C.decide(plan, windows, C.judgement(runs))[0] == "worse"
+    stats["h1/decode"][0].errors = 0
+    stats["h1/decode"][0].output_tokens_per_s = 1100.0
+    runs, windows = C.window_runs(plan, stats)
+    assert C.decide(plan, windows, C.judgement(runs)) == ("better", [])
+
+
+def test_guard_regression_fails_the_canary():
+    """TTFT p99 40% higher on the canary with throughput unchanged: a failed guard, verdict worse."""
+    plan = _plan()
+    stats = {"h1/decode": _stats(1000, 16, seed=4), "h2/decode": _stats(1000, 16, seed=5),
+             "h3/decode": _stats(1000, 16, seed=6)}
+    for key, ms in (("h1/decode", 140.0), ("h2/decode", 100.0), ("h3/decode", 100.0)):
+        for k, w in enumerate(stats[key]):
+            w.ttft_ms = {"p50": ms / 2, "p99": ms * (1 + 0.01 * (k % 3))}
+            w.tpot_ms = {"p50": 5.0 + 0.01 * k, "p99": 8.0 + 0.02 * k}
+    runs, windows = C.window_runs(plan, stats)
+    verdict, failed = C.decide(plan, windows, C.judgement(runs))
+    assert verdict == "worse" and any(f.startswith("ttft_p99_ms") for f in failed), failed
+
+
+def test_choose_refuses_one_host_and_the_whole_role():
+    plan = _plan()
+    with pytest.raises(UserError, match="at least 2"):
+        C.choose(plan.canary, "decode")
+    with pytest.raises(UserError, match="whole decode role"):
+        C.choose(plan.targets, "decode", hosts=3)
+    with pytest.raises(UserError, match="--host nope: not a decode worker"):
+        C.choose(plan.targets, "decode", names=["nope"])
+    canary, baseline = C.choose(plan.targets, "decode", names=["h2"])
+    assert [t.key for t in canary] == ["h2/decode"] and len(baseline) == 2
+
+
+# ---------------------------------------------------------------- 3. the orchestration on real workers
+
+class Switch:
+    """apply/restore backed by restarting the canary worker with the candidate's environment (the
+    deploy's per-host override, played by the test), counting what it did."""
+
+    def __init__(self, worker: Worker, args: tuple[str, ...] = ()):
+        self.worker, self.args, self.calls = worker, args, []
+
+    def apply(self, targets, knobs):
+        assert [t.key for t in targets] == [self.worker.target.key]
+        self.calls.append(("apply", dict(knobs)))
+        self.worker.restart({k: "" if v is None else str(v) for k, v in knobs.items()}, self.args)
+
+    def restore(self):
+        self.calls.append(("restore",))
+        self.worker.restart({})
+
+
+def _plan_of(pd, value, baseline_value=None):
+    d = pd["decodes"]
+    return C.Plan(KNOB, value, baseline_value, "decode", canary=[d[1].target], baseline=[d[0].target])
+
+
+def test_canary_better_is_promoted_with_evidence(pd, tmp_path):
+    project = make_infra_repo(tmp_path)
+    plan = _plan_of(pd, 512)
+    switch = Switch(pd["decodes"][1])
+    promoted = []
+    load = Load(pd["router"], 26)
+    out = C.canary(project, plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
+                   duration=16, interval=2, promote=True, promote_rest=lambda: promoted.append(True),
+                   reason="canary on decode2")
+    load.join()
+    assert out.verdict == "better" and out.action == "promoted" and out.exit_code == 0, out.doc["canary"]
+    assert switch.calls == [("apply", {KNOB: 512})] and promoted == [True]
+    doc = store.load(project, out.doc["id"])
+    assert doc["source"]["tool"] == "knobkeeper canary"
+    assert doc["canary"]["hosts"] == {"canary": [plan.canary[0].key], "baseline": [plan.baseline[0].key]}
+    assert len(doc["canary"]["windows"]) == 8 and doc["runs"]
+    assert store.verify(doc) == []
+    # the `set` that promoted it carries the evidence, like any benchmark evidence
+    shown = kk(project, "log")
+    assert KNOB in shown.output and out.doc["id"] in shown.output, shown.output
+    assert 'SGLANG_SM120_MMA_TARGET_CTAS = 512' in (project.root / "inventory" / "knobs.toml").read_text()
+    shown = kk(project, "ab", "show", out.doc["id"])
+    assert shown.exit_code == 0 and out.doc["id"] in shown.output and "better" in shown.output, shown.output
+    timeline = kk(project, "timeline")
+    assert timeline.exit_code == 0 and KNOB in timeline.output, timeline.output
+
+
+def test_aa_canary_is_never_better_and_is_put_back(pd, tmp_path):
+    """The same value on the canary host (A/A): never "better"; the hosts are put back either way and
+    knobs.toml is untouched. "worse" is allowed: with one host per arm a lasting host difference can
+    read as worse (the known limit in knobkeeper.evidence.canary), and then the canary is rolled back."""
+    project = make_infra_repo(tmp_path)
+    plan = _plan_of(pd, None)
+    switch = Switch(pd["decodes"][1])
+    before = (project.root / "inventory" / "knobs.toml").read_text()
+    load = Load(pd["router"], 26)
+    out = C.canary(project, plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
+                   duration=12, interval=2)
+    load.join()
+    assert out.verdict != "better", out.doc["judgement"]
+    assert out.action in ("put back", "rolled back") and switch.calls[-1] == ("restore",)
+    assert (project.root / "inventory" / "knobs.toml").read_text() == before
+
+
+def test_no_traffic_puts_the_canary_back_and_fails(pd, tmp_path):
+    project = make_infra_repo(tmp_path)
+    plan = _plan_of(pd, 512)
+    switch = Switch(pd["decodes"][1])
+    with pytest.raises(UserError, match="no valid window .*no traffic"):
+        C.canary(project, plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
+                 duration=2, interval=1, settle=0)
+    assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
+    assert store.paths(project) == []
+
+
+def test_unreachable_prometheus_or_missing_series_deploys_nothing(pd, tmp_path):
+    plan = _plan_of(pd, 512)
+    switch = Switch(pd["decodes"][1])
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(UserError, match="unreachable"):
+        C.run_canary(plan, M.PrometheusSource(dead, plan.targets), switch.apply, switch.restore,
+                     duration=4, interval=2)
+    # a Prometheus that scrapes only one of the two workers: refused, naming the other
+    prom = Prometheus(tmp_path, M.scrape_config_for(plan.baseline, SCRAPE))
+    try:
+        prom.wait_scraped(1)
+        with pytest.raises(UserError, match=f"no sglang:generation_tokens_total series for {plan.canary[0].key}"):
+            C.run_canary(plan, M.PrometheusSource(prom.url, plan.targets), switch.apply, switch.restore,
+                         duration=4, interval=2)
+    finally:
+        prom.stop()
+    assert switch.calls == []
+
+
+def test_interrupt_puts_the_canary_back(pd):
+    plan = _plan_of(pd, 512)
+    switch = Switch(pd["decodes"][1])
+
+    def interrupted(k, n):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        C.run_canary(plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
+                     duration=4, interval=1, settle=0, on_window=interrupted)
+    assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
+
+
+# ---------------------------------------------------------------- the command: refusals before any deploy
+
+TWO_DECODE = '''
+_base = {"prefix": "/tmp/kk-canary-never", "service_manager": "systemd", "listen_host": "0.0.0.0",
+         "engines": {"prefill": "sim", "decode": "sim", "router": "sglang-router"}}
+prefill = [("prefill-1", {**_base, "ssh_hostname": "127.0.0.2"})]
+decode = [("decode-1", {**_base, "ssh_hostname": "127.0.0.4"}), ("decode-2", {**_base, "ssh_hostname": "127.0.0.5"})]
+router = [("router-1", {**_base, "ssh_hostname": "127.0.0.6"})]
+'''
+
+
+@pytest.fixture
+def short_tmp():
+    """A temp dir with a short path: the local inventory's supervisord socket must stay < 100 chars."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="kkc", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["NOPE_KNOB=1", "--role", "decode"], "unknown knob 'NOPE_KNOB'"),
+    ([f"{KNOB}=512", "--role", "decode"], "--role decode: 1 worker(s); a canary needs at least 2"),
+    ([f"{KNOB}=512", "--role", "decode", "--inventory", "inventory/two.py", "--hosts", "2"], "whole decode role"),
+    ([f"{KNOB}=512", "--role", "decode", "--inventory", "inventory/two.py", "--host", "decode-9"],
+     "--host decode-9: not a decode worker"),
+    ([f"{KNOB}=512", "--role", "decode", "--source", "graphite", "http://x"], "expected `--source prometheus URL`"),
+    ([f"{KNOB}=512", "--role", "decode", "--inventory", "inventory/two.py", "--duration", "1m",
+      "--interval", "45s"], "expected at least 2 windows"),
+    ([f"{KNOB}=512", "--role", "decode", "--inventory", "inventory/two.py", "--duration", "soon"],
+     "--duration: 'soon' is not a duration"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_deployed(short_tmp, args, message):
+    project = make_infra_repo(short_tmp)
+    (project.root / "inventory" / "two.py").write_text(TWO_DECODE)
+    before = sorted(p.name for p in (project.root / "changelog").rglob("*"))
+    result = kk(project, "canary", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert sorted(p.name for p in (project.root / "changelog").rglob("*")) == before
+
+
+def test_scrape_config_names_every_worker_and_the_router_metrics_port(tmp_path):
+    project = make_infra_repo(tmp_path)
+    (project.root / "inventory" / "two.py").write_text(TWO_DECODE)
+    result = kk(project, "canary", "--role", "decode", "--inventory", "inventory/two.py", "--print-scrape-config")
+    config = json.loads(result.output)
+    targets = {c["static_configs"][0]["labels"]["kk_target"]: c["static_configs"][0]["targets"][0]
+               for c in config["scrape_configs"]}
+    assert targets == {"prefill-1/knobkeeper-prefill": "127.0.0.2:30000", "decode-1/knobkeeper-decode": "127.0.0.4:30001",
+                       "decode-2/knobkeeper-decode": "127.0.0.5:30001", "router-1/knobkeeper-router": "127.0.0.6:29080"}
+
+
+# ---------------------------------------------------------------- 4. incident snapshots
+
+def test_incident_snapshot_records_engine_and_router_gauges(pd, short_tmp):
+    """While the load runs the decode engine shows running requests and tokens/s; once it stops the
+    snapshot shows it idle: the observation that refutes a suspect knob in the field story."""
+    project = make_infra_repo(short_tmp)
+    pre, dec = pd["prefill"], pd["decodes"][0]
+    (project.root / "inventory" / "snap.py").write_text(f'''
+_d = {{"prefix": "{short_tmp}/state", "service_manager": "supervisord", "listen_host": "127.0.0.1",
+      "advertise_host": "127.0.0.1", "engines": {{"prefill": "sim", "decode": "sim", "router": "sglang-router"}},
+      "prefill_port": {pre.port}, "prefill_bootstrap_port": {pre.bootstrap}, "decode_port": {dec.port},
+      "router_port": {pd["router_port"]}, "router_metrics_port": {pd["router_metrics_port"]}}}
+prefill = [("@local", _d)]
+decode = [("@local", _d)]
+router = [("@local", _d)]
+''')
+    kk(project, "incident", "open", "client harness hangs")
+    from knobkeeper.changelog.incidents import load_incidents
+
+    ident = load_incidents(project)[0].id
+    load = Load(pd["router"], 8, concurrency=16)
+    time.sleep(2)
+    busy = kk(project, "incident", "snapshot", ident, "--inventory", "inventory/snap.py", "--window", "1")
+    load.join()
+    time.sleep(1)
+    idle = kk(project, "incident", "snapshot", ident, "--inventory", "inventory/snap.py", "--window", "1")
+    assert busy.exit_code == 0 and idle.exit_code == 0, busy.output + idle.output
+    snaps = sorted((project.root / "changelog" / "incidents").rglob("snapshot-*.json"))
+    assert len(snaps) == 2
+    first, second = (json.loads(p.read_text()) for p in snaps)
+    decode_busy = next(r for r in first["services"] if r["role"] == "decode")
+    decode_idle = next(r for r in second["services"] if r["role"] == "decode")
+    assert decode_busy["tokens_per_s"] > 0 and decode_busy["running"] > 0, decode_busy
+    assert decode_idle["tokens_per_s"] == 0 and decode_idle["running"] == 0, decode_idle
+    router = next(r for r in second["services"] if r["role"] == "router")
+    assert router["error"] is None and router["gauges"] and router["workers"], router
+    shown = kk(project, "incident", "show", ident).output
+    assert shown.count("snapshot (changelog/incidents/") == 2 and "running 0, queued 0, 0.0 tok/s" in shown, shown
+    log = subprocess_log(project)
+    assert log.count("Action: snapshot") == 2
+
+
+def subprocess_log(project) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(project.root), "log", "--format=%B"], capture_output=True,
+                          text=True, check=True).stdout
