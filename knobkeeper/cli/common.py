@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import sys
 from typing import Any, Callable
@@ -69,7 +70,8 @@ def example(text: str) -> Callable:
     """Append an 'Example' section to a command's --help (every command has one)."""
 
     def decorate(fn: Callable) -> Callable:
-        doc = (fn.__doc__ or "").rstrip()
+        # Dedent first: the appended lines have no indent, which would keep the body's.
+        doc = inspect.cleandoc(fn.__doc__ or "")
         fn.__doc__ = f"{doc}\n\n\b\nExample:\n  {text}\n"
         return fn
 
