@@ -39,13 +39,10 @@ aborted requests on the canary hosts beyond the baseline hosts' fail the canary 
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.metrics import Target, WindowStats, queries
@@ -210,23 +207,6 @@ def decide(plan: Plan, windows: list[dict], judged: dict | None) -> tuple[str, l
 
 # ---------------------------------------------------------------- orchestration
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM behaves as Ctrl-C while the canary runs, so the same `finally` puts hosts back."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def run_canary(plan: Plan, source, apply: Apply, restore: Callable[[], None], *, duration: float,
                interval: float, settle: float | None = None, imbalance: float = IMBALANCE,
                setup: dict | None = None, on_window: Callable[[int, int], None] | None = None) -> dict:
@@ -248,7 +228,9 @@ def run_canary(plan: Plan, source, apply: Apply, restore: Callable[[], None], *,
     n_windows = int(duration // interval)
     started = time.time()
     rolled_back = False
-    with _sigterm_as_interrupt():
+    from knobkeeper.deploy.api import terminate_as_interrupt
+
+    with terminate_as_interrupt():  # SIGTERM as Ctrl-C: the same `except` puts the hosts back
         try:
             apply(plan.canary, {plan.knob: plan.value})
             deployed = time.time()
