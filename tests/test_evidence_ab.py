@@ -170,7 +170,8 @@ def test_sequential_ab_on_sim_stops_64_early_and_keeps_going_at_80(sim_switcher)
     assert looks[0]["repeat"] == 3 and doc["sequential"]["planned_looks"] == [3, 5, 6]
     stopped = {int(c): look["repeat"] for look in looks for c in look["settled"]}
     assert level[64]["verdict"] == "better" and stopped[64] < 6, store.summary_line(doc)   # before the cap
-    assert level[64]["n_a"] == stopped[64] <= level[80]["n_a"]
+    # n counts the runs judged: a run with errors or an outlier is left out of it, never added
+    assert level[64]["n_a"] <= stopped[64] <= max(look["repeat"] for look in looks)
     assert "80" not in looks[0]["settled"]                           # 80 kept going where 64 could stop
     assert level[80]["verdict"] != "worse"
     runs_80 = [r for r in doc["runs"] if r["concurrency"] == 80]
