@@ -3,9 +3,11 @@ duration, and the time from `canary` to its verdict.
 
 Stack: one prefill, two decode workers, the real router (round robin) in PD mode, closed-loop load
 through it. Each run restarts the canary worker with a fresh random seed (a new per-process run
-factor: the host-to-host noise a real canary faces) and the candidate's environment, collects
---windows windows with knobkeeper's own scrape, and judges the first 2, 4, ... windows of that run
-(nested prefixes: the shape against duration at a fraction of the cost).
+factor: the restart noise a real canary faces) and the candidate's environment, and puts it back the
+same way after the verdict. Each run collects --windows calibration windows, deploys, settles and
+collects --windows canary windows with knobkeeper's own scrape; the verdict is recomputed for 2, 4, ...
+windows of each phase (nested prefixes: the shape against duration at a fraction of the cost), in
+the calibrated design (the default) and the uncalibrated one (--calibrate 0, host by host).
 
 Effects come from an effects table given to both workers: KNOBKEEPER_SPLITKV_TARGET_CTAS=105 makes
 decode steps 5% faster, =1128 12.8% faster; unset (the baseline, and the A/A arm) no effect.
@@ -43,9 +45,11 @@ decode_step = {1 / 1.128:.6f}
 CASES = (("A/A", None), ("+5%", 105), ("+12.8%", 1128))
 
 
-def stats_of(doc: dict, upto: int) -> dict[str, list[M.WindowStats]]:
+def stats_of(doc: dict, phase: str, upto: int, last: bool = False) -> dict[str, list[M.WindowStats]]:
+    """The first (or last) `upto` windows of one phase of a canary's evidence, as WindowStats."""
+    rows = [w for w in doc["canary"]["windows"] if w["phase"] == phase]
     out: dict[str, list[M.WindowStats]] = {}
-    for w in doc["canary"]["windows"][:upto]:
+    for w in (rows[-upto:] if last else rows[:upto]):
         for key, s in w["hosts"].items():
             out.setdefault(key, []).append(M.WindowStats(**s))
     return out
@@ -81,35 +85,45 @@ def main() -> int:
                        tmp / "router.log", cwd=str(ROOT))
         wait_http(f"http://127.0.0.1:{rport}/readiness", timeout=90, proc=router)
         endpoint = f"http://127.0.0.1:{rport}"
-        total = len(cases) * args.runs * (args.windows * args.interval + 6)
-        print(f"canary bench: {args.runs} runs x {len(cases)} cases, {args.windows} windows of {args.interval:g} s, "
-              f"concurrency {args.concurrency} through the router (about {total / 60:.0f} min)", flush=True)
+        span = 2 * args.windows * args.interval + max(args.interval, C.SETTLE_MIN_S if args.settle is None else args.settle)
+        total = len(cases) * args.runs * (span + 8)
+        print(f"canary bench: {args.runs} runs x {len(cases)} cases, {args.windows} calibration + {args.windows} canary "
+              f"windows of {args.interval:g} s, concurrency {args.concurrency} through the router "
+              f"(about {total / 60:.0f} min)", flush=True)
         load = Load(endpoint, total * 1.5 + 60, concurrency=args.concurrency)
+        time.sleep(3)
         canary = decodes[1]
         plan_targets = [d.target for d in decodes]
         prefixes = [n for n in (2, 4, 8, 16, 32) if n <= args.windows]
-        verdicts: dict[str, dict[int, list[str]]] = {name: {n: [] for n in prefixes} for name, _ in cases}
+        designs = ("calibrated", "uncalibrated")
+        verdicts = {(d, name): {n: [] for n in prefixes} for d in designs for name, _ in cases}
         to_verdict: list[float] = []
         for run in range(args.runs):
             for name, value in cases:
                 plan = C.Plan(KNOB, value, None, "decode", canary=[plan_targets[1]], baseline=[plan_targets[0]])
 
-                def apply(targets, knobs):
-                    canary.seed = rng.randrange(1 << 30)
-                    env = {} if value is None else {KNOB: str(value)}
+                def restart(env):
+                    canary.seed = rng.randrange(1 << 30)   # each restart draws its own run factor
                     canary.restart(env)
 
                 began = time.monotonic()
                 try:
-                    doc = C.run_canary(plan, M.ScrapeSource(plan.targets, 0.5), apply, lambda: None,
-                                       duration=args.windows * args.interval, interval=args.interval,
-                                       settle=args.settle)
-                except C.CanaryWorse as worse:
+                    doc = C.run_canary(plan, M.ScrapeSource(plan.targets, 0.5),
+                                       lambda targets, knobs: restart({} if value is None else {KNOB: str(value)}),
+                                       lambda: restart({}), duration=args.windows * args.interval,
+                                       interval=args.interval, settle=args.settle)
+                    restart({})
+                except C.CanaryWorse as worse:   # run_canary has put the canary back itself
                     doc = worse.doc
                 to_verdict.append(time.monotonic() - began)
                 for n in prefixes:
-                    runs, windows = C.window_runs(plan, stats_of(doc, n))
-                    verdicts[name][n].append(C.decide(plan, windows, C.judgement(runs))[0] if runs else "invalid")
+                    # the n calibration windows next to the deploy, the first n canary windows
+                    before, after = stats_of(doc, "calibration", n, last=True), stats_of(doc, "canary", n)
+                    for design in designs:
+                        calibration = before if design == "calibrated" else None
+                        runs, windows = C.window_runs(plan, after, calibration=calibration)
+                        judged = C.judgement(runs, plan.unit_noise(C.RESTART_NOISE, calibration is not None)) if runs else None
+                        verdicts[(design, name)][n].append(C.decide(plan, windows, judged)[0] if runs else "invalid")
             print(f"  run {run + 1}/{args.runs} done", flush=True)
         # the load thread is a daemon: it ends with the workers stopped below, no need to wait it out
     finally:
@@ -117,18 +131,22 @@ def main() -> int:
             p.stop()
         if "router" in locals():
             stop(router)
-    print()
-    print(f"{'duration':>9} " + " ".join(f"{name + ' better':>15} {name + ' worse':>14}" for name, _ in cases))
-    for n in prefixes:
-        cells = []
-        for name, _ in cases:
-            got = verdicts[name][n]
-            cells.append(f"{got.count('better'):>8}/{len(got):<6} {got.count('worse'):>7}/{len(got):<6}")
-        print(f"{n * args.interval:>8g}s " + " ".join(cells))
+    for design in designs:
+        print()
+        print(f"{design} design: verdicts 'better' and 'worse' per case, against the canary's duration "
+              f"(calibrated: after as long a calibration)")
+        print(f"{'duration':>9} " + " ".join(f"{name + ' better':>15} {name + ' worse':>14}" for name, _ in cases))
+        for n in prefixes:
+            cells = []
+            for name, _ in cases:
+                got = verdicts[(design, name)][n]
+                cells.append(f"{got.count('better'):>8}/{len(got):<6} {got.count('worse'):>7}/{len(got):<6}")
+            print(f"{n * args.interval:>8g}s " + " ".join(cells))
     print()
     print("A/A 'better' or 'worse' = false positive; +5%/+12.8% 'better' = power.")
     print(f"time from canary start to verdict: median {statistics.median(to_verdict):.1f} s "
-          f"(duration {args.windows * args.interval:g} s + deploy + settle + judgement), "
+          f"(calibration {args.windows * args.interval:g} s + deploy + settle + duration "
+          f"{args.windows * args.interval:g} s + judgement), "
           f"max {max(to_verdict):.1f} s")
     return 0
 

@@ -151,3 +151,24 @@ def test_ci_contains_true_ratio_about_95_percent(n):
         c = J.compare(_draw(rng, n), _draw(rng, n, 1.1))
         covered += c.ci_low < 0.1 < c.ci_high
     assert covered / trials >= 0.95 - _slack(trials, 0.95)
+
+
+def test_unit_noise_keeps_the_error_rate_when_every_b_run_shares_one_offset():
+    """A canary's restart: every window of arm B carries one offset drawn per trial (sd 2%). Treated
+    as independent windows the A/A error rate explodes as windows grow; with the offset's variance
+    in the standard error (unit_noise) it stays at alpha, and power can never exceed what the one
+    draw allows."""
+    rng = random.Random(20261201)
+    trials, n, unit = 2000, 12, 0.02
+    naive = held = 0
+    for _ in range(trials):
+        offset = math.exp(rng.gauss(0.0, unit))
+        runs = _runs("A", _draw(rng, n)) + _runs("B", [v * offset for v in _draw(rng, n)])
+        naive += J.judge(runs)["levels"][0]["verdict"] in ("better", "worse")
+        held += J.judge(runs, unit_noise=unit)["levels"][0]["verdict"] in ("better", "worse")
+    assert naive / trials > 0.15, naive / trials
+    assert held / trials <= 0.05 + _slack(trials, 0.05), held / trials
+    assert J.power(10_000, SD, 0.05, 0.04, unit_noise=0.05) < 0.5        # more runs cannot make up for it
+    assert J.recommended_repeats(SD) < J._recommended(SD, 0.05, 0.05, 0.8, 0.01) < J.MAX_REPEATS
+    c = J.compare([1.0, 1.1, 0.9], [1.0, 1.1, 0.9], unit_noise=0.02)
+    assert c.unit_noise == 0.02 and c.se == pytest.approx(math.sqrt(J.compare([1.0, 1.1, 0.9], [1.0, 1.1, 0.9]).se ** 2 + 0.0004))

@@ -113,3 +113,24 @@ def _check_png(path: Path) -> None:
 def test_plot_library_call(tmp_path):
     path = plot(_doc(), tmp_path / "sub" / "x.png")
     _check_png(path)
+
+
+def test_judge_options_are_kept_and_verify_uses_them():
+    """A doc judged with unit noise and a stricter alpha: both recorded, verify recomputes with them
+    (and flags a doc whose options were edited), validate refuses a malformed option."""
+    from knobkeeper.evidence.schema import validate
+
+    rng = random.Random(3)
+    runs = [{"arm": arm, "repeat": i + 1, "concurrency": 8, "output_tokens_per_s": 1000 * scale * math.exp(rng.gauss(0, 0.01)), "errors": 0}
+            for arm, scale in (("A", 1.0), ("B", 1.04)) for i in range(10)]
+    arms = {"A": {"label": "a", "knobs": {"K": None}}, "B": {"label": "b", "knobs": {"K": 1}}}
+    plain = store.build_doc(knob="K", role="decode", arms=arms, runs=runs)
+    doc = store.build_doc(knob="K", role="decode", arms=arms, runs=runs, judge_options={"unit_noise": 0.03, "alpha": 0.01})
+    assert plain["judgement"]["levels"][0]["verdict"] == "better"
+    assert doc["judgement"]["levels"][0]["verdict"] == "inconclusive" and doc["judgement"]["unit_noise"] == 0.03
+    assert doc["judgement"]["alpha"] == 0.01 and store.verify(doc) == []
+    edited = json.loads(json.dumps(doc))
+    del edited["judge_options"]
+    assert store.verify(edited), "a judgement made with options must not verify without them"
+    assert validate({**doc, "judge_options": {"unit_noise": -1}})[0].startswith("judge_options:")
+    assert validate({**doc, "judge_options": {"alpha": 0}})[0].startswith("judge_options:")

@@ -28,6 +28,13 @@ def _seconds(text: str, option: str) -> float:
 @click.option("--host", "host_names", multiple=True, metavar="HOST", help="A canary host by name (repeatable).")
 @click.option("--duration", default="10m", show_default=True, help="How long to compare (30s, 10m, 1h).")
 @click.option("--interval", default="30s", show_default=True, help="Window length: one sample per host per window.")
+@click.option("--calibrate", default=None, metavar="DURATION",
+              help="Windows before the deploy, every host at the declared value: they measure the hosts' "
+                   "lasting differences (default: as long as --duration; 0: none, hosts assumed alike).")
+@click.option("--restart-noise", type=float, default=0.02, show_default=True,
+              help="Log-sd of a restart's own speed offset, which no window averages out (0.02: 2%).")
+@click.option("--alpha", type=float, default=0.05, show_default=True,
+              help="Family-wise error rate of the judgement: how sure before it promotes or rolls back.")
 @click.option("--source", "source", nargs=2, default=None, metavar="prometheus URL",
               help="Read the metrics from a Prometheus scraping the workers (default: --scrape).")
 @click.option("--scrape", is_flag=True, help="knobkeeper scrapes every worker's /metrics itself (the default).")
@@ -40,19 +47,19 @@ def _seconds(text: str, option: str) -> float:
 @json_option
 @example("knobkeeper canary SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --hosts 1 --duration 10m "
          "--interval 30s --promote")
-def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, source, scrape, scrape_interval,
-               promote, reason, print_scrape_config, repo, as_json):
+def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, calibrate, restart_noise, alpha, source,
+               scrape, scrape_interval, promote, reason, print_scrape_config, repo, as_json):
     """Put KNOB=VALUE on some of a role's hosts, compare them with the rest over the same windows.
 
-    The router spreads live traffic; per host and window the engines' own metrics (tokens/s, TTFT,
-    TPOT, errors, running requests) are judged family-wise. Worse, or a failed guard: the canary hosts
-    are rolled back and the command exits 1. Better with --promote: a `set` with the evidence, then
-    the whole role is deployed. Otherwise the canary hosts are put back. Ctrl-C or SIGTERM puts them
-    back too. The evidence is written either way (changelog/evidence/, source "knobkeeper canary").
-
-    Experimental: each (host, window) counts as a sample, so a lasting difference between hosts
-    that has nothing to do with the knob can read as "worse" (a harmless value rolled back) with
-    one host per arm; it is never read as "better" more often than the error rate allows by chance.
+    The router spreads live traffic. Per window the canary hosts' throughput (tokens/s at the
+    window's mean load) is taken relative to the baseline hosts' in that same window, first for
+    --calibrate with every host at the declared value, then for --duration with the candidate on
+    the canary hosts; the change between the two is judged family-wise with TTFT and TPOT as guards
+    and an errors test. Worse, or a failed guard: the canary hosts are rolled back and the command
+    exits 1. Better with --promote: a `set` with the evidence, then the whole role is deployed.
+    Otherwise the canary hosts are put back, and it says how long a canary would decide. Ctrl-C or
+    SIGTERM puts them back too. The evidence is written either way (changelog/evidence/, source
+    "knobkeeper canary").
     """
     from knobkeeper.evidence import canary as C
 
@@ -83,6 +90,9 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, sou
     out = C.canary_command(project, spec, role=role, inventory=inventory, hosts=hosts,
                            host_names=list(host_names) or None, duration=_seconds(duration, "--duration"),
                            interval=_seconds(interval, "--interval"), prometheus=prometheus, promote=promote,
+                           calibrate=None if calibrate is None else 0.0 if calibrate.strip() == "0"
+                           else _seconds(calibrate, "--calibrate"),
+                           restart_noise=restart_noise, alpha=alpha,
                            reason=reason, scrape_interval=_seconds(scrape_interval, "--scrape-interval"),
                            on_window=progress)
     if as_json:

@@ -168,6 +168,7 @@ class Comparison:
     sd_log: float | None       # pooled log-scale sd (for the power calculation)
     d: float | None = None     # difference of log means
     se: float | None = None    # its standard error
+    unit_noise: float = 0.0    # log-sd of an offset no run of the comparison averages out (see compare)
 
     def interval(self, one_sided: float) -> tuple[float, float] | None:
         """exp(d ± t(1 - one_sided, df)·se) - 1: the interval whose two one-sided tests are at
@@ -191,26 +192,33 @@ def _var(xs: list[float]) -> float:
     return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
 
 
-def compare(a: Iterable[float], b: Iterable[float], alpha: float = ALPHA) -> Comparison:
-    """Welch's t on logs of two samples of positive numbers (B relative to A)."""
+def compare(a: Iterable[float], b: Iterable[float], alpha: float = ALPHA, unit_noise: float = 0.0) -> Comparison:
+    """Welch's t on logs of two samples of positive numbers (B relative to A).
+
+    `unit_noise`: the log-sd of an offset shared by every run of the comparison that more runs
+    cannot average out (a canary host's restart lands on its own speed; all its windows carry it).
+    Its variance is added to the standard error once, as a known term: Welch–Satterthwaite's df
+    counts only the estimated variances (a known variance has infinite df)."""
     la = [math.log(x) for x in a]
     lb = [math.log(x) for x in b]
     n_a, n_b = len(la), len(lb)
     if n_a == 0 or n_b == 0:
-        return Comparison(n_a, n_b, None, None, None, None, None, None)
+        return Comparison(n_a, n_b, None, None, None, None, None, None, unit_noise=unit_noise)
     d = _mean(lb) - _mean(la)
     effect = math.expm1(d)
     if n_a < 2 or n_b < 2:
-        return Comparison(n_a, n_b, effect, None, None, None, None, None)
+        return Comparison(n_a, n_b, effect, None, None, None, None, None, unit_noise=unit_noise)
     va, vb = _var(la), _var(lb)
     sd_log = math.sqrt(((n_a - 1) * va + (n_b - 1) * vb) / (n_a + n_b - 2))
-    se2 = va / n_a + vb / n_b
+    estimated = va / n_a + vb / n_b
+    se2 = estimated + unit_noise ** 2
     if se2 <= 0.0:
         # Identical runs within each arm: any difference is exact.
         p = 1.0 if d == 0 else 0.0
         return Comparison(n_a, n_b, effect, effect, effect, p, float(n_a + n_b - 2), sd_log, d, 0.0)
     se = math.sqrt(se2)
-    df = se2 ** 2 / ((va / n_a) ** 2 / (n_a - 1) + (vb / n_b) ** 2 / (n_b - 1))
+    parts = (va / n_a) ** 2 / (n_a - 1) + (vb / n_b) ** 2 / (n_b - 1)
+    df = se2 ** 2 / parts if parts > 0 else 1e9
     # scipy.special's Student-t functions: the same numbers as stats.t, ~50x faster (calibration).
     # Imported here: scipy costs ~1 s at start-up and most commands that read evidence never judge.
     from scipy import special
@@ -218,21 +226,22 @@ def compare(a: Iterable[float], b: Iterable[float], alpha: float = ALPHA) -> Com
     t_crit = float(special.stdtrit(df, 1 - alpha / 2))
     p = float(2 * special.stdtr(df, -abs(d) / se))
     return Comparison(n_a, n_b, effect, math.expm1(d - t_crit * se), math.expm1(d + t_crit * se), p, df, sd_log,
-                      d, se)
+                      d, se, unit_noise)
 
 
-def power(n: int, sd_log: float, mde: float = MDE, alpha: float = ALPHA) -> float:
+def power(n: int, sd_log: float, mde: float = MDE, alpha: float = ALPHA, unit_noise: float = 0.0) -> float:
     """Power of the two-sided test with n runs per arm to detect a relative effect of `mde`.
 
     Non-central t with df = n - 1: the smallest df Welch's test can have with n per arm, so the
-    figure is conservative (the realised Welch df is between n-1 and 2n-2).
+    figure is conservative (the realised Welch df is between n-1 and 2n-2). `unit_noise` (see
+    compare) stays in the standard error however large n grows, so power may never reach a target.
     """
     if n < 2:
         return 0.0
-    if sd_log <= 0:
+    if sd_log <= 0 and unit_noise <= 0:
         return 1.0
     delta = abs(math.log1p(mde))
-    ncp = delta / (sd_log * math.sqrt(2.0 / n))
+    ncp = delta / math.sqrt(sd_log ** 2 * 2.0 / n + unit_noise ** 2)
     df = n - 1
     from scipy import special
 
@@ -255,9 +264,9 @@ def recommended_repeats(sd_log: float = DEFAULT_NOISE, mde: float = MDE, alpha: 
 
 
 @lru_cache(maxsize=4096)
-def _recommended(sd_log: float, mde: float, alpha: float, target_power: float) -> int:
+def _recommended(sd_log: float, mde: float, alpha: float, target_power: float, unit_noise: float = 0.0) -> int:
     for n in range(2, MAX_REPEATS + 1):
-        if power(n, sd_log, mde, alpha) >= target_power:
+        if power(n, sd_log, mde, alpha, unit_noise) >= target_power:
             return n
     return MAX_REPEATS
 
@@ -344,12 +353,12 @@ def _values(runs: list[dict], metric: str) -> list[float]:
 
 
 def judge_level(runs_a: list[dict], runs_b: list[dict], metric: str = METRIC,
-                mde: float = MDE, alpha: float = ALPHA) -> dict[str, Any]:
+                mde: float = MDE, alpha: float = ALPHA, unit_noise: float = 0.0) -> dict[str, Any]:
     """One level's throughput comparison from its runs (dicts with `metric`, `errors`, `repeat`),
     before any family adjustment (verdict at `alpha` on the raw p)."""
     kept_a, drop_a = _drop_outliers(runs_a, metric)
     kept_b, drop_b = _drop_outliers(runs_b, metric)
-    c = compare([r[metric] for r in kept_a], [r[metric] for r in kept_b])
+    c = compare([r[metric] for r in kept_a], [r[metric] for r in kept_b], unit_noise=unit_noise)
     verdict, needed = verdict_for(c, c.p_value, mde, alpha)
     return {
         "n_a": c.n_a, "n_b": c.n_b,
@@ -374,13 +383,14 @@ def verdict_for(c: Comparison, p: float | None, mde: float = MDE, alpha: float =
     need_alpha = power_alpha if power_alpha is not None else alpha
     if p is None or c.p_value is None:
         sd = c.sd_log if c.sd_log else DEFAULT_NOISE
-        return "inconclusive", _recommended(float(f"{sd:.3g}"), mde, need_alpha, POWER)
+        return "inconclusive", _recommended(float(f"{sd:.3g}"), mde, need_alpha, POWER, c.unit_noise)
     if p < alpha:
         return ("better" if c.effect > 0 else "worse"), None
     bounds = (c.ci_low, c.ci_high) if equivalence_alpha >= EQUIVALENCE_MAX else c.interval(equivalence_alpha)
     if bounds is not None and bounds[0] > -mde and bounds[1] < mde:
         return "no detectable change", None
-    return "inconclusive", _recommended(float(f"{max(c.sd_log or 0.0, 1e-6):.3g}"), mde, need_alpha, POWER)
+    return "inconclusive", _recommended(float(f"{max(c.sd_log or 0.0, 1e-6):.3g}"), mde, need_alpha, POWER,
+                                        c.unit_noise)
 
 
 # ---------------------------------------------------------------- the family
@@ -430,12 +440,13 @@ def _looks_of(runs_a: list[dict], runs_b: list[dict], sequential: dict | None) -
 
 def judge(runs: list[dict], metric: str = METRIC, mde: float = MDE, alpha: float = ALPHA, *,
           invalid: dict[int, list[str]] | None = None, sequential: dict | None = None,
-          adjust: bool = True) -> dict[str, Any]:
+          adjust: bool = True, unit_noise: float = 0.0) -> dict[str, Any]:
     """The `judgement` of an evidence doc: per level, the guards, the family (see above).
 
     `invalid`: {level: reasons} from the validity gates (such levels are shown, not judged);
     `sequential`: the doc's `sequential` record (its `looks` taken and `max_repeats`), None for a
-    fixed design; `adjust=False`: the schema-1 judgement (per level, throughput only, no family).
+    fixed design; `adjust=False`: the schema-1 judgement (per level, throughput only, no family);
+    `unit_noise`: see compare (a canary's restart noise), in every comparison of the family.
     """
     invalid = invalid or {}
     a, b = _by_level(runs, "A"), _by_level(runs, "B")
@@ -456,14 +467,14 @@ def judge(runs: list[dict], metric: str = METRIC, mde: float = MDE, alpha: float
         last_share = 1.0
         for n, share in looks:
             last_share = share
-            entry = judge_level(_upto(ra, n), _upto(rb, n), metric, mde, alpha)
+            entry = judge_level(_upto(ra, n), _upto(rb, n), metric, mde, alpha, unit_noise)
             kept_a, kept_b = entry.pop("_kept")
             cmps = {metric: entry.pop("_cmp")}
             if adjust:
                 for guard in GUARDS:
                     ga, gb = _values(kept_a, guard), _values(kept_b, guard)
                     if len(ga) >= 2 and len(gb) >= 2:
-                        cmps[guard] = compare(ga, gb)
+                        cmps[guard] = compare(ga, gb, unit_noise=unit_noise)
             for name, c in cmps.items():
                 if c.p_value is not None and share > 0:
                     seq_p = min(1.0, c.p_value / share)
@@ -511,7 +522,8 @@ def judge(runs: list[dict], metric: str = METRIC, mde: float = MDE, alpha: float
     if not adjust:   # the schema-1 shape: no adjusted p
         return {"method": METHOD_UNADJUSTED, "alpha": alpha, "mde": mde,
                 "levels": [{k: v for k, v in lv.items() if k != "p_adjusted"} for lv in levels]}
-    return {"method": METHOD, "alpha": alpha, "mde": mde, "levels": levels, "guards": guard_rows,
+    return {"method": METHOD, "alpha": alpha, "mde": mde, **({"unit_noise": unit_noise} if unit_noise else {}),
+            "levels": levels, "guards": guard_rows,
             "family": {"method": "holm", "alpha": alpha, "size": size,
                        "weights": {"throughput": THROUGHPUT_SHARE if guards else 1.0,
                                    "guards": round(1 - THROUGHPUT_SHARE, 6) if guards else 0.0},

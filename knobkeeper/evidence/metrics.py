@@ -6,6 +6,13 @@ Per target (one worker service: host/service) and per window (t_start, t_end]:
 
     output_tokens_per_s  rate(sglang:generation_tokens_total[W])
     running              avg_over_time(sglang:num_running_reqs[W])
+    decoding             rate(sglang:inter_token_latency_seconds_sum[W]): the mean number of requests
+                         generating over the window. The engine adds each request's time between
+                         output batches to this sum as it streams, so its rate is the time integral of
+                         the requests in flight (Little's law), exact where a sampled gauge is not.
+    itl_ms               1000 x rate(..._sum[W]) / rate(..._count[W]): mean inter-token latency,
+                         token-weighted (1000 / itl_ms = tokens/s per generating request)
+    requests             increase(sglang:num_requests_total[W])           (finished requests)
     errors               increase(sglang:num_aborted_requests_total[W])   (0 when the engine has none)
     ttft_ms {p50,p99}    histogram_quantile(q, rate(sglang:time_to_first_token_seconds_bucket[W])) x 1000
     tpot_ms {p50,p99}    the same over sglang:request_time_per_output_token_seconds (sglang 0.5.23),
@@ -42,6 +49,8 @@ RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
 ABORTED = "sglang:num_aborted_requests_total"
 TTFT = "sglang:time_to_first_token_seconds"
+ITL = "sglang:inter_token_latency_seconds"
+REQUESTS = "sglang:num_requests_total"
 TPOT_NAMES = ("sglang:request_time_per_output_token_seconds", "sglang:time_per_output_token_seconds")
 QUANTILES = {"p50": 0.5, "p99": 0.99}
 LABEL = "kk_target"
@@ -68,10 +77,14 @@ class WindowStats:
     errors: int
     ttft_ms: dict[str, float] | None = None
     tpot_ms: dict[str, float] | None = None
+    decoding: float | None = None
+    itl_ms: float | None = None
+    requests: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "output_tokens_per_s": self.output_tokens_per_s,
-                "running": self.running, "errors": self.errors, "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms}
+                "running": self.running, "errors": self.errors, "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
+                "decoding": self.decoding, "itl_ms": self.itl_ms, "requests": self.requests}
 
 
 def queries(window_s: float) -> dict[str, str]:
@@ -82,6 +95,9 @@ def queries(window_s: float) -> dict[str, str]:
         "output_tokens_per_s": f"sum by ({LABEL}) (rate({TOKENS}[{w}]))",
         "running": f"sum by ({LABEL}) (avg_over_time({RUNNING}[{w}]))",
         "errors": f"sum by ({LABEL}) (increase({ABORTED}[{w}]))",
+        "requests": f"sum by ({LABEL}) (increase({REQUESTS}[{w}]))",
+        "decoding": f"sum by ({LABEL}) (rate({ITL}_sum[{w}]))",
+        "itl_ms": f"1000 * sum by ({LABEL}) (rate({ITL}_sum[{w}])) / sum by ({LABEL}) (rate({ITL}_count[{w}]))",
     }
     for key, q in QUANTILES.items():
         out[f"ttft_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) (rate({TTFT}_bucket[{w}])))"
@@ -97,7 +113,8 @@ def duration_text(seconds: float) -> str:
 # ---------------------------------------------------------------- parsing and the histogram quantile
 
 def parse(text: str) -> dict[str, Any]:
-    """One scrape as {"counters": {name: value}, "gauges": {name: value}, "buckets": {name: [(le, count)]}}.
+    """One scrape as {"counters": {name: value}, "gauges": {name: value}, "buckets": {name: [(le, count)]},
+    "sums": {histogram: sum}, "counts": {histogram: count}}.
 
     Series of one name are summed over their labels (one engine process: one model_name).
     """
@@ -106,6 +123,8 @@ def parse(text: str) -> dict[str, Any]:
     counters: dict[str, float] = {}
     gauges: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as exc:  # the parser raises ValueError and friends for any malformed line
@@ -120,8 +139,11 @@ def parse(text: str) -> dict[str, Any]:
                 le = float(s.labels["le"])
                 per = buckets.setdefault(s.name[: -len("_bucket")], {})
                 per[le] = per.get(le, 0.0) + s.value
+            elif fam.type == "histogram" and s.name in (f"{fam.name}_sum", f"{fam.name}_count"):
+                into = sums if s.name.endswith("_sum") else counts
+                into[fam.name] = into.get(fam.name, 0.0) + s.value
     return {"counters": counters, "gauges": gauges,
-            "buckets": {n: sorted(b.items()) for n, b in buckets.items()}}
+            "buckets": {n: sorted(b.items()) for n, b in buckets.items()}, "sums": sums, "counts": counts}
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
@@ -201,6 +223,7 @@ class ScrapeSource:
             self._stop.wait(max(0.0, self.scrape_interval - (time.monotonic() - began)))
 
     def start(self) -> None:
+        self._scrape_all()  # a sample at or before the first window's start
         self._thread = threading.Thread(target=self._loop, name="knobkeeper-scrape", daemon=True)
         self._thread.start()
 
@@ -228,8 +251,8 @@ class ScrapeSource:
         a, b = before[-1], upto[-1]
         dt = b.t - a.t
 
-        def increase(name: str) -> float | None:
-            va, vb = a.data["counters"].get(name), b.data["counters"].get(name)
+        def increase(name: str, kind: str = "counters") -> float | None:
+            va, vb = a.data.get(kind, {}).get(name), b.data.get(kind, {}).get(name)
             if va is None or vb is None:
                 return None
             return vb - va if vb >= va else vb  # a counter reset: the process restarted inside the window
@@ -237,6 +260,12 @@ class ScrapeSource:
         tokens = increase(TOKENS)
         stats.output_tokens_per_s = None if tokens is None else tokens / dt
         stats.errors = int(round(increase(ABORTED) or 0))
+        finished = increase(REQUESTS)
+        stats.requests = None if finished is None else int(round(finished))
+        itl_sum, itl_count = increase(ITL, "sums"), increase(ITL, "counts")
+        if itl_sum is not None and itl_count:
+            stats.decoding = itl_sum / dt
+            stats.itl_ms = 1000.0 * itl_sum / itl_count
 
         def quantiles(names: tuple[str, ...]) -> dict[str, float] | None:
             for name in names:
@@ -337,8 +366,11 @@ class PrometheusSource:
                     got = {k: val(f"{prefix}.{k}") for k in QUANTILES}
                     return got if all(v is not None for v in got.values()) else None
 
+                finished = val("requests")
                 rows.append(WindowStats(edges[i], end, val("output_tokens_per_s"), val("running"),
-                                        int(round(val("errors") or 0)), pair("ttft_ms"), pair("tpot_ms")))
+                                        int(round(val("errors") or 0)), pair("ttft_ms"), pair("tpot_ms"),
+                                        val("decoding"), val("itl_ms"),
+                                        None if finished is None else int(round(finished))))
             out[t.key] = rows
         return out
 

@@ -42,6 +42,11 @@ One JSON object:
                 (knobkeeper/evidence/validity.py: the gates; file-level notes such as duplicates)
     sequential  optional: {"rule": str, "max_repeats", "planned_looks", "spending",
                            "looks": [{"repeat", "open": [levels], "settled": {level: verdict}}]}
+    judge_options  optional: the judgement's parameters other than its defaults, e.g. a canary's
+                {"unit_noise": 0.02} (judge.compare: a restart offset its windows cannot average
+                out; the judgement then also carries "unit_noise") or {"alpha": 0.01}
+    canary      optional (source tool "knobkeeper canary"): hosts, calibration, windows, queries
+                (knobkeeper/evidence/canary.py)
     anomalies   [{"arm", "from_concurrency", "to_concurrency", "change", "p_value", "confidence"}]
                 throughput falling as concurrency rises, per arm
     source      {"tool": str, "raw_files": [relative paths], "format": str|null}
@@ -121,6 +126,14 @@ def validate(doc: Any) -> list[str]:
     if "sequential" in doc and not (isinstance(doc["sequential"], dict)
                                     and isinstance(doc["sequential"].get("looks"), list)):
         problems.append("sequential.looks: expected a list")
+    if "judge_options" in doc:
+        options = doc["judge_options"]
+        ranges = {"unit_noise": (0.0, True), "alpha": (0.0, False)}  # (lower bound, inclusive)
+        if not isinstance(options, dict) or set(options) - set(ranges) or not all(
+                isinstance(v, _NUM) and not isinstance(v, bool) and v < 1
+                and (v >= ranges[k][0] if ranges[k][1] else v > ranges[k][0]) for k, v in options.items()):
+            problems.append("judge_options: expected {\"unit_noise\": a log-sd from 0 to 1, "
+                            "\"alpha\": a probability between 0 and 1}")
     if not isinstance(doc.get("anomalies"), list):
         problems.append("anomalies: expected a list")
     source = doc.get("source")

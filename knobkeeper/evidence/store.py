@@ -39,12 +39,15 @@ def empty_setup() -> dict[str, Any]:
 def build_doc(*, knob: str, role: str, arms: dict[str, dict], runs: list[dict], setup: dict | None = None,
               source: dict | None = None, metric: str = METRIC, ident: str | None = None,
               created: str | None = None, extra: dict | None = None, notes: list[str] | None = None,
-              sequential: dict | None = None, keep_invalid: bool = False) -> dict[str, Any]:
+              sequential: dict | None = None, keep_invalid: bool = False,
+              judge_options: dict | None = None) -> dict[str, Any]:
     """A complete evidence doc: validity gates, judgement and anomalies computed from `runs`.
 
     `notes`: file-level validity notes (duplicates counted once, an unverified knob);
-    `sequential`: the stopping rule and looks of a sequential `ab run`. A doc without a valid
-    level is refused (UserError) unless `keep_invalid`.
+    `sequential`: the stopping rule and looks of a sequential `ab run`; `judge_options`: the
+    judgement's parameters other than its defaults (a canary's {"unit_noise", "alpha"}), kept in the
+    doc so that `verify` judges the runs the same way. A doc without a valid level is refused
+    (UserError) unless `keep_invalid`.
     """
     full_setup = empty_setup()
     for key, value in (setup or {}).items():
@@ -64,6 +67,7 @@ def build_doc(*, knob: str, role: str, arms: dict[str, dict], runs: list[dict], 
         "setup": full_setup,
         "runs": runs,
         **({"sequential": sequential} if sequential else {}),
+        **({"judge_options": dict(judge_options)} if judge_options else {}),
         "source": {"tool": "knobkeeper", "raw_files": [], "format": None, **(source or {})},
         **(extra or {}),
     }
@@ -86,7 +90,9 @@ def _judged(doc: dict, notes: list[str]) -> dict:
     valid_runs = [r for r in doc["runs"] if int(r["concurrency"]) not in invalid]
     out = {k: v for k, v in doc.items() if k not in ("judgement", "anomalies", "validity")}
     out["schema"] = SCHEMA
-    out["judgement"] = J.judge(doc["runs"], doc["metric"], invalid=invalid, sequential=doc.get("sequential"))
+    options = doc.get("judge_options") or {}
+    out["judgement"] = J.judge(doc["runs"], doc["metric"], alpha=float(options.get("alpha", J.ALPHA)), invalid=invalid,
+                               sequential=doc.get("sequential"), unit_noise=float(options.get("unit_noise") or 0.0))
     out["anomalies"] = J.anomalies(valid_runs, doc["metric"])
     out["validity"] = validity
     return out
