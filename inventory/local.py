@@ -58,11 +58,15 @@ _local = (
             "decode": ["--time-scale", "0.1"],
             # Workers are healthy before the router starts; retry registration quickly anyway, check
             # health every few seconds so that a restarted worker is noticed, keep shutdown short.
+            # No circuit breaker: with one prefill worker, the requests that fail while ONE decode
+            # worker restarts under load (a canary, an A/B arm) open the breaker of the prefill too,
+            # and the router answers 503 no_available_workers to everything for its 60 s timeout.
             "router": [
                 "--worker-startup-timeout-secs", "120",
                 "--worker-startup-check-interval", "1",
                 "--health-check-interval-secs", "5",
                 "--shutdown-grace-period-secs", "5",
+                "--disable-circuit-breaker",
                 "--log-level", "warn",
             ],
         },
