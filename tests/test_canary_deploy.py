@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -34,16 +35,12 @@ CANARY = "@local/knobkeeper-decode-2"
 PROGRAMS = ["knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-decode-2", "knobkeeper-router"]
 EFFECTS = f'[knobs.{FAULTY}.values."7"]\nfail_fraction = 0.3\n'
 # Appended to the copied inventory/local.py: decode steps of a few ms wall at the test's load (above
-# asyncio's timer resolution), a router that sees a restarted worker within a second and keeps no
-# circuit open after the failing canary is gone, and the sim effects table of the services.
+# asyncio's timer resolution; the shipped 0.1 makes the load generator, not the workers, the
+# bottleneck on 2 cores) and the sim effects table of the services. The router keeps the shipped
+# arguments: without their --disable-circuit-breaker, the requests failing while the canary worker
+# restarts open the prefill's breaker and the router serves nothing for 60 s ("no traffic").
 INVENTORY_TAIL = """
-_local[1]["engine_args"] = {
-    "prefill": ["--time-scale", "0.3"],
-    "decode": ["--time-scale", "0.3"],
-    "router": ["--worker-startup-timeout-secs", "60", "--worker-startup-check-interval", "1",
-               "--health-check-interval-secs", "1", "--shutdown-grace-period-secs", "2",
-               "--disable-circuit-breaker", "--log-level", "warn"],
-}
+_local[1]["engine_args"].update(prefill=["--time-scale", "0.3"], decode=["--time-scale", "0.3"])
 _local[1]["environment"] = {"KNOBKEEPER_SIM_EFFECTS": str(_ROOT / "sim-effects.toml")}
 _local[1]["stop_timeout"] = 10
 """
@@ -52,15 +49,17 @@ CONCURRENCY = 24
 
 
 def _free_pair() -> int:
-    """A free port whose successor is free too: decode and decode-2 take base and base+1."""
-    for _ in range(100):
-        port = free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
+    """A free port whose successor is free too (decode and decode-2 take base and base+1), below the
+    kernel's ephemeral range, so no outgoing connection on this busy machine takes base+1 meanwhile."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for base in random.Random().sample(range(20000, low - 1), 200):
+        try:
+            for port in (base, base + 1):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
     raise RuntimeError("no two consecutive free ports")
 
 
@@ -107,7 +106,8 @@ def stack():
     s = Stack(project, ports)
     try:
         result = run_deploy(project, "inventory/local.py", timeout=240)
-        assert result.ok, f"deploy failed: {result.error}\n{result.output[-4000:]}"
+        logs = {p.name: p.read_text()[-1500:] for p in (s.prefix / "supervisor" / "logs").glob("*.log")}
+        assert result.ok, f"deploy failed: {result.error}\n{result.output[-3000:]}\n{logs}"
         yield s
     finally:
         stopped = stop_local(s.prefix)
