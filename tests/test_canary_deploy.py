@@ -38,7 +38,8 @@ EFFECTS = f'[knobs.{FAULTY}.values."7"]\nfail_fraction = 0.3\n'
 # asyncio's timer resolution; the shipped 0.1 makes the load generator, not the workers, the
 # bottleneck on 2 cores) and the sim effects table of the services. The router keeps the shipped
 # arguments: without their --disable-circuit-breaker, the requests failing while the canary worker
-# restarts open the prefill's breaker and the router serves nothing for 60 s ("no traffic").
+# restarts open its breaker (on a busy machine the prefill's too) and the router sends it nothing
+# for 60 s: every window "no traffic" (seen).
 INVENTORY_TAIL = """
 _local[1]["engine_args"].update(prefill=["--time-scale", "0.3"], decode=["--time-scale", "0.3"])
 _local[1]["environment"] = {"KNOBKEEPER_SIM_EFFECTS": str(_ROOT / "sim-effects.toml")}
