@@ -213,6 +213,10 @@ def test_a_candidate_that_fails_requests_is_rolled_back_exit_1(stack, tmp_path):
     assert stack.launch_knobs("knobkeeper-decode-2") == declared
     assert stack.pids()["knobkeeper-decode"] == sibling
     assert stack.project.knobs_path.read_text() == knobs_before
+    subjects = git(stack.project.root, "log", "-3", "--format=%s %(trailers:key=Canary,valueonly,separator=)",
+                   "--", "changelog/deploys").splitlines()
+    assert subjects[:2] == [f"deploy local (canary rollback {FAULTY}=7): {CANARY} (ok) rollback",
+                            f"deploy local (canary candidate {FAULTY}=7): {CANARY} (ok) candidate"], subjects
     [row] = [r for r in store.list_all(stack.project) if r.get("knob") == FAULTY]
     doc = store.load(stack.project, row["id"])
     assert doc["canary"]["verdict"] == "worse" and doc["canary"]["rolled_back"]
