@@ -9,7 +9,6 @@ Teardown stops supervisord by its pidfile and checks that no process of the stac
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -35,13 +34,16 @@ CANARY = "@local/knobkeeper-decode-2"
 PROGRAMS = ["knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-decode-2", "knobkeeper-router"]
 EFFECTS = f'[knobs.{FAULTY}.values."7"]\nfail_fraction = 0.3\n'
 # Appended to the copied inventory/local.py: decode steps of a few ms wall at the test's load (above
-# asyncio's timer resolution; the shipped 0.1 makes the load generator, not the workers, the
-# bottleneck on 2 cores) and the sim effects table of the services. The router keeps the shipped
+# asyncio's timer resolution; at the shipped 0.1 the load generator, not the workers, is the
+# bottleneck on 2 cores), the A/B test's low run noise (the canary's known limit is host noise:
+# with the default sd 2% "better" held in 2 of 5 runs), fewer stream chunks (CPU), and the sim
+# effects table of the services. The router keeps the shipped
 # arguments: without their --disable-circuit-breaker, the requests failing while the canary worker
 # restarts open its breaker (on a busy machine the prefill's too) and the router sends it nothing
 # for 60 s: every window "no traffic" (seen).
 INVENTORY_TAIL = """
-_local[1]["engine_args"].update(prefill=["--time-scale", "0.3"], decode=["--time-scale", "0.3"])
+_fast = ["--time-scale", "0.3", "--run-noise", "0.005", "--stream-interval", "8"]
+_local[1]["engine_args"].update(prefill=_fast, decode=_fast)
 _local[1]["environment"] = {"KNOBKEEPER_SIM_EFFECTS": str(_ROOT / "sim-effects.toml")}
 _local[1]["stop_timeout"] = 10
 """
@@ -139,12 +141,11 @@ def test_two_decode_workers_deployed_each_gated_both_behind_the_router(stack):
 
 
 def test_canary_of_512_on_one_of_two_workers_of_a_host(stack, tmp_path):
-    """Only the second worker gets the candidate and restarts; whatever the verdict, the cleanup holds:
-    better + promote: knobs.toml holds 512 with an entry citing the evidence and a "promote" deploy;
-    otherwise the worker is back at the declared value and knobs.toml is as it was."""
+    """Only the second worker gets the candidate and restarts (its sibling keeps its PID); judged
+    "better" and promoted: knobs.toml holds 512 with an entry citing the evidence, then a "promote"
+    deploy brings the rest of the role to it."""
     from knobkeeper.evidence.canary import canary_command
 
-    knobs_before = stack.project.knobs_path.read_text()
     before = stack.pids()
     load = stack.load(tmp_path / "load.log")
     try:
@@ -152,7 +153,6 @@ def test_canary_of_512_on_one_of_two_workers_of_a_host(stack, tmp_path):
                              host_names=[CANARY], duration=16, interval=2, promote=True, scrape_interval=0.5)
     finally:
         stop(load)
-    print("canary verdict:", out.verdict, json.dumps(out.doc["judgement"]["levels"], default=str)[:400])
     records = stack.canary_records()
     candidate = records[0]
     assert candidate.result == "ok" and candidate.options["canary"]["phase"] == "candidate"
@@ -169,24 +169,19 @@ def test_canary_of_512_on_one_of_two_workers_of_a_host(stack, tmp_path):
     after = stack.pids()
     assert after["knobkeeper-prefill"] == before["knobkeeper-prefill"]
     assert after["knobkeeper-router"] == before["knobkeeper-router"]
-    if out.verdict == "better":
-        assert out.action == "promoted" and [r.options["canary"]["phase"] for r in records] == ["candidate", "promote"]
-        knobs = stack.project.knobs_path.read_text()
-        assert f"{KNOB} = 512" in knobs
-        shown = kk(stack.project, "log")
-        assert out.entry in shown.output and out.doc["id"] in shown.output, shown.output
-        promote = records[1]
-        assert promote.result == "ok" and promote.options["canary"]["phase"] == "promote"
-        assert promote.service("@local", "knobkeeper-decode").action == "restarted"
-        assert stack.launch_knobs("knobkeeper-decode") == {KNOB: "512"}
-        assert stack.launch_knobs("knobkeeper-decode-2") == {KNOB: "512"}
-        assert after["knobkeeper-decode"] != before["knobkeeper-decode"]
-    else:
-        assert out.action in ("put back", "rolled back")
-        assert [r.options["canary"]["phase"] for r in records] == ["candidate", "rollback"]
-        assert stack.project.knobs_path.read_text() == knobs_before
-        assert stack.launch_knobs("knobkeeper-decode-2") == {}
-        assert after["knobkeeper-decode"] == before["knobkeeper-decode"]
+    # With the run noise of an A/B-grade sim (run factor sd 0.5%) "better" held in every run (p <= 1e-4).
+    assert out.verdict == "better", out.doc["canary"]["windows"]
+    assert out.action == "promoted" and [r.options["canary"]["phase"] for r in records] == ["candidate", "promote"]
+    assert f"{KNOB} = 512" in stack.project.knobs_path.read_text()
+    shown = kk(stack.project, "log")
+    assert out.entry in shown.output and out.doc["id"] in shown.output, shown.output
+    promote = records[1]
+    assert promote.result == "ok" and promote.options["canary"]["phase"] == "promote"
+    assert promote.service("@local", "knobkeeper-decode").action == "restarted"
+    assert promote.service("@local", "knobkeeper-decode-2").action == "unchanged"  # it runs 512 already
+    assert stack.launch_knobs("knobkeeper-decode") == {KNOB: "512"}
+    assert stack.launch_knobs("knobkeeper-decode-2") == {KNOB: "512"}
+    assert after["knobkeeper-decode"] != before["knobkeeper-decode"]
 
 
 def test_a_candidate_that_fails_requests_is_rolled_back_exit_1(stack, tmp_path):
