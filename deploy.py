@@ -2,7 +2,9 @@
 
 --data restart=changed|co|none   what to restart (default changed: files changed or not running)
 --data only=ROLE                 upload and restart this role only (its downstream roles are still gated)
---data knob_overrides=JSON       {"ROLE": {"KNOB": value}} for this run only, never written to knobs.toml
+--data knob_overrides=JSON       {"ROLE": {"KNOB": value}} or {"HOST/SERVICE": {"KNOB": value}} (one service,
+                                 e.g. "@local/knobkeeper-decode-2") for this run only, never written to knobs.toml
+--data decode_workers=N          N decode services per decode host (any <role>_workers; knobkeeper/deploy/stack.py)
 --data record=false              do not commit the deploy record (it goes to .knobkeeper-state/deploys/)
 --data allow_dirty=true          deploy uncommitted changes to inventory/ or templates/ (recorded)
 --data batch=N                   restart a role's hosts N at a time, each batch gated (default: all at once)

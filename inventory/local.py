@@ -9,6 +9,13 @@ Ports (defaults: prefill 30000, its bootstrap 8998, decode 30001, router 30080, 
     KNOBKEEPER_LOCAL_PORTS=prefill=31000,bootstrap=9998,decode=31001,router=31080,router_metrics=30080
 (any subset; ':' works instead of '='), which every knobkeeper command reading this inventory sees,
 or per run with --data prefill_port=31000 (--data wins).
+
+Workers per role (default: one prefill, one decode; the canary demo runs two decode workers):
+    KNOBKEEPER_LOCAL_WORKERS=decode=2
+gives the services knobkeeper-decode and knobkeeper-decode-2 (ports decode and decode+1), both behind
+the router, health-gated. Set it in the environment of every command that reads this inventory
+(deploy, status, review, check, canary, make stop sees what supervisord runs), or per run with
+--data decode_workers=2 (the datum <role>_workers, knobkeeper/deploy/stack.py).
 """
 
 import os as _os
@@ -23,18 +30,18 @@ _PORT_KEYS = {
     "router": "router_port",
     "router_metrics": "router_metrics_port",
 }
+_WORKER_KEYS = {"prefill": "prefill_workers", "decode": "decode_workers"}
 
 
-def _ports(text):
-    ports = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+def _numbers(variable, keys, what):
+    """NAME=N,NAME=N (':' for '=') of environment `variable` to {keys[NAME]: N}."""
+    out = {}
+    for item in filter(None, (part.strip() for part in _os.environ.get(variable, "").split(","))):
         name, sep, value = item.replace(":", "=").partition("=")
-        if not sep or name not in _PORT_KEYS or not value.isdigit():
-            raise ValueError(
-                f"KNOBKEEPER_LOCAL_PORTS: {item!r}: expected NAME=PORT with NAME one of {', '.join(_PORT_KEYS)}"
-            )
-        ports[_PORT_KEYS[name]] = int(value)
-    return ports
+        if not sep or name not in keys or not value.isdigit():
+            raise ValueError(f"{variable}: {item!r}: expected NAME={what} with NAME one of {', '.join(keys)}")
+        out[keys[name]] = int(value)
+    return out
 
 
 _local = (
@@ -51,16 +58,21 @@ _local = (
             "decode": ["--time-scale", "0.1"],
             # Workers are healthy before the router starts; retry registration quickly anyway, check
             # health every few seconds so that a restarted worker is noticed, keep shutdown short.
+            # No circuit breaker: with one prefill worker, the requests that fail while ONE decode
+            # worker restarts under load (a canary, an A/B arm) open the breaker of the prefill too,
+            # and the router answers 503 no_available_workers to everything for its 60 s timeout.
             "router": [
                 "--worker-startup-timeout-secs", "120",
                 "--worker-startup-check-interval", "1",
                 "--health-check-interval-secs", "5",
                 "--shutdown-grace-period-secs", "5",
+                "--disable-circuit-breaker",
                 "--log-level", "warn",
             ],
         },
         "stop_timeout": 20,
-        **_ports(_os.environ.get("KNOBKEEPER_LOCAL_PORTS", "")),
+        **_numbers("KNOBKEEPER_LOCAL_PORTS", _PORT_KEYS, "PORT"),
+        **_numbers("KNOBKEEPER_LOCAL_WORKERS", _WORKER_KEYS, "COUNT"),
     },
 )
 

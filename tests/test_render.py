@@ -7,6 +7,7 @@ real: CI installs them (`make system-deps`).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -120,6 +121,62 @@ def test_local_ports_come_from_the_environment(project, monkeypatch):
     monkeypatch.setenv("KNOBKEEPER_LOCAL_PORTS", "decod=1")
     with pytest.raises(UserError, match="KNOBKEEPER_LOCAL_PORTS"):
         load_stack(project.root, LOCAL)
+
+
+def test_decode_workers_datum_makes_more_services_each_with_its_port_behind_the_router(project, monkeypatch):
+    """Issue 14 item 3: decode_workers=N (--data, or KNOBKEEPER_LOCAL_WORKERS for every command)
+    runs N decode services, named after the role's one, ports base+n, every one behind the router."""
+    one = load_stack(project.root, LOCAL)
+    assert [s.name for s in one.services] == ["knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router"]
+    monkeypatch.setenv("KNOBKEEPER_LOCAL_WORKERS", "decode=2")
+    for stack in (load_stack(project.root, LOCAL), load_stack(project.root, LOCAL, {"decode_workers": 2})):
+        decodes = [s for s in stack.services if s.role == "decode"]
+        assert [(s.name, s.port, s.index) for s in decodes] == [("knobkeeper-decode", 30001, 0),
+                                                                 ("knobkeeper-decode-2", 30002, 1)]
+        router = stack.command(stack.service("@local", "knobkeeper-router"))
+        assert [router[i + 1] for i, a in enumerate(router) if a == "--decode"] == [s.url for s in decodes]
+        assert stack.command(decodes[1])[stack.command(decodes[1]).index("--port") + 1] == "30002"
+    # --data wins over the environment; the default is the role's own service list
+    assert len(load_stack(project.root, LOCAL, {"decode_workers": 1}).hosts["@local"].role_services("decode")) == 1
+    monkeypatch.delenv("KNOBKEEPER_LOCAL_WORKERS")
+    for bad, needle in ((0, "data decode_workers = 0: expected a whole number of at least 1"),
+                        ("two", "data decode_workers = 'two'"), (True, "data decode_workers = True")):
+        with pytest.raises(UserError, match=re.escape(needle)):
+            load_stack(project.root, LOCAL, {"decode_workers": bad})
+    # a second prefill worker would take the decode port: refused, naming both
+    with pytest.raises(UserError, match="port 30001 on 127.0.0.1: used by both @local/knobkeeper-prefill-2 and "
+                                        "@local/knobkeeper-decode"):
+        load_stack(project.root, LOCAL, {"prefill_workers": 2})
+    monkeypatch.setenv("KNOBKEEPER_LOCAL_WORKERS", "decode=x")
+    with pytest.raises(UserError, match="KNOBKEEPER_LOCAL_WORKERS: 'decode=x': expected NAME=COUNT"):
+        load_stack(project.root, LOCAL)
+
+
+def test_a_service_keyed_override_renders_that_service_only(project, catalog):
+    """Issue 14: {"HOST/SERVICE": {KNOB: value}} changes one worker's launch script (a canary on a
+    host that also runs baseline workers); its sibling renders byte for byte as without it."""
+    data = {"decode_workers": 2}
+    knob = "SGLANG_SM120_MMA_TARGET_CTAS"
+    _, plain = _rendered(project, LOCAL, data)
+    _, canary = _rendered(project, LOCAL, data, {"@local/knobkeeper-decode-2": {knob: "256"}})
+    second = canary[("@local", "knobkeeper-decode-2")]
+    assert second.knobs == {knob: "256"} and f"# knob {knob}: {OVERRIDE}" in second.launch
+    assert second.digest != plain[("@local", "knobkeeper-decode-2")].digest
+    for key in (("@local", "knobkeeper-decode"), ("@local", "knobkeeper-prefill"), ("@local", "knobkeeper-router")):
+        assert canary[key].files == plain[key].files and canary[key].digest == plain[key].digest
+    # a service's override wins over its role's
+    _, both = _rendered(project, LOCAL, data, {"decode": {knob: 128}, "@local/knobkeeper-decode-2": {knob: 512}})
+    assert both[("@local", "knobkeeper-decode")].knobs == {knob: "128"}
+    assert both[("@local", "knobkeeper-decode-2")].knobs == {knob: "512"}
+    services = {"@local/knobkeeper-decode": "decode", "@local/knobkeeper-prefill": "prefill"}
+    with pytest.raises(UserError, match=re.escape("knob_overrides: '@local/knobkeeper-decode-9' is not a service of "
+                                                  "this inventory (services: @local/knobkeeper-decode, "
+                                                  "@local/knobkeeper-prefill)")):
+        normalize_overrides(catalog, {"@local/knobkeeper-decode-9": {knob: 512}}, ["decode"], services)
+    with pytest.raises(UserError, match="does not apply to role 'prefill'"):
+        normalize_overrides(catalog, {"@local/knobkeeper-prefill": {knob: 512}}, ["prefill", "decode"], services)
+    with pytest.raises(UserError, match="expected an integer"):
+        normalize_overrides(catalog, {"@local/knobkeeper-decode": {knob: "many"}}, ["decode"], services)
 
 
 # --- render ------------------------------------------------------------------------------------------

@@ -596,6 +596,7 @@ def test_faults(faulty):
     fc = faulty["failcrash"].wait()
     fails = [post(fc.url + "/generate", body) for _ in range(2)]
     assert [st for st, _ in fails] == [500, 500] and "--fail-requests" in fails[0][1]["error"]["message"]
+    assert sample(scrape(fc.url), "sglang:num_aborted_requests_total") == 2  # the engine counts what it failed
     # slow start: 503 "loading" first, then healthy
     sh = faulty["slowhang"]
     st, h = get(sh.url + "/health") if _up(sh) else (None, None)
@@ -627,3 +628,49 @@ def _up(p: Proc, timeout: float = 20) -> bool:
         except OSError:
             time.sleep(0.05)
     raise AssertionError(f"{p.name} never listened")
+
+
+FAILING = ('[knobs.KNOBKEEPER_SPLITKV_TARGET_CTAS.values."7"]\nfail_fraction = 0.3\n'
+           '[knobs.KNOBKEEPER_SPLITKV_TARGET_CTAS.values."9"]\nfail_fraction = 0.5\ndecode_step = 0.9\n')
+
+
+def test_fail_fraction_is_data_checked_and_combined(tmp_path):
+    extra = tmp_path / "failing.toml"
+    extra.write_text(FAILING + '[knobs.NCCL_ALGO.values.ring]\nfail_fraction = 0.5\n')
+    table = M.load_effects([extra])
+    assert M.PerfModel(table, {"KNOBKEEPER_SPLITKV_TARGET_CTAS": "7"}).fail_fraction == pytest.approx(0.3)
+    both = M.PerfModel(table, {KNOB: "512", "KNOBKEEPER_SPLITKV_TARGET_CTAS": "9", "NCCL_ALGO": "ring"})
+    assert both.fail_fraction == pytest.approx(0.75) and both.decode_step_ms(10) == pytest.approx(8.0 * 0.9)
+    assert M.PerfModel(table, {"KNOBKEEPER_SPLITKV_TARGET_CTAS": "8"}).fail_fraction == 0.0
+    assert M.PerfModel(M.load_effects(), {KNOB: "512"}).fail_fraction == 0.0
+    for bad in ("1.5", "-0.1", "true", '"half"'):
+        extra.write_text(f'[knobs.NCCL_ALGO.other]\nfail_fraction = {bad}\n')
+        with pytest.raises(M.EffectsError, match=r"\[knobs.NCCL_ALGO\].other.fail_fraction: expected a number from 0 to 1"):
+            M.load_effects([extra])
+
+
+def test_a_knob_value_that_fails_requests_is_deterministic_and_counted_as_aborted(tmp_path):
+    """Issue 14: a knob case with fail_fraction fails that fraction of generation requests, the same
+    ones for the same --seed, each counted in sglang:num_aborted_requests_total (what a canary reads)."""
+    effects = tmp_path / "failing.toml"
+    effects.write_text(FAILING)
+    env = {"KNOBKEEPER_SPLITKV_TARGET_CTAS": "7", "KNOBKEEPER_SIM_EFFECTS": str(effects)}
+    procs = [sim(tmp_path, f"failing{i}", "decode", "--time-scale", "0.05", "--seed", "11", env=env) for i in (1, 2)]
+    try:
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+        outcomes = []
+        for p in procs:
+            p.wait()
+            outcomes.append([post(p.url + "/generate", body)[0] for _ in range(40)])
+        assert outcomes[0] == outcomes[1], outcomes  # same seed, same failed requests
+        failed = outcomes[0].count(500)
+        assert set(outcomes[0]) == {200, 500} and 0 < failed < 40
+        families = scrape(procs[0].url)
+        assert sample(families, "sglang:num_aborted_requests_total") == failed
+        assert sample(families, "sglang:num_requests_total", is_streaming="false") == 40 - failed
+        st, info = get(procs[0].url + "/get_server_info")
+        assert info["sim"]["faults"]["fail_fraction"] == pytest.approx(0.3)
+        assert info["stats"]["requests"]["injected_failure"] == failed
+    finally:
+        for p in procs:
+            p.stop()

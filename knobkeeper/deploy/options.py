@@ -5,7 +5,8 @@
     only            one role to upload and restart; the others must already be up
     batch           hosts of a role restarted (and gated) at a time; None: the whole role
     rollback        a failed gate puts the service's previous files back and restarts it
-    knob_overrides  {"ROLE": {"KNOB": value}} or {"KNOB": value} for this run only
+    knob_overrides  {"ROLE": {"KNOB": value}}, {"HOST/SERVICE": {"KNOB": value}} (that service only:
+                    a canary worker) or {"KNOB": value}, for this run only (render.normalize_overrides)
     record          commit the deploy record (False: it goes to .knobkeeper-state/deploys/)
     allow_dirty     deploy uncommitted changes to inventory/ or templates/ (recorded)
     deploy_id       the record's id (the API picks one so it can find the record)

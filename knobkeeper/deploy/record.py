@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from knobkeeper import fmt
 from knobkeeper.changelog.store import Message, atomic_write, commit_change
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, parse_time
@@ -165,13 +166,18 @@ def record_path(project: Project, record: DeployRecord, committed: bool) -> Path
 def message(record: DeployRecord) -> Message:
     acted = [r.key for r in record.services if r.acted]
     what = ", ".join(acted) if acted else "nothing restarted"
-    summary = f"deploy {record.inventory}: {what} ({record.result})"
+    canary = (record.options or {}).get("canary") or {}
+    # A canary's deploys say which phase they are, so `git log` reads candidate -> rollback/promote.
+    phase = (f" (canary {canary['phase']} {canary.get('knob')}={fmt.value(canary.get('value'))})"
+             if canary.get("phase") else "")
+    summary = f"deploy {record.inventory}{phase}: {what} ({record.result})"
     body = f"Deploy {record.id} of {record.inventory_path} at {record.commit}"
     if record.dirty:
         body += " with uncommitted changes (allow_dirty=true)"
     if record.error:
         body += f"\n\n{record.error}"
     trailers = [("Deploy", record.id), ("Inventory", record.inventory), ("Result", record.result)]
+    trailers += [("Canary", str(canary["phase"]))] if phase else []
     trailers += [("Restarted" if r.action == "restarted" else "Started", r.key) for r in record.services if r.acted]
     return Message(summary=summary, body=body, trailers=trailers)
 

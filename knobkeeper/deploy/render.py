@@ -251,39 +251,64 @@ def dirty_paths(root: Path, paths: tuple[str, ...] = ("inventory", "templates"))
     return gitio.dirty_paths(root, paths)
 
 
-def normalize_overrides(catalog: Catalog, overrides: Mapping[str, Any] | None, roles: list[str]) -> dict[str, dict[str, Value | None]]:
-    """knob_overrides to {role: {knob: value or None (unset)}}.
+def normalize_overrides(catalog: Catalog, overrides: Mapping[str, Any] | None, roles: list[str],
+                        services: Mapping[str, str] | None = None) -> dict[str, dict[str, Value | None]]:
+    """knob_overrides to {role or service key: {knob: value or None (unset)}}.
 
-    Accepts {role: {KNOB: value}} or flat {KNOB: value} (applied to every role of the inventory the
-    knob applies to). Values are checked against the catalog; secrets cannot be overridden.
+    Accepts {role: {KNOB: value}}, {"HOST/SERVICE": {KNOB: value}} (one service only, e.g. the
+    canary's "@local/knobkeeper-decode-2"; `services` maps each service key of the inventory to its
+    role) in any mix, or flat {KNOB: value} (applied to every role of the inventory the knob applies
+    to). A service's override wins over its role's. Values are checked against the catalog (for the
+    service's role); secrets cannot be overridden.
     """
     if not overrides:
         return {}
     if not isinstance(overrides, Mapping):
-        raise UserError("knob_overrides: expected a JSON object, {\"ROLE\": {\"KNOB\": value}} or {\"KNOB\": value}")
+        raise UserError("knob_overrides: expected a JSON object, {\"ROLE\": {\"KNOB\": value}}, "
+                        "{\"HOST/SERVICE\": {\"KNOB\": value}} or {\"KNOB\": value}")
+    services = dict(services or {})
     out: dict[str, dict[str, Value | None]] = {}
     nested = all(isinstance(v, Mapping) for v in overrides.values())
-    items: list[tuple[str, str, Any]] = []
+    items: list[tuple[str, str, str, Any]] = []  # (key of the result, role, knob, value)
     if nested:
-        for role, table in overrides.items():
-            if role not in roles:
-                raise UserError(f"knob_overrides: {role!r} is not a role of this inventory (roles: {', '.join(roles)})")
-            items += [(role, name, value) for name, value in table.items()]
+        for key, table in overrides.items():
+            if key in roles:
+                role = key
+            elif key in services:
+                role = services[key]
+            elif "/" in key:
+                raise UserError(f"knob_overrides: {key!r} is not a service of this inventory (services: "
+                                f"{', '.join(services) or 'none'})")
+            else:
+                raise UserError(f"knob_overrides: {key!r} is not a role of this inventory (roles: {', '.join(roles)}; "
+                                f"or a service key HOST/SERVICE)")
+            items += [(key, role, name, value) for name, value in table.items()]
     else:
         for name, value in overrides.items():
             knob = catalog.get(name)
             hit = [r for r in roles if r in knob.roles]
             if not hit:
                 raise UserError(f"knob_overrides: {name} applies to {', '.join(knob.roles)}, none of them in this inventory")
-            items += [(r, name, value) for r in hit]
-    for role, name, value in items:
+            items += [(r, r, name, value) for r in hit]
+    for key, role, name, value in items:
         knob = catalog.for_role(name, role)
         if knob.secret:
             raise UserError(f"knob_overrides: {name} is a secret knob; secrets cannot be overridden for a run")
         if value is not None:
             value = knob.parse(value) if isinstance(value, str) and knob.type not in ("string", "enum") else knob.check(value)
-        out.setdefault(role, {})[name] = value
+        out.setdefault(key, {})[name] = value
     return out
+
+
+def _apply_overrides(values: dict[str, Value], provenance: dict[str, str],
+                     overrides: Mapping[str, Value | None]) -> None:
+    for name, value in overrides.items():
+        if value is None:
+            values.pop(name, None)
+            provenance.pop(name, None)
+        else:
+            values[name] = value
+            provenance[name] = OVERRIDE
 
 
 def render_stack(
@@ -303,7 +328,8 @@ def render_stack(
     catalog = load_catalog(project.catalog_path)
     declared = read_declared(project.knobs_path, catalog)
     latest = latest_by_knob(load_entries(project))
-    overrides = normalize_overrides(catalog, knob_overrides, list(stack.roles))
+    overrides = normalize_overrides(catalog, knob_overrides, list(stack.roles),
+                                    {svc.key: svc.role for svc in stack.services})
     source = source or source_of(project.root)
     out: dict[tuple[str, str], RenderedService] = {}
     for role in stack.order:
@@ -314,13 +340,7 @@ def render_stack(
             provenance[name] = (
                 f"entry {entry.id} ({entry.action} {entry.time} by {entry.author})" if entry else "declared, no changelog entry"
             )
-        for name, value in overrides.get(role, {}).items():
-            if value is None:
-                values.pop(name, None)
-                provenance.pop(name, None)
-            else:
-                values[name] = value
-                provenance[name] = OVERRIDE
+        _apply_overrides(values, provenance, overrides.get(role, {}))
         if check_secrets:
             for name, value in values.items():
                 problem = secret_mismatch(project, role, name, value) if catalog.get(name).secret else None
@@ -329,8 +349,10 @@ def render_stack(
         for plan in stack.hosts.values():
             env = plan.data.get("environment") or {}
             for svc in plan.role_services(role):
+                svc_values, svc_provenance = dict(values), dict(provenance)
+                _apply_overrides(svc_values, svc_provenance, overrides.get(svc.key, {}))
                 out[(svc.host, svc.name)] = render_service(
-                    svc, stack.command(svc), knobs=values, catalog=catalog, provenance=provenance,
+                    svc, stack.command(svc), knobs=svc_values, catalog=catalog, provenance=svc_provenance,
                     source=source, templates_dir=project.templates_dir, environment=env,
                 )
     return out

@@ -13,6 +13,9 @@ Data keys (host data > group data > group_data/all.py; `--data` wins over all):
     listen_host       address services bind (default 0.0.0.0)
     advertise_host    address other hosts use to reach this one (default: ssh_hostname or host name)
     <role>_port       port of the role's first service (the n-th service of a role on a host: +n)
+    <role>_workers    how many services of the role this host runs (default: the role's `services`);
+                      more than the role names get the first name with -2, -3, ... appended
+                      (decode_workers = 2: knobkeeper-decode, knobkeeper-decode-2 on ports base, base+1)
     prefill_bootstrap_port, router_metrics_port
     served_model_name, model, transfer_backend, tp_size, router_policy
     sglang_version, sglang_router_version   the engine pinned in the venv (engine_packages overrides;
@@ -103,7 +106,7 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
             raise UserError(f"host {name}: role {role_name!r} runs engine {engine!r}, which needs the role to be "
                             f"prefill or decode (its --disaggregation-mode)")
         base = _int(name, f"{role_name}_port", data.get(f"{role_name}_port"))
-        for index, svc in enumerate(role.services):
+        for index, svc in enumerate(service_names(role, data, where)):
             bootstrap = metrics = None
             if role_name == "prefill":
                 bootstrap = _int(name, "prefill_bootstrap_port", data.get("prefill_bootstrap_port")) + index
@@ -120,6 +123,22 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
                 unit_dir=str(_get(data, "systemd_unit_dir", "/etc/systemd/system")),
             ))
     return plan
+
+
+def service_names(role: Role, data: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """The role's services on one host: the role's own list, extended to `<role>_workers` of them
+    (the first name with -2, -3, ... appended), so a worker count never restates a service name."""
+    key = f"{role.name}_workers"
+    count = data.get(key)
+    if count is None:
+        return role.services
+    if isinstance(count, str) and count.isdigit():
+        count = int(count)
+    if isinstance(count, bool) or not isinstance(count, int) or count < len(role.services):
+        raise UserError(f"{where}: data {key} = {count!r}: expected a whole number of at least "
+                        f"{len(role.services)} (role_{role.name} names {', '.join(role.services)})")
+    first = role.services[0]
+    return role.services + tuple(f"{first}-{n}" for n in range(len(role.services) + 1, count + 1))
 
 
 def stack_from_inventory(inventory: Any, name: str) -> Stack:

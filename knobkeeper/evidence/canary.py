@@ -576,18 +576,17 @@ def deploy_switch(project, inventory: str, plan: Plan) -> tuple[Apply, Callable[
     """(apply, restore, promote_rest) backed by the real deploy (knobkeeper.deploy.api.run_deploy).
 
     apply: the role only, the canary hosts only (pyinfra --limit), the candidate as a knob override
-    (never in knobs.toml), recorded as a deploy with options.canary = {"phase": "candidate", ...};
-    restore: the same hosts back to the declared state (phase "rollback"); promote_rest: the whole
+    keyed by service ("HOST/SERVICE", the targets' keys), so only the canary workers' launch scripts
+    change and only they restart, also on a host that runs baseline workers too (never in
+    knobs.toml); recorded as a deploy with options.canary = {"phase": "candidate", ...};
+    restore: the same workers back to the declared state (phase "rollback"); promote_rest: the whole
     role at the declared state (after the `set`), phase "promote". Every gate holds as usual.
     """
     from knobkeeper.deploy.api import run_deploy
 
     hosts = sorted({t.host for t in plan.canary})
-    shared = sorted({t.host for t in plan.baseline} & set(hosts))
-    if shared:
-        raise UserError(f"--host {shared[0]}: runs both canary and baseline {plan.role} workers; the deploy "
-                        f"overrides knobs per host, so pick whole hosts (or give each worker its own host)")
-    tag = {"knob": plan.knob, "value": plan.value, "hosts": hosts}
+    services = [t.key for t in plan.canary]
+    tag = {"knob": plan.knob, "value": plan.value, "hosts": hosts, "services": services}
 
     def deploy(phase: str, overrides: dict | None, limit: list[str] | None) -> None:
         result = run_deploy(project, inventory, only=plan.role, knob_overrides=overrides, limit=limit,
@@ -596,7 +595,7 @@ def deploy_switch(project, inventory: str, plan: Plan) -> tuple[Apply, Callable[
             raise UserError(f"canary: {phase} deploy of {inventory} failed: {result.error}")
 
     def apply(targets: list[Target], knobs: dict) -> None:
-        deploy("candidate", {plan.role: dict(knobs)}, hosts)
+        deploy("candidate", {t.key: dict(knobs) for t in targets}, sorted({t.host for t in targets}))
 
     def restore() -> None:
         deploy("rollback", None, hosts)

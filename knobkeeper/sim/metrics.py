@@ -8,7 +8,8 @@ Names and bucket layouts are those of sglang 0.5.23 (sglang/srt/observability/me
                 sglang:request_time_per_output_token_seconds
       histogram sglang:inter_token_latency_seconds (labels model_name, engine_type), one observation
                 per output token after the first
-      counter   sglang:num_aborted_requests_total (labels model_name, engine_type)
+      counter   sglang:num_aborted_requests_total (labels model_name, engine_type): the sim counts a
+                request whose client went away and every failed one (fault injection, faults.py)
     scheduler side, set when scraped (labels model_name, engine_type, tp_rank, pp_rank, moe_ep_rank)
       gauge     sglang:num_running_reqs, sglang:num_queue_reqs, sglang:num_used_tokens,
                 sglang:gen_throughput, sglang:cache_hit_rate (0: the sim has no prefix cache)

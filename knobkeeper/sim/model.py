@@ -56,6 +56,8 @@ MODEL_KEYS = (
     "kv_transfer_base_ms", "kv_transfer_per_token_ms",
 )
 EFFECT_KEYS = ("decode_step", "prefill_step")
+#: Not a multiplier: the fraction of generation requests the engine fails (fault injection by value).
+FAULT_KEYS = ("fail_fraction",)
 
 
 class EffectsError(ValueError):
@@ -106,15 +108,20 @@ ONE = Curve(1.0)
 class Effect:
     decode_step: Curve = ONE
     prefill_step: Curve = ONE
+    fail_fraction: float = 0.0
 
     @classmethod
     def parse(cls, data, where: str) -> "Effect":
         if not isinstance(data, dict):
             raise EffectsError(f"{where}: expected a table, got {data!r}")
-        extra = set(data) - set(EFFECT_KEYS) - {"doc"}
+        extra = set(data) - set(EFFECT_KEYS) - set(FAULT_KEYS) - {"doc"}
         if extra:
-            raise EffectsError(f"{where}: unknown key(s) {sorted(extra)}; accepted: {list(EFFECT_KEYS)}")
-        return cls(**{k: Curve(data[k], f"{where}.{k}") for k in EFFECT_KEYS if k in data})
+            raise EffectsError(f"{where}: unknown key(s) {sorted(extra)}; accepted: {list(EFFECT_KEYS + FAULT_KEYS)}")
+        fail = data.get("fail_fraction", 0.0)
+        if isinstance(fail, bool) or not isinstance(fail, (int, float)) or not 0.0 <= fail <= 1.0:
+            raise EffectsError(f"{where}.fail_fraction: expected a number from 0 to 1, got {fail!r}")
+        return cls(**{k: Curve(data[k], f"{where}.{k}") for k in EFFECT_KEYS if k in data},
+                   fail_fraction=float(fail))
 
 
 @dataclass(frozen=True)
@@ -238,6 +245,7 @@ class PerfModel:
         self.active: list[tuple[str, str | None, str]] = []  # (knob, value, case)
         dec: list[Curve] = []
         pre: list[Curve] = []
+        served = 1.0  # the fraction of generation requests no active case fails
         for name, ke in sorted(table.knobs.items()):
             value = self.knobs.get(name)
             case, eff = ke.case(value)
@@ -247,6 +255,9 @@ class PerfModel:
                     dec.append(eff.decode_step)
                 if eff.prefill_step is not ONE:
                     pre.append(eff.prefill_step)
+                served *= 1.0 - eff.fail_fraction
+        #: The fraction of generation requests the knob values make fail (faults.Faults draws them).
+        self.fail_fraction = 1.0 - served
         self._dec = tuple(dec)
         self._pre = tuple(pre)
 

@@ -75,7 +75,7 @@ class SimServer:
         self.run_factor = min(1.2, max(0.8, self.rng.gauss(1.0, noise))) if noise else 1.0
         self.waiting_timeout = _env_float(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0)
         self.started_at = time.time()
-        self.faults = Faults(cfg, self.started_at)
+        self.faults = Faults(cfg, self.started_at, self.model.fail_fraction)
         self.engine: Engine | None = None
         self.bootstrap = Bootstrap(ttl_s=max(600.0, 2 * self.waiting_timeout)) if cfg.role == "prefill" else None
         self.rooms = RoomLog(cfg.role)
@@ -199,6 +199,7 @@ class SimServer:
         fault = self.faults.gate()
         if fault == "fail":
             self.counts["injected_failure"] += 1
+            self.metrics.aborted_one()  # as the engine counts a request it failed
             return error_response(500, self.faults.failure_message(), "InternalServerError")
         if fault == "hang":
             self.counts["hung"] += 1
