@@ -18,7 +18,7 @@ from knobkeeper.errors import UserError
 from knobkeeper.evidence import canary as C
 from knobkeeper.evidence import metrics as M
 from knobkeeper.evidence import store
-from tests.infra import kk, make_infra_repo
+from tests.infra import git, kk, make_infra_repo
 from tests.procs import free_port, start, stop, wait_http
 from tests.prometheus import Prometheus
 
@@ -457,6 +457,9 @@ def test_failing_candidate_is_rolled_back_with_evidence(tmp_path):
     doc = store.load(project, out.doc["id"])
     assert doc["canary"]["rolled_back"] and doc["canary"]["errors"]["failed"]
     assert doc["canary"]["failed_guards"][0].startswith("errors 400 of 1200 requests on the canary")
+    subject = git(project.root, "log", "-1", "--format=%s")
+    assert subject.endswith("; canary worse: errors 400 of 1200 requests on the canary vs 0 of 1600 requests on the "
+                            "baseline, rolled back)"), subject
     assert (project.root / "inventory" / "knobs.toml").read_text() == before
 
 

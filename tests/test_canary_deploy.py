@@ -47,7 +47,7 @@ _local[1]["engine_args"].update(prefill=_fast, decode=_fast)
 _local[1]["environment"] = {"KNOBKEEPER_SIM_EFFECTS": str(_ROOT / "sim-effects.toml")}
 _local[1]["stop_timeout"] = 10
 """
-LOAD_S = 60  # longer than any canary below (settle + duration + its deploys); stopped by PID after it
+LOAD_S = 100  # longer than any canary below (calibration + deploy + settle + duration + deploys); stopped by PID after it
 CONCURRENCY = 24
 
 

@@ -16,8 +16,9 @@ from knobkeeper.errors import UserError
 @click.option("--restart", type=click.Choice(RESTART_MODES), default="changed", show_default=True,
               help="changed: services whose files changed or that are down; co: all, in order; none: upload only.")
 @click.option("--only", default=None, metavar="ROLE", help="Upload and restart this role only.")
-@click.option("--override", "overrides", multiple=True, metavar="ROLE:KNOB=VALUE",
-              help="A knob value for this run only, never written to knobs.toml (repeatable).")
+@click.option("--override", "overrides", multiple=True, metavar="WHERE:KNOB=VALUE",
+              help="A knob value for this run only, never written to knobs.toml (repeatable); WHERE is a "
+                   "role (decode) or one service (HOST/SERVICE, e.g. @local/knobkeeper-decode-2).")
 @click.option("--batch", type=click.IntRange(min=1), default=None, metavar="N",
               help="Rolling restart: N hosts of a role at a time, each batch gated (default: the whole role).")
 @click.option("--rollback", is_flag=True,
@@ -39,7 +40,7 @@ def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[
         role, sep, rest = item.partition(":")
         name, eq, value = rest.partition("=")
         if not sep or not eq or not role or not name:
-            raise UserError(f"--override {item!r}: expected ROLE:KNOB=VALUE")
+            raise UserError(f"--override {item!r}: expected ROLE:KNOB=VALUE or HOST/SERVICE:KNOB=VALUE")
         table.setdefault(role, {})[name] = value
     options = DeployOptions(restart=restart, only=only, batch=batch, rollback=rollback, knob_overrides=table or None,
                             record=not no_record, allow_dirty=allow_dirty)

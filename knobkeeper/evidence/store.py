@@ -199,6 +199,10 @@ def commit_summary(doc: dict) -> str:
     if regressions:
         what += ", but " + ", ".join(f"{_guard_label(g)} {fmt.pct(g['effect'], 0)} @{g['concurrency']}"
                                      for g in regressions)
+    canary = doc.get("canary") or {}
+    if canary.get("verdict") == "worse":   # the errors test is the canary's, outside the judgement
+        errors = [f.split(" (p ")[0] for f in canary.get("failed_guards") or [] if f.startswith("errors")]
+        what += f"; canary worse{': ' + errors[0] if errors else ''}{', rolled back' if canary.get('rolled_back') else ''}"
     return f"evidence: {doc['knob']}={fmt.value(cand)} on {doc['role']} ({what})"
 
 
