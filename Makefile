@@ -27,7 +27,7 @@ test-under-load: system-deps $(STAMP)
 	bash scripts/test-under-load.sh
 
 demo: $(STAMP)
-	$(PY) -m knobkeeper.demo
+	$(PY) -m knobkeeper.demo $(if $(PROMETHEUS),--prometheus)
 
 stop: $(STAMP)
 	$(PY) -m knobkeeper.demo --stop

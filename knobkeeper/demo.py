@@ -1,6 +1,9 @@
 """`make demo`: deploy the local stack of this repo (inventory/local.py), send a chat completion
-through the real sglang-router with the openai client, print `knobkeeper status`, say how to stop.
-`make stop` (`python -m knobkeeper.demo --stop`) stops the stack's supervisord and its programs.
+through the real router with the openai client, print `knobkeeper status`, say how to stop.
+`make demo PROMETHEUS=1` (`--prometheus`) also starts a real Prometheus on 127.0.0.1:9090 scraping
+every engine and the router (the scrape config `knobkeeper canary --print-scrape-config` renders),
+queries it, and shows the canary command that reads it. `make stop` (`--stop`) stops the stack's
+supervisord, its programs and that Prometheus.
 """
 
 from __future__ import annotations
@@ -20,15 +23,45 @@ def _stack(project):
 
 
 def stop(project) -> int:
-    from knobkeeper.deploy.local import stop_local
+    from knobkeeper.deploy.local import stop_local, stop_prometheus
 
     prefix = _stack(project).hosts["@local"].prefix
     pids = stop_local(prefix)
     print(f"stopped the local stack (pids {', '.join(map(str, pids))})" if pids else "the local stack is not running")
+    prometheus = stop_prometheus(prefix)
+    if prometheus:
+        print(f"stopped its Prometheus (pid {prometheus})")
     return 0
 
 
-def demo(project) -> int:
+def prometheus(project, stack) -> None:
+    """Start (or reload) the Prometheus beside the local stack, wait until it has scraped every
+    target, and print what it holds of the engines' token counters."""
+    import json
+    import urllib.request
+
+    from knobkeeper.deploy.local import start_prometheus
+    from knobkeeper.evidence.metrics import LABEL, TOKENS, PrometheusSource, scrape_config, targets_of
+
+    pid, url = start_prometheus(stack.hosts["@local"].prefix, scrape_config(stack, 1.0))
+    targets = targets_of(stack)
+    deadline = time.monotonic() + 60
+    up: list = []
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/api/v1/targets", timeout=5) as resp:
+            up = [t for t in json.loads(resp.read())["data"]["activeTargets"] if t["health"] == "up"]
+        if len(up) >= len(targets) + 1:   # every engine and the router's metrics port
+            break
+        time.sleep(0.5)
+    print(f"
+Prometheus {url} (pid {pid}) scrapes {len(up)} targets; its PromQL, per engine:")
+    for row in sorted(PrometheusSource(url, targets).query(f"sum by ({LABEL}) ({TOKENS})"),
+                      key=lambda r: r["metric"].get(LABEL, "")):
+        print(f"  {TOKENS}{{{LABEL}=\"{row['metric'].get(LABEL)}\"}} = {float(row['value'][1]):g}")
+    print(f"a canary that reads it: knobkeeper canary KNOB=VALUE --role decode --source prometheus {url}")
+
+
+def demo(project, with_prometheus: bool = False) -> int:
     from knobkeeper.deploy.api import run_deploy
     from knobkeeper.deploy.render import dirty_paths
 
@@ -67,6 +100,8 @@ def demo(project) -> int:
     from knobkeeper.deploy.status import stack_status, status_table
 
     Console().print(status_table(stack_status(project, INVENTORY)))
+    if with_prometheus:
+        prometheus(project, stack)
     from knobkeeper.report import write_report
 
     written = write_report(project)
@@ -86,14 +121,16 @@ def _has_git_identity(project) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m knobkeeper.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--stop", action="store_true", help="stop the local stack")
+    parser.add_argument("--stop", action="store_true", help="stop the local stack (and its Prometheus)")
+    parser.add_argument("--prometheus", action="store_true",
+                        help="also start a real Prometheus on 127.0.0.1:9090 scraping the stack")
     parser.add_argument("--repo", default=None, help="the infra repo (default: the git root above the cwd)")
     args = parser.parse_args(argv)
     from knobkeeper.project import find_project
 
     try:
         project = find_project(args.repo)
-        return stop(project) if args.stop else demo(project)
+        return stop(project) if args.stop else demo(project, args.prometheus)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -34,15 +34,14 @@ CANARY = "@local/knobkeeper-decode-2"
 PROGRAMS = ["knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-decode-2", "knobkeeper-router"]
 EFFECTS = f'[knobs.{FAULTY}.values."7"]\nfail_fraction = 0.3\n'
 # Appended to the copied inventory/local.py: decode steps of a few ms wall at the test's load (above
-# asyncio's timer resolution; at the shipped 0.1 the load generator, not the workers, is the
-# bottleneck on 2 cores), the A/B test's low run noise (the canary's known limit is host noise:
-# with the default sd 2% "better" held in 2 of 5 runs), fewer stream chunks (CPU), and the sim
-# effects table of the services. The router keeps the shipped
+# asyncio's timer resolution), the sim's default run noise (every restart its own speed, sd 2%: the
+# restart noise the canary's judgement allows for), fewer stream chunks (CPU), and the sim effects
+# table of the services. The router keeps the shipped
 # arguments: without their --disable-circuit-breaker, the requests failing while the canary worker
 # restarts open its breaker (on a busy machine the prefill's too) and the router sends it nothing
 # for 60 s: every window "no traffic" (seen).
 INVENTORY_TAIL = """
-_fast = ["--time-scale", "0.3", "--run-noise", "0.005", "--stream-interval", "8"]
+_fast = ["--time-scale", "0.3", "--stream-interval", "8"]
 _local[1]["engine_args"].update(prefill=_fast, decode=_fast)
 _local[1]["environment"] = {"KNOBKEEPER_SIM_EFFECTS": str(_ROOT / "sim-effects.toml")}
 _local[1]["stop_timeout"] = 10
@@ -169,8 +168,7 @@ def test_canary_of_512_on_one_of_two_workers_of_a_host(stack, tmp_path):
     after = stack.pids()
     assert after["knobkeeper-prefill"] == before["knobkeeper-prefill"]
     assert after["knobkeeper-router"] == before["knobkeeper-router"]
-    # With the run noise of an A/B-grade sim (run factor sd 0.5%) "better" held in every run (p <= 1e-4).
-    assert out.verdict == "better", out.doc["canary"]["windows"]
+    assert out.verdict == "better", (out.doc["judgement"]["levels"], out.doc["canary"]["failed_guards"])
     assert out.action == "promoted" and [r.options["canary"]["phase"] for r in records] == ["candidate", "promote"]
     assert f"{KNOB} = 512" in stack.project.knobs_path.read_text()
     shown = kk(stack.project, "log")

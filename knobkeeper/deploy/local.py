@@ -1,5 +1,6 @@
 """The local stack's supervisord, seen from this machine: its pid, its programs' pids, and a stop
-that leaves no process behind (used by `make stop`, the demo and the tests)."""
+that leaves no process behind (used by `make stop`, the demo and the tests); and the Prometheus that
+`make demo PROMETHEUS=1` starts beside it (its pidfile under <prefix>/prometheus)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,74 @@ def stop_local(prefix: str | Path, timeout: float = 30.0) -> list[int]:
             except ProcessLookupError:
                 pass
     return pids
+
+
+# ---------------------------------------------------------------- a Prometheus beside the local stack
+
+PROMETHEUS_PORT = 9090
+
+
+def prometheus_root(prefix: str | Path) -> Path:
+    return Path(prefix) / "prometheus"
+
+
+def prometheus_pid(prefix: str | Path) -> int | None:
+    try:
+        pid = int((prometheus_root(prefix) / "prometheus.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def start_prometheus(prefix: str | Path, config_text: str, port: int = PROMETHEUS_PORT,
+                     timeout: float = 60.0) -> tuple[int, str]:
+    """Debian's `prometheus` on 127.0.0.1:`port`, scraping what `config_text` says, its data under
+    <prefix>/prometheus; (pid, url). Already running: its config is rewritten and reloaded (SIGHUP)."""
+    import shutil
+    import urllib.request
+
+    from knobkeeper.errors import UserError
+
+    root = prometheus_root(prefix)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "prometheus.yml").write_text(config_text)
+    url = f"http://127.0.0.1:{port}"
+    pid = prometheus_pid(prefix)
+    if pid is not None:
+        os.kill(pid, signal.SIGHUP)
+        return pid, url
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise UserError("prometheus: not installed (Debian package `prometheus`: bash scripts/system-deps.sh)")
+    with open(root / "prometheus.log", "ab") as log:
+        proc = subprocess.Popen([binary, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    (root / "prometheus.pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UserError(f"prometheus exited ({proc.returncode}); see {root / 'prometheus.log'}")
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc.pid, url
+        except OSError:
+            time.sleep(0.2)
+    stop_prometheus(prefix)
+    raise UserError(f"prometheus on {url}: not ready after {timeout:g} s; see {root / 'prometheus.log'}")
+
+
+def stop_prometheus(prefix: str | Path, timeout: float = 20.0) -> int | None:
+    """SIGTERM the local Prometheus, wait, SIGKILL if need be; its pid, or None when none ran."""
+    pid = prometheus_pid(prefix)
+    if pid is None:
+        return None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    (prometheus_root(prefix) / "prometheus.pid").unlink(missing_ok=True)
+    return pid

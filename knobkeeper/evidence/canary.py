@@ -335,7 +335,8 @@ def _errors_line(test: dict) -> str:
     def side(t: dict) -> str:
         return f"{t['errors']} of {t['requests']} requests" if t["requests"] is not None else f"{t['errors']}"
 
-    return f"errors {side(c)} on the canary vs {side(b)} on the baseline (p {test['p_value']:.2g})"
+    p = test["p_value"]
+    return f"errors {side(c)} on the canary vs {side(b)} on the baseline (p {'< 1e-12' if p < 1e-12 else f'{p:.2g}'})"
 
 
 def decide(plan: Plan, windows: list[dict], judged: dict | None, alpha: float = ALPHA) -> tuple[str, list[str]]:
