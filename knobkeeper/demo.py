@@ -53,8 +53,7 @@ def prometheus(project, stack) -> None:
         if len(up) >= len(targets) + 1:   # every engine and the router's metrics port
             break
         time.sleep(0.5)
-    print(f"
-Prometheus {url} (pid {pid}) scrapes {len(up)} targets; its PromQL, per engine:")
+    print(f"\nPrometheus {url} (pid {pid}) scrapes {len(up)} targets; its PromQL, per engine:")
     for row in sorted(PrometheusSource(url, targets).query(f"sum by ({LABEL}) ({TOKENS})"),
                       key=lambda r: r["metric"].get(LABEL, "")):
         print(f"  {TOKENS}{{{LABEL}=\"{row['metric'].get(LABEL)}\"}} = {float(row['value'][1]):g}")
