@@ -662,9 +662,12 @@ def test_bad_input_is_one_line_exit_2_nothing_deployed(short_tmp, args, message)
     assert sorted(p.name for p in (project.root / "changelog").rglob("*")) == before
 
 
-def test_scrape_config_names_every_worker_and_the_router_metrics_port(tmp_path):
+@pytest.mark.parametrize("router", ["sglang-router", "smg"])
+def test_scrape_config_names_every_worker_and_the_router_metrics_port(tmp_path, router):
+    """Whichever router the inventory runs (smg is the local default), its target is its metrics port,
+    never its serving port's /metrics (404 on both routers)."""
     project = make_infra_repo(tmp_path)
-    (project.root / "inventory" / "two.py").write_text(TWO_DECODE)
+    (project.root / "inventory" / "two.py").write_text(TWO_DECODE.replace('"router": "sglang-router"', f'"router": "{router}"'))
     result = kk(project, "canary", "--role", "decode", "--inventory", "inventory/two.py", "--print-scrape-config")
     config = json.loads(result.output)
     targets = {c["static_configs"][0]["labels"]["kk_target"]: c["static_configs"][0]["targets"][0]

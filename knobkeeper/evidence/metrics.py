@@ -42,6 +42,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from knobkeeper.deploy.routers import ROUTERS
 from knobkeeper.errors import UserError
 
 TOKENS = "sglang:generation_tokens_total"
@@ -382,7 +383,7 @@ def targets_of(stack, roles: Iterable[str] | None = None) -> list[Target]:
     keep = set(roles) if roles is not None else None
     out = []
     for svc in stack.services:
-        if svc.engine == "sglang-router" or (keep is not None and svc.role not in keep):
+        if svc.engine in ROUTERS or (keep is not None and svc.role not in keep):
             continue
         out.append(Target(key=svc.key, host=svc.host, role=svc.role, url=svc.url + "/metrics"))
     return out
@@ -392,7 +393,7 @@ def scrape_config(stack, scrape_interval: float = 0.5) -> str:
     """prometheus.yml scraping every worker's /metrics and every router's metrics port."""
     targets = targets_of(stack)
     for svc in stack.services:
-        if svc.engine == "sglang-router" and svc.metrics_port is not None:
+        if svc.engine in ROUTERS and svc.metrics_port is not None:
             host = urllib.parse.urlsplit(svc.url).hostname
             targets.append(Target(key=svc.key, host=svc.host, role=svc.role,
                                   url=f"http://{host}:{svc.metrics_port}/metrics"))
@@ -425,14 +426,14 @@ def snapshot(stack, window: float = 5.0) -> dict[str, Any]:
         except (UserError, ValueError) as exc:
             return {"error": str(exc)}
 
-    engines = [s for s in stack.services if s.engine != "sglang-router"]
+    engines = [s for s in stack.services if s.engine not in ROUTERS]
     first = {s.key: scrape(s.url + "/metrics") for s in engines}
     t0 = time.time()
     time.sleep(window)
     services = []
     for svc in stack.services:
         row: dict[str, Any] = {"host": svc.host, "service": svc.name, "role": svc.role}
-        if svc.engine == "sglang-router":
+        if svc.engine in ROUTERS:
             if svc.metrics_port is not None:
                 host = urllib.parse.urlsplit(svc.url).hostname
                 got = scrape(f"http://{host}:{svc.metrics_port}/metrics")
