@@ -173,6 +173,15 @@ def test_canary_of_512_on_one_of_two_workers_of_a_host(stack, tmp_path):
     assert f"{KNOB} = 512" in stack.project.knobs_path.read_text()
     shown = kk(stack.project, "log")
     assert out.entry in shown.output and out.doc["id"] in shown.output, shown.output
+    # the evidence: the calibrated design, recomputable, shown like any benchmark evidence
+    doc = store.load(stack.project, out.doc["id"])
+    assert doc["source"]["tool"] == "knobkeeper canary" and store.verify(doc) == []
+    assert [w["phase"] for w in doc["canary"]["windows"]] == ["calibration"] * 8 + ["canary"] * 8
+    assert {r["arm"] for r in doc["runs"]} == {"A", "B"} and doc["judge_options"] == {"unit_noise": 0.02}
+    shown = kk(stack.project, "ab", "show", out.doc["id"])
+    assert shown.exit_code == 0 and "better" in shown.output, shown.output
+    timeline = kk(stack.project, "timeline")
+    assert timeline.exit_code == 0 and KNOB in timeline.output, timeline.output
     promote = records[1]
     assert promote.result == "ok" and promote.options["canary"]["phase"] == "promote"
     assert promote.service("@local", "knobkeeper-decode").action == "restarted"
