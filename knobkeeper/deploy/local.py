@@ -17,13 +17,18 @@ def supervisor_root(prefix: str | Path) -> Path:
     return Path(prefix) / "supervisor"
 
 
-def supervisord_pid(prefix: str | Path) -> int | None:
-    """supervisord's pid from its pidfile, when that process is alive."""
+def _live_pid(pidfile: Path) -> int | None:
+    """The pid a pidfile names, when that process is alive."""
     try:
-        pid = int((supervisor_root(prefix) / "supervisord.pid").read_text().strip())
+        pid = int(pidfile.read_text().strip())
     except (OSError, ValueError):
         return None
     return pid if _alive(pid) else None
+
+
+def supervisord_pid(prefix: str | Path) -> int | None:
+    """supervisord's pid from its pidfile, when that process is alive."""
+    return _live_pid(supervisor_root(prefix) / "supervisord.pid")
 
 
 def program_pids(prefix: str | Path, ctl: str, programs: list[str]) -> dict[str, int | None]:
@@ -95,11 +100,7 @@ def prometheus_root(prefix: str | Path) -> Path:
 
 
 def prometheus_pid(prefix: str | Path) -> int | None:
-    try:
-        pid = int((prometheus_root(prefix) / "prometheus.pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _alive(pid) else None
+    return _live_pid(prometheus_root(prefix) / "prometheus.pid")
 
 
 def start_prometheus(prefix: str | Path, config_text: str, port: int = PROMETHEUS_PORT,
