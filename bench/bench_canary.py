@@ -45,12 +45,12 @@ decode_step = {1 / 1.128:.6f}
 CASES = (("A/A", None), ("+5%", 105), ("+12.8%", 1128))
 
 
-def stats_of(doc: dict, phase: str, upto: int, last: bool = False) -> dict[str, list[M.WindowStats]]:
+def stats_of(doc, phase: str, upto: int, last: bool = False) -> dict[str, list[M.WindowStats]]:
     """The first (or last) `upto` windows of one phase of a canary's evidence, as WindowStats."""
-    rows = [w for w in doc["canary"]["windows"] if w["phase"] == phase]
+    rows = [w for w in doc.canary.windows if w.phase == phase]
     out: dict[str, list[M.WindowStats]] = {}
     for w in (rows[-upto:] if last else rows[:upto]):
-        for key, s in w["hosts"].items():
+        for key, s in w.hosts.items():
             out.setdefault(key, []).append(M.WindowStats(**s))
     return out
 
@@ -108,12 +108,13 @@ def main() -> int:
 
                 began = time.monotonic()
                 try:
-                    doc = C.run_canary(plan, M.ScrapeSource(plan.targets, 0.5),
-                                       lambda targets, knobs: restart({} if value is None else {KNOB: str(value)}),
-                                       lambda: restart({}), duration=args.windows * args.interval,
-                                       interval=args.interval, settle=args.settle)
+                    switch = C.Switch(lambda targets, knobs: restart({} if value is None else {KNOB: str(value)}),
+                                      lambda: restart({}))
+                    doc = C.measure(plan, M.ScrapeSource(plan.targets, 0.5), switch,
+                                    C.Options(duration=args.windows * args.interval, interval=args.interval,
+                                              settle=args.settle))
                     restart({})
-                except C.CanaryWorse as worse:   # run_canary has put the canary back itself
+                except C.CanaryWorse as worse:   # measure has put the canary back itself
                     doc = worse.doc
                 to_verdict.append(time.monotonic() - began)
                 for n in prefixes:

@@ -43,7 +43,7 @@ def fixed(rng, levels, n, effect, sd, drift=0.0, interleaved=True):
     for k, (repeat, arm) in enumerate(order):
         scale = (1 + effect if arm == "B" else 1.0) * (1 + drift * k / max(1, len(order) - 1))
         runs += [_run(arm, repeat, c, 1000.0 * scale * math.exp(rng.gauss(0, sd))) for c in levels]
-    return J.judge(runs)["levels"]
+    return J.judge(runs).levels
 
 
 def sequential(rng, levels, cap, effect, sd):
@@ -57,8 +57,8 @@ def sequential(rng, levels, cap, effect, sd):
         runs += [_run(arm, repeat, c, 1000.0 * scale * math.exp(rng.gauss(0, sd))) for c in stopping.open]
         if index % 2 == 1:
             stopping.after_repeat(repeat, runs)
-    judged = J.judge(runs, sequential=stopping.record)["levels"]
-    return judged, [lv["n_a"] for lv in judged]
+    judged = J.judge(runs, sequential=stopping.record).levels
+    return judged, [lv.n_a for lv in judged]
 
 
 def naive(rng, levels, effect, sd):
@@ -84,20 +84,20 @@ def main(argv=None) -> int:
     for count, levels in LEVELS.items():
         n = J.recommended_repeats(sd, args.effect, levels=count)
         cap = J.sequential_repeats(sd, args.effect, levels=count)
-        fw = sum(any(lv["verdict"] in ACT for lv in fixed(rng, levels, n, 0.0, sd)) for _ in range(T)) / T
-        pw = sum(sum(lv["verdict"] == "better" for lv in fixed(rng, levels, n, args.effect, sd))
+        fw = sum(any(lv.verdict in ACT for lv in fixed(rng, levels, n, 0.0, sd)) for _ in range(T)) / T
+        pw = sum(sum(lv.verdict == "better" for lv in fixed(rng, levels, n, args.effect, sd))
                  for _ in range(T)) / (T * count)
         seq_fw, seq_aa_runs, stopped_early, levels_early = 0, 0.0, 0, 0
         for _ in range(T):
             judged, used = sequential(rng, levels, cap, 0.0, sd)
-            seq_fw += any(lv["verdict"] in ACT for lv in judged)
+            seq_fw += any(lv.verdict in ACT for lv in judged)
             seq_aa_runs += sum(used) / count
             stopped_early += max(used) < cap
             levels_early += sum(u < cap for u in used)
         seq_pw, seq_runs = 0, 0.0
         for _ in range(T):
             judged, used = sequential(rng, levels, cap, args.effect, sd)
-            seq_pw += sum(lv["verdict"] == "better" for lv in judged)
+            seq_pw += sum(lv.verdict == "better" for lv in judged)
             seq_runs += sum(used) / count
         big_runs = 0.0
         for _ in range(T):
@@ -116,8 +116,8 @@ def main(argv=None) -> int:
     n = J.recommended_repeats(sd, args.effect, levels=3)
     for name, inter in (("interleaved ABBA", True), ("non-interleaved A..A B..B", False)):
         judged = [fixed(rng, levels, n, 0.0, sd, drift=0.10, interleaved=inter) for _ in range(T)]
-        fw = sum(any(lv["verdict"] in ACT for lv in js) for js in judged) / T
-        better = sum(all(lv["verdict"] == "better" for lv in js) for js in judged) / T
+        fw = sum(any(lv.verdict in ACT for lv in js) for js in judged) / T
+        better = sum(all(lv.verdict == "better" for lv in js) for js in judged) / T
         mean_effect = sum(lv["effect"] for js in judged for lv in js) / (T * len(levels))
         print(f"  {name:<26} FWER {fw:6.1%}   every level 'better' {better:6.1%}   mean effect {mean_effect:+.1%}")
     print(f"({time.perf_counter() - t0:.1f}s)")

@@ -54,6 +54,14 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def duration_words(seconds: float) -> str:
+    """A duration as parse_duration reads it, in its largest whole unit: 600 -> '10m', 30 -> '30s'."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and float(seconds / size).is_integer():
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
 # The earliest time an incident may say its symptom began: older is a typo (0001-01-01), and
 # readers compute windows and durations from it.
 EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)

@@ -53,7 +53,7 @@ def ctas_runs() -> list[dict]:
 
 
 def write_evidence(project: Project, ident: str = "e1e2e3e4", created: str = "2026-11-28T10:00:00.000000Z",
-                   value=512, runs: list[dict] | None = None) -> dict:
+                   value=512, runs: list[dict] | None = None):
     from knobkeeper.evidence import store
 
     doc = store.build_doc(
@@ -63,7 +63,7 @@ def write_evidence(project: Project, ident: str = "e1e2e3e4", created: str = "20
         source={"tool": "sglang bench_serving"}, ident=ident, created=created,
     )
     path = project.evidence_dir / f"{file_stem(parse_time(created), ident)}.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path.write_text(json.dumps(doc.to_json(), indent=2) + "\n")
     return doc
 
 

@@ -427,15 +427,16 @@ def test_inconclusive_canary_says_how_long_would_decide(tmp_path):
     project = make_infra_repo(tmp_path)
     plan = _plan()
     calls = []
-    out = C.canary(project, plan, FakeSource(_noisy(1), _noisy(11, 1.01)), lambda t, k: calls.append("apply"),
-                   lambda: calls.append("restore"), duration=0.04, interval=0.01, settle=0, restart_noise=0.005)
+    out = C.run(project, plan, FakeSource(_noisy(1), _noisy(11, 1.01)),
+                C.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
+                C.Options(duration=0.04, interval=0.01, settle=0, restart_noise=0.005))
     assert out.verdict == "inconclusive" and out.action == "put back" and calls == ["apply", "restore"]
     lines = C.report_lines(out)
     assert "windows: calibration 4 valid of 4, canary 4 valid of 4" in lines[2], lines
     assert any(" s of calibration (" in line and "would detect ±5%" in line for line in lines), lines
     assert store.verify(store.load(project, out.doc["id"])) == []
-    out = C.canary(project, plan, FakeSource(_noisy(2), _noisy(12, 1.01)), lambda t, k: None, lambda: None,
-                   duration=0.04, interval=0.01, settle=0)
+    out = C.run(project, plan, FakeSource(_noisy(2), _noisy(12, 1.01)), C.Switch(lambda t, k: None, lambda: None),
+                C.Options(duration=0.04, interval=0.01, settle=0))
     assert any("no canary length on 1 canary host(s) would detect ±5%" in line for line in C.report_lines(out))
 
 
@@ -449,9 +450,10 @@ def test_failing_candidate_is_rolled_back_with_evidence(tmp_path):
     for w in canary["h1/decode"]:
         w.errors = 100
     calls = []
-    out = C.canary(project, plan, FakeSource(_with_requests(_noisy(20)), canary), lambda t, k: calls.append("apply"),
-                   lambda: calls.append("restore"), duration=0.04, interval=0.01, settle=0, promote=True,
-                   promote_rest=lambda: calls.append("promote"))
+    out = C.run(project, plan, FakeSource(_with_requests(_noisy(20)), canary),
+                C.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore"),
+                         lambda: calls.append("promote")),
+                C.Options(duration=0.04, interval=0.01, settle=0, promote=True))
     assert out.verdict == "worse" and out.action == "rolled back" and out.exit_code == 1
     assert calls == ["apply", "restore"]
     doc = store.load(project, out.doc["id"])
@@ -522,8 +524,8 @@ def test_aa_canary_is_never_better_and_is_put_back(pd, tmp_path):
     switch = Switch(pd["decodes"][1])
     before = (project.root / "inventory" / "knobs.toml").read_text()
     load = _load_for_canary(pd)
-    out = C.canary(project, plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
-                   duration=8, interval=INTERVAL, calibrate=8, settle=SETTLE, alpha=0.005)
+    out = C.run(project, plan, M.ScrapeSource(plan.targets, SCRAPE), C.Switch(switch.apply, switch.restore),
+                C.Options(duration=8, interval=INTERVAL, calibrate=8, settle=SETTLE, alpha=0.005))
     load.join()
     assert out.doc["judge_options"]["alpha"] == 0.005 and store.verify(out.doc) == []
     assert out.verdict in ("no detectable change", "inconclusive"), (out.doc["judgement"], out.doc["canary"]["errors"])
@@ -537,8 +539,8 @@ def test_no_traffic_puts_the_canary_back_and_fails(pd, tmp_path):
     plan = _plan_of(pd, 512)
     switch = Switch(pd["decodes"][1])
     with pytest.raises(UserError, match="no valid window .*no traffic"):
-        C.canary(project, plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
-                 duration=2, interval=1, settle=0)
+        C.run(project, plan, M.ScrapeSource(plan.targets, SCRAPE), C.Switch(switch.apply, switch.restore),
+              C.Options(duration=2, interval=1, settle=0))
     assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
     assert store.paths(project) == []
 
@@ -548,15 +550,15 @@ def test_unreachable_prometheus_or_missing_series_deploys_nothing(pd, tmp_path):
     switch = Switch(pd["decodes"][1])
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(UserError, match="unreachable"):
-        C.run_canary(plan, M.PrometheusSource(dead, plan.targets), switch.apply, switch.restore,
-                     duration=4, interval=2)
+        C.measure(plan, M.PrometheusSource(dead, plan.targets), C.Switch(switch.apply, switch.restore),
+                  C.Options(duration=4, interval=2))
     # a Prometheus that scrapes only one of the two workers: refused, naming the other
     prom = Prometheus(tmp_path, M.scrape_config_for(plan.baseline, SCRAPE))
     try:
         prom.wait_scraped(1)
         with pytest.raises(UserError, match=f"no sglang:generation_tokens_total series for {plan.canary[0].key}"):
-            C.run_canary(plan, M.PrometheusSource(prom.url, plan.targets), switch.apply, switch.restore,
-                         duration=4, interval=2)
+            C.measure(plan, M.PrometheusSource(prom.url, plan.targets), C.Switch(switch.apply, switch.restore),
+                      C.Options(duration=4, interval=2))
     finally:
         prom.stop()
     assert switch.calls == []
@@ -572,12 +574,12 @@ def test_interrupt_puts_the_canary_back(pd):
 
     switch = Switch(pd["decodes"][1])
     with pytest.raises(KeyboardInterrupt):
-        C.run_canary(plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
-                     duration=4, interval=1, settle=0, on_window=interrupted)
+        C.measure(plan, M.ScrapeSource(plan.targets, SCRAPE), C.Switch(switch.apply, switch.restore),
+                  C.Options(duration=4, interval=1, settle=0, on_window=interrupted))
     assert switch.calls == []
     with pytest.raises(KeyboardInterrupt):
-        C.run_canary(plan, M.ScrapeSource(plan.targets, SCRAPE), switch.apply, switch.restore,
-                     duration=4, interval=1, calibrate=0, settle=0, on_window=interrupted)
+        C.measure(plan, M.ScrapeSource(plan.targets, SCRAPE), C.Switch(switch.apply, switch.restore),
+                  C.Options(duration=4, interval=1, calibrate=0, settle=0, on_window=interrupted))
     assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
 
 

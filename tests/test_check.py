@@ -213,7 +213,7 @@ def test_a_catalog_name_a_shell_would_run_is_one_problem(project):
 
 def _write_doc(project, doc) -> Path:
     path = project.evidence_dir / f"{file_stem(parse_time(doc['created']), doc['id'])}.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path.write_text(json.dumps(doc if isinstance(doc, dict) else doc.to_json(), indent=2) + "\n")
     return path
 
 
@@ -221,7 +221,7 @@ def test_evidence_whose_judgement_contradicts_its_runs_fails(project):
     doc = write_evidence(project)
     level = doc["judgement"]["levels"][0]
     assert level["verdict"] == "better" and check_result_ok(project)
-    forged = json.loads(json.dumps(doc))
+    forged = doc.to_json()
     forged["judgement"]["levels"][1].update(effect=0.5, verdict="better")  # @80: really +2.0%
     for run in forged["runs"]:  # and @96 the runs now say no gain, while the stored verdict says better
         if run["concurrency"] == 96 and run["arm"] == "B":

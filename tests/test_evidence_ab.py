@@ -129,9 +129,10 @@ def _verdicts(doc):
 
 def test_ab_on_sim_fixed_design_judges_512_and_writes_shows_plots(sim_switcher, tmp_path):
     sw = sim_switcher
-    doc = AB.run_ab(sw.switch, sw.restore, sw.endpoint, [64, 96], 3, arms=_arms(None, 512), knob=KNOB,
-                    role="decode", duration=1.0, api="chat", input_len=8, output_len=64,
-                    setup={"engine": "knobkeeper-sim"}, load_options={"keepalive": True}, probes=sw.probes())
+    doc = AB.measure(AB.Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()),
+                     AB.Design([64, 96], 3, duration=1.0, api="chat", input_len=8, output_len=64,
+                               load_options={"keepalive": True}),
+                     arms=_arms(None, 512), knob=KNOB, role="decode", setup={"engine": "knobkeeper-sim"})
     print(store.summary_line(doc))
     level = {lv["concurrency"]: lv for lv in doc["judgement"]["levels"]}
     # +12.8% and +5.7% in the model: never "worse", "inconclusive" allowed (3 repeats on a busy box)
@@ -161,9 +162,10 @@ def test_sequential_ab_on_sim_stops_64_early_and_keeps_going_at_80(sim_switcher)
     sw.run_noise = 0.02
     # The cap leaves 64 two looks to settle before it (3 and 5): on a busy machine the runs are
     # noisier than the sim's 2% and the first look may not yet be enough; that is the design.
-    doc = AB.run_ab(sw.switch, sw.restore, sw.endpoint, [64, 80], max_repeats=6, arms=_arms(None, 512), knob=KNOB,
-                    role="decode", duration=1.0, api="chat", input_len=8, output_len=64,
-                    load_options={"keepalive": True}, probes=sw.probes())
+    doc = AB.measure(AB.Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()),
+                     AB.Design([64, 80], max_repeats=6, duration=1.0, api="chat", input_len=8, output_len=64,
+                               load_options={"keepalive": True}),
+                     arms=_arms(None, 512), knob=KNOB, role="decode")
     print(store.summary_line(doc), doc["sequential"]["looks"])
     level = {lv["concurrency"]: lv for lv in doc["judgement"]["levels"]}
     looks = doc["sequential"]["looks"]
@@ -204,8 +206,8 @@ def test_restore_runs_on_failure_and_ctrl_c(fail_at, exc):
     load = _fake_load(calls, fail_at=fail_at if exc is RuntimeError else None,
                       interrupt_at=fail_at if exc is KeyboardInterrupt else None)
     with pytest.raises(exc):
-        AB.run_ab(switched.append, lambda: restored.append(1), "http://x", [64, 96], 2, arms=_arms(None, 512),
-                  knob=KNOB, role="decode", requests=10, load=load)
+        AB.measure(AB.Harness(switched.append, lambda: restored.append(1), "http://x", load=load),
+                   AB.Design([64, 96], 2, requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")
     assert restored == [1]
 
 
@@ -216,15 +218,16 @@ def test_restore_runs_when_switch_fails():
         raise UserError("deploy: decode gate failed")
 
     with pytest.raises(UserError):
-        AB.run_ab(switch, lambda: restored.append(1), "http://x", [64], 2, arms=_arms(None, 512), knob=KNOB,
-                  role="decode", requests=10, load=_fake_load([]))
+        AB.measure(AB.Harness(switch, lambda: restored.append(1), "http://x", load=_fake_load([])),
+                   AB.Design([64], 2, requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")
     assert restored == [1]
 
 
-def test_run_ab_runs_warmup_then_every_level_per_block():
+def test_measure_runs_warmup_then_every_level_per_block():
     calls, switched = [], []
-    doc = AB.run_ab(switched.append, lambda: None, "http://x", [96, 64], 2, arms=_arms(None, 512), knob=KNOB,
-                    role="decode", requests=50, load=_fake_load(calls), progress=False)
+    doc = AB.measure(AB.Harness(switched.append, lambda: None, "http://x", load=_fake_load(calls)),
+                     AB.Design([96, 64], 2, requests=50), arms=_arms(None, 512), knob=KNOB, role="decode",
+                     progress=False)
     # per block: warm-up at the top level (warmup=0 inside), then 64, 96
     assert calls[:3] == [(96, 96, None, 0), (64, 50, None, None), (96, 50, None, None)]
     assert len(calls) == 4 * 3 and len(doc["runs"]) == 8
@@ -236,8 +239,8 @@ def test_ab_run_library_writes_and_commits_evidence_with_fake_switcher(tmp_path)
     project = make_infra_repo(tmp_path)
     restored = []
     doc = AB.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
-                    levels=[64], repeats=2, requests=10, endpoint="http://x",
-                    switcher=(lambda arm: None, lambda: restored.append(1), None), load=_fake_load([]))
+                    design=AB.Design([64], 2, requests=10), endpoint="http://x",
+                    harness=AB.Harness(lambda arm: None, lambda: restored.append(1), None, load=_fake_load([])))
     assert restored == [1]
     assert doc["arms"]["A"]["knobs"] == {KNOB: None} and doc["arms"]["B"]["knobs"] == {KNOB: 512}
     log = os.popen(f"git -C {project.root} log -1 --format=%B").read()
@@ -262,8 +265,8 @@ def test_ab_run_library_defaults_to_the_sequential_design(tmp_path):
     project = make_infra_repo(tmp_path)
     calls = []
     doc = AB.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
-                    levels=[64, 96], requests=10, endpoint="http://x",
-                    switcher=(lambda arm: None, lambda: None, None), load=_fake_load(calls))
+                    design=AB.Design([64, 96], requests=10), endpoint="http://x",
+                    harness=AB.Harness(lambda arm: None, lambda: None, None, load=_fake_load(calls)))
     cap = doc["sequential"]["max_repeats"]
     assert cap == AB.J.sequential_repeats(levels=2, guards=True)
     assert doc["setup"]["schedule"]["design"] == "sequential"
@@ -280,5 +283,5 @@ def test_ab_run_cli_refuses_repeats_with_max_repeats(tmp_path):
                                   "--max-repeats", "6"])
     assert out.exit_code == 2 and "--repeats and --max-repeats" in out.output
     with pytest.raises(UserError, match="give one of --repeats"):
-        AB.run_ab(lambda arm: None, lambda: None, "http://x", [64], arms=_arms(None, 512), knob=KNOB,
-                  role="decode", requests=10, load=_fake_load([]))
+        AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", load=_fake_load([])),
+                   AB.Design([64], requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")

@@ -21,7 +21,7 @@ from tests.infra import make_infra_repo
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 
 
-def _doc(seed: int = 1) -> dict:
+def _doc(seed: int = 1):
     rng = random.Random(seed)
     base = {64: 5000.0, 80: 5600.0, 96: 5300.0}
     gain = {64: 0.128, 80: 0.0, 96: 0.057}
@@ -129,7 +129,7 @@ def test_judge_options_are_kept_and_verify_uses_them():
     assert plain["judgement"]["levels"][0]["verdict"] == "better"
     assert doc["judgement"]["levels"][0]["verdict"] == "inconclusive" and doc["judgement"]["unit_noise"] == 0.03
     assert doc["judgement"]["alpha"] == 0.01 and store.verify(doc) == []
-    edited = json.loads(json.dumps(doc))
+    edited = doc.to_json()
     del edited["judge_options"]
     assert store.verify(edited), "a judgement made with options must not verify without them"
     assert validate({**doc, "judge_options": {"unit_noise": -1}})[0].startswith("judge_options:")

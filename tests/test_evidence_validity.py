@@ -23,16 +23,10 @@ from knobkeeper.evidence import ab as AB
 from knobkeeper.evidence import judge as J
 from knobkeeper.evidence import store
 from knobkeeper.evidence.schema import SCHEMA_1, validate
-from tests.infra import make_infra_repo
 
 DATA = Path(__file__).resolve().parent / "data" / "bench_formats"
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 KERNEL_FILE = DATA / "20261129T102000.000000Z-5eed0001.json"
-
-
-@pytest.fixture
-def project(tmp_path):
-    return make_infra_repo(tmp_path / "repo")
 
 
 def _lines(name: str) -> list[dict]:
@@ -209,10 +203,10 @@ def test_ab_run_refuses_a_disaggregated_run_that_never_touched_prefill():
     probes = AB.Probes(knob=lambda arm: AB.knob_seen(arm, KNOB, {KNOB: arm["knobs"][KNOB]}, "test"),
                        prefill_tokens=lambda: counter[0])          # never moves
     with pytest.raises(UserError, match="prefill not touched"):
-        AB.run_ab(lambda arm: None, lambda: None, "http://x", [64], 2, arms=_arms(), knob=KNOB, role="decode",
-                  requests=10, load=_fake_load([]), probes=probes)
-    doc = AB.run_ab(lambda arm: None, lambda: None, "http://x", [64], 2, arms=_arms(), knob=KNOB, role="decode",
-                    requests=10, load=_fake_load([]), probes=probes, keep_invalid=True)
+        AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
+                   AB.Design([64], 2, requests=10), arms=_arms(), knob=KNOB, role="decode")
+    doc = AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
+                     AB.Design([64], 2, requests=10, keep_invalid=True), arms=_arms(), knob=KNOB, role="decode")
     assert doc["judgement"]["levels"][0]["verdict"] == "invalid"
     assert all(r["prefill_prompt_tokens"] == 0 and r["knob_seen"]["status"] == "carried" for r in doc["runs"])
 
@@ -220,8 +214,8 @@ def test_ab_run_refuses_a_disaggregated_run_that_never_touched_prefill():
 def test_ab_run_candidate_process_without_the_knob_is_invalid():
     running = {"A": None, "B": None}                # the candidate's engine came up without the value
     probes = AB.Probes(knob=lambda arm: AB.knob_seen(arm, KNOB, {KNOB: running["B"]}, "started.sh"))
-    doc = AB.run_ab(lambda arm: None, lambda: None, "http://x", [64, 96], 2, arms=_arms(), knob=KNOB,
-                    role="decode", requests=10, load=_fake_load([]), probes=probes, keep_invalid=True)
+    doc = AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
+                     AB.Design([64, 96], 2, requests=10, keep_invalid=True), arms=_arms(), knob=KNOB, role="decode")
     assert {lv["verdict"] for lv in doc["judgement"]["levels"]} == {"invalid"}
     assert "did not carry the knob (started.sh: SGLANG_SM120_MMA_TARGET_CTAS=(unset), arm wants 512)" in \
         doc["judgement"]["levels"][0]["invalid"][0]
@@ -339,18 +333,18 @@ def test_verify_recomputes_the_judgement_and_names_each_mismatch(project):
 
 def test_verify_checks_the_sequential_looks_recorded():
     load = _fake_load([])
-    doc = AB.run_ab(lambda arm: None, lambda: None, "http://x", [64], max_repeats=5, arms=_arms(), knob=KNOB,
-                    role="decode", requests=10, load=load)
+    doc = AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", load=load),
+                     AB.Design([64], max_repeats=5, requests=10), arms=_arms(), knob=KNOB, role="decode")
     assert doc["sequential"]["looks"] and store.verify(doc) == []
     bad = copy.deepcopy(doc)
     bad["sequential"]["max_repeats"] = 50          # another spending plan gives other p-values
     assert store.verify(bad)
 
 
-def _schema_1(doc: dict) -> dict:
-    old = {k: v for k, v in doc.items() if k not in ("validity", "sequential")}
+def _schema_1(doc) -> dict:
+    old = {k: v for k, v in doc.to_json().items() if k not in ("validity", "sequential")}
     old["schema"] = SCHEMA_1
-    old["judgement"] = J.judge(doc["runs"], doc["metric"], adjust=False)
+    old["judgement"] = J.judge(doc["runs"], doc["metric"], adjust=False).to_json()
     for run in old["runs"]:
         run.pop("knob_seen", None)
         run.pop("tpot_ms", None)

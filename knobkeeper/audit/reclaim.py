@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from knobkeeper import fmt
-from knobkeeper.audit.status import RevertStatus, revert_status
+from knobkeeper.audit.status import MEANING, RevertStatus, revert_status
 from knobkeeper.changelog import ops
 from knobkeeper.changelog.entries import Entry, load_entries
 from knobkeeper.changelog.incidents import load_incidents
@@ -36,8 +36,8 @@ RECLAIMABLE_STATUSES = ("refuted", "suspected", "unexplained")
 STALE_DAYS = 30
 
 
-def load_evidence(project: Project, ident: str) -> dict | str:
-    """The doc (through the evidence store), or a string saying why it cannot be read."""
+def load_evidence(project: Project, ident: str):
+    """The Evidence (through the evidence store), or a string saying why it cannot be read."""
     from knobkeeper.evidence import store
 
     try:
@@ -46,26 +46,12 @@ def load_evidence(project: Project, ident: str) -> dict | str:
         return str(exc)
 
 
-def levels(doc: dict) -> list[dict]:
-    """Per valid concurrency level: the store's gains (concurrency, effect, ci_low, ci_high, verdict)
-    with `p_value` the p the verdict rests on (schema 2: adjusted for the family; schema 1: raw)."""
-    from knobkeeper.evidence import store
-
-    return [{**gain, "p_value": gain["p_adjusted"] if gain["adjusted"] else gain["p_value"]}
-            for gain in store.gains(doc)]
-
-
-def positive_levels(doc: dict) -> list[dict]:
-    """The levels judged "better" with a positive effect: the gain a revert gives up."""
-    return [lv for lv in levels(doc) if lv["verdict"] == "better" and (lv["effect"] or 0) > 0]
-
-
-def gains_text(gains: list[dict]) -> str:
-    """`+12.8% at concurrency 64, +5.7% at 96`."""
+def gains_text(gains: list) -> str:
+    """`+12.8% at concurrency 64, +5.7% at 96` (gains: evidence.model.Gain rows)."""
     parts = []
-    for i, lv in enumerate(gains):
-        where = f"at concurrency {lv['concurrency']}" if i == 0 else f"at {lv['concurrency']}"
-        parts.append(f"{fmt.pct(lv['effect'])} {where}")
+    for i, g in enumerate(gains):
+        where = f"at concurrency {g.concurrency}" if i == 0 else f"at {g.concurrency}"
+        parts.append(f"{fmt.pct(g.effect)} {where}")
     return ", ".join(parts)
 
 
@@ -79,12 +65,13 @@ class EvidenceView:
     engine_version: str | None = None
     stale: bool = False
     stale_why: list[str] = field(default_factory=list)
-    levels: list[dict] = field(default_factory=list)
-    gains: list[dict] = field(default_factory=list)
-    anomalies: list[dict] = field(default_factory=list)
+    levels: list[Any] = field(default_factory=list)      # evidence.model.Gain: every valid level
+    gains: list[Any] = field(default_factory=list)       # the "better" ones with a positive effect
+    anomalies: list[Any] = field(default_factory=list)   # evidence.model.Anomaly
 
     def to_json(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {**vars(self), "levels": [g.to_json() for g in self.levels], "gains": [g.to_json() for g in self.gains],
+                "anomalies": [a.to_json() for a in self.anomalies]}
 
 
 def view_evidence(project: Project, ident: str, now: datetime, stale_days: float,
@@ -92,14 +79,13 @@ def view_evidence(project: Project, ident: str, now: datetime, stale_days: float
     doc = load_evidence(project, ident)
     if isinstance(doc, str):
         return EvidenceView(id=ident, problem=doc)
-    setup = doc.get("setup") or {}
-    view = EvidenceView(id=doc["id"], created=doc["created"], engine=setup.get("engine"),
-                        engine_version=setup.get("engine_version"), levels=levels(doc),
-                        gains=positive_levels(doc), anomalies=list(doc.get("anomalies") or []))
+    view = EvidenceView(id=doc.id, created=doc.created, engine=doc.setup.engine,
+                        engine_version=doc.setup.engine_version, levels=doc.gains(),
+                        gains=doc.positive_gains(), anomalies=list(doc.anomalies))
     try:
-        view.age_days = round((now - parse_time(doc["created"])).total_seconds() / 86400, 1)
+        view.age_days = round((now - parse_time(doc.created)).total_seconds() / 86400, 1)
     except ValueError:
-        view.stale_why.append(f"created {doc['created']!r} is not a time")
+        view.stale_why.append(f"created {doc.created!r} is not a time")
     if view.age_days is not None and view.age_days > stale_days:
         view.stale_why.append(f"{view.age_days:.0f} days old (older than {stale_days:g})")
     if engine_version and view.engine_version and view.engine_version != engine_version:
@@ -136,7 +122,7 @@ class Reclaim:
     command: str
 
     @property
-    def gains(self) -> list[dict]:
+    def gains(self) -> list[Any]:
         return [g for ev in self.evidence for g in ev.gains]
 
     def to_json(self) -> dict[str, Any]:
@@ -218,8 +204,8 @@ def reclaimable(project: Project, stale_days: float = STALE_DAYS, engine_version
             evidence = "".join(f" --evidence {ev}" for ev in target.evidence)
             command = (f"knobkeeper set {knob}={shown} --role {role} --reason \"reclaim: revert {revert.id} "
                        f"was {status.status}\"{evidence}")
-        gain = max((g["ci_low"] if g["ci_low"] is not None else g["effect"]) for g in gains)
-        best = max(g["effect"] for g in gains)
+        gain = max((g.ci_low if g.ci_low is not None else g.effect) for g in gains)
+        best = max(g.effect for g in gains)
         item = Reclaim(role, knob, target.new, current, revert, target, status, views, gain, best, command)
         (confirmed if status.status == "confirmed" else found).append(item)
     order = lambda r: (-r.gain, -r.best_effect, r.role, r.knob)  # noqa: E731
@@ -248,7 +234,7 @@ def format_reclaimable(report: ReclaimReport) -> list[str]:
 
 
 def _format_item(item: Reclaim, mark: str, confirmed: bool = False) -> list[str]:
-    gains = sorted(item.gains, key=lambda g: g["concurrency"])
+    gains = sorted(item.gains, key=lambda g: g.concurrency)
     lines = [f"{mark} {item.role}: {item.knob}={fmt.value(item.value)}  (now {fmt.value(item.current)})  "
              f"gives back {gains_text(gains)}"]
     pad = " " * (len(mark) + 1)
@@ -258,7 +244,7 @@ def _format_item(item: Reclaim, mark: str, confirmed: bool = False) -> list[str]
     lines.append(f"{pad}why         {r.reason}")
     if r.hypothesis:
         lines.append(f"{pad}hypothesis  {r.hypothesis}")
-    lines.append(f"{pad}status      {item.status.status.upper()}: {item.status.why}")
+    lines.append(f"{pad}status      {item.status.status.upper()} ({MEANING[item.status.status]}): {item.status.why}")
     inc = item.status.incident
     if inc is not None:
         res = f"resolved {inc.resolution.time[:19]}Z, root cause: {inc.resolution.root_cause}" if inc.resolution else "open"
@@ -267,19 +253,17 @@ def _format_item(item: Reclaim, mark: str, confirmed: bool = False) -> list[str]
         if ev.problem:
             lines.append(f"{pad}evidence    {ev.id}: {ev.problem}")
             continue
-        engine = " ".join(x for x in (ev.engine, ev.engine_version) if x) or "engine unknown"
+        engine = " ".join(x for x in (ev.engine, ev.engine_version) if x and x != "unknown") or "engine unknown"
         age = (f"{ev.age_days:.0f} day{'' if round(ev.age_days) == 1 else 's'} old" if ev.age_days is not None
                else "age unknown")
         stale = f"  STALE: {'; '.join(ev.stale_why)}" if ev.stale else ""
         lines.append(f"{pad}evidence    {ev.id}: created {(ev.created or '?')[:10]} ({age}), {engine}{stale}")
         lines.append(f"{pad}              {'concurrency':>11}  {'effect':>7}  {'95% CI':<17}  {'p':>7}  verdict")
-        for lv in ev.levels:
-            ci = f"{fmt.pct(lv['ci_low'])}..{fmt.pct(lv['ci_high'])}" if lv["ci_low"] is not None else "n/a"
-            p = f"{lv['p_value']:.3g}" if isinstance(lv["p_value"], (int, float)) else "n/a"
-            lines.append(f"{pad}              {lv['concurrency']!s:>11}  {fmt.pct(lv['effect']):>7}  {ci:<17}  {p:>7}  {lv['verdict']}")
+        for g in ev.levels:
+            lines.append(f"{pad}              {g.concurrency!s:>11}  {fmt.pct(g.effect):>7}  {g.ci_text():<17}  "
+                         f"{fmt.p_value(g.p):>7}  {g.verdict}")
         for an in ev.anomalies:
-            lines.append(f"{pad}              anomaly: arm {an.get('arm')} throughput at {an.get('to_concurrency')} "
-                         f"is {fmt.pct(an.get('change'))} vs {an.get('from_concurrency')}")
+            lines.append(f"{pad}              anomaly: {an.text()}")
     if confirmed:
         lines.append(f"{pad}restore     only with --force: {item.command} --force")
     else:
@@ -289,15 +273,15 @@ def _format_item(item: Reclaim, mark: str, confirmed: bool = False) -> list[str]
 
 # --------------------------------------------------------------------------- revert and restore
 
-def evidence_gains(project: Project, entry: Entry) -> list[tuple[str, list[dict]]]:
+def evidence_gains(project: Project, entry: Entry) -> list[tuple[str, list[Any]]]:
     """(evidence id, positive levels) for each of the entry's evidence that shows a gain."""
     out = []
     for ident in entry.evidence:
         doc = load_evidence(project, ident)
-        if isinstance(doc, dict):
-            gains = positive_levels(doc)
+        if not isinstance(doc, str):
+            gains = doc.positive_gains()
             if gains:
-                out.append((doc["id"], gains))
+                out.append((doc.id, gains))
     return out
 
 

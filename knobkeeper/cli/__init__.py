@@ -1,7 +1,7 @@
 """The `knobkeeper` (alias `kk`) command: a thin click layer over the library.
 
 Each command parses its options, calls one library function, and prints. Submodules hold the
-commands of one part each; this module only assembles them. Heavy imports (rich, gitpython,
+commands of one part each; this module only assembles them. Heavy imports (rich, scipy,
 pyinfra) happen inside the commands, so read commands start fast.
 """
 
@@ -36,4 +36,3 @@ for command in [*catalog_cli.COMMANDS, *core.COMMANDS, *audit_cli.COMMANDS, *dep
     main.add_command(command)
 main.add_command(report_cli.report_cmd)
 main.add_command(canary_cli.canary_cmd)
-canary_cli.register(audit_cli.incident_group)

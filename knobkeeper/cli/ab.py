@@ -45,73 +45,62 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-def _print_doc(doc: dict, *, header: bool = True) -> None:
+def _print_doc(doc, *, header: bool = True) -> None:
+    """`ab show`'s text: per level the table, the guards, validity, the looks, anomalies, the method."""
     from rich.markup import escape
     from rich.table import Table
 
     from knobkeeper import fmt
-    from knobkeeper.evidence import judge as J
-    from knobkeeper.evidence.store import adjusted, summary_line
 
     con = console()
     safe = lambda text: escape(fmt.safe(text))  # noqa: E731  (file contents: no markup, no escapes)
     if header:
-        a = doc["arms"]["A"]["knobs"].get(doc["knob"])
-        b = doc["arms"]["B"]["knobs"].get(doc["knob"])
-        con.print(safe(f"evidence {doc['id']}  {doc['knob']} on {doc['role']}: A={fmt.value(a)}  B={fmt.value(b)}  "
-                       f"[{doc['source'].get('tool')}, {doc['created'][:19]}Z]"))
-    family = doc["judgement"].get("family")
-    title = f"{doc['metric']} per level (B vs A)"
+        con.print(safe(f"evidence {doc.id}  {doc.knob} on {doc.role}: A={fmt.value(doc.baseline)}  "
+                       f"B={fmt.value(doc.candidate)}  [{doc.source.tool}, {doc.created[:19]}Z]"))
+    family = doc.judgement.family
+    title = f"{doc.metric} per level (B vs A)"
     if family:
-        title += f"; family-wise alpha {family['alpha']:g} over {family['size']} tests ({family['method']})"
+        title += f"; family-wise alpha {family.alpha:g} over {family.size} tests ({family.method})"
     table = Table(title=title)
     for col in ("conc", "mean A", "mean B", "effect", "95% CI", "p", "p adj", "verdict", "n A/B"):
         table.add_column(col, justify="right" if col not in ("verdict",) else "left")
-    for lv in doc["judgement"]["levels"]:
-        ci = (f"{fmt.pct(lv['ci_low'])}..{fmt.pct(lv['ci_high'])}" if lv.get("ci_low") is not None else "n/a")
-        verdict = lv["verdict"]
-        if not adjusted(doc) and verdict != "invalid":
+    for lv in doc.judgement.levels:
+        verdict = lv.verdict
+        if not doc.is_adjusted and lv.valid:
             verdict += " (unadjusted)"
-        if lv.get("repeats_needed"):
-            verdict += f" (needs {lv['repeats_needed']} runs/arm)"
-        if lv.get("outliers_dropped"):
-            verdict += f" [{len(lv['outliers_dropped'])} dropped]"
-        table.add_row(str(lv["concurrency"]), fmt.num(lv.get("mean_a")), fmt.num(lv.get("mean_b")),
-                      fmt.pct(lv.get("effect")), ci, fmt.p_value(lv.get("p_value")),
-                      fmt.p_value(lv.get("p_adjusted")) if adjusted(doc) else "unadjusted", verdict,
-                      f"{lv['n_a']}/{lv['n_b']}")
+        if lv.repeats_needed:
+            verdict += f" (needs {lv.repeats_needed} runs/arm)"
+        if lv.outliers_dropped:
+            verdict += f" [{len(lv.outliers_dropped)} dropped]"
+        table.add_row(str(lv.concurrency), fmt.num(lv.mean_a), fmt.num(lv.mean_b), fmt.pct(lv.effect), lv.ci_text(),
+                      fmt.p_value(lv.p_value), doc.p_cell(lv), verdict, f"{lv.n_a}/{lv.n_b}")
     con.print(table)
-    guards = doc["judgement"].get("guards") or []
-    if guards:
+    if doc.judgement.guards:
         gt = Table(title="guards: latency B vs A (+ = slower)")
         for col in ("conc", "metric", "effect", "95% CI", "p", "p adj", "verdict"):
             gt.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
-        for g in guards:
-            ci = f"{fmt.pct(g['ci_low'])}..{fmt.pct(g['ci_high'])}" if g.get("ci_low") is not None else "n/a"
-            word = g["verdict"] + (" REGRESSION" if g.get("regression") else "")
-            gt.add_row(str(g["concurrency"]), J.GUARDS.get(g["metric"], (0, 0, g["metric"]))[2], fmt.pct(g["effect"]),
-                       ci, fmt.p_value(g.get("p_value")), fmt.p_value(g.get("p_adjusted")), word)
+        for g in doc.judgement.guards:
+            gt.add_row(str(g.concurrency), g.label, fmt.pct(g.effect), g.ci_text(), fmt.p_value(g.p_value),
+                       fmt.p_value(g.p_adjusted), g.verdict + (" REGRESSION" if g.regression else ""))
         con.print(gt)
-    validity = doc.get("validity") or {}
-    for row in validity.get("levels", []):
-        if not row["valid"]:
-            con.print(safe(f"invalid @{row['concurrency']}: " + "; ".join(row["reasons"])))
-    for note in validity.get("reasons", []):
+    for row in doc.validity.levels:
+        if not row.valid:
+            con.print(safe(f"invalid @{row.concurrency}: " + "; ".join(row.reasons)))
+        for note in row.not_applied:
+            con.print(safe(f"@{row.concurrency}: {note}"))
+    for note in doc.validity.reasons:
         con.print(safe(f"note: {note}"))
-    seq = doc.get("sequential")
-    if seq:
-        looks = ", ".join(f"after {lk['repeat']}: " + (", ".join(f"@{c} {v}" for c, v in lk["settled"].items())
-                                                       or "none settled") for lk in seq["looks"])
-        con.print(safe(f"sequential: {seq['rule']}"))
+    if doc.sequential:
+        looks = ", ".join(f"after {lk.repeat}: " + (", ".join(f"@{c} {v}" for c, v in lk.settled.items())
+                                                    or "none settled") for lk in doc.sequential.looks)
+        con.print(safe(f"sequential: {doc.sequential.rule}"))
         con.print(safe(f"looks: {looks or 'none taken'}"))
-    for an in doc.get("anomalies") or []:
-        conf = "unconfirmed" if an.get("confidence") is None else f"confidence {an['confidence'] * 100:.1f}%"
-        con.print(f"anomaly: arm {an['arm']} throughput at {an['to_concurrency']} is {fmt.pct(an['change'])} "
-                  f"vs {an['from_concurrency']} ({conf})")
-    if not doc.get("anomalies"):
+    for an in doc.anomalies:
+        con.print(f"anomaly: {an.text()}")
+    if not doc.anomalies:
         con.print("anomalies: none")
-    con.print(safe(f"method: {doc['judgement'].get('method')}"))
-    con.print(safe(f"summary: {summary_line(doc)}"))
+    con.print(safe(f"method: {doc.judgement.method}"))
+    con.print(safe(f"summary: {doc.summary_line()}"))
 
 
 @ab.command("import", cls=_MultiValueCommand)
@@ -150,9 +139,9 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
                        baseline_value=baseline_value, fmt=fmt, inventory=inventory, engine=engine,
                        no_commit=no_commit, keep_invalid=keep_invalid)
     if as_json:
-        emit_json(doc)
+        emit_json(doc.to_json())
         return
-    click.echo(f"evidence {doc['id']}")
+    click.echo(f"evidence {doc.id}")
     _print_doc(doc, header=False)
 
 
@@ -189,7 +178,7 @@ def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, r
     controlled over every level and the TTFT/TPOT guards); --repeats N runs a fixed design.
     The declared state is ALWAYS restored at the end (also on Ctrl-C or error).
     """
-    from knobkeeper.evidence.ab import ab_run
+    from knobkeeper.evidence.ab import Design, ab_run
 
     if requests is None and duration is None:
         raise UserError("--requests or --duration: give one (how long each level is measured)")
@@ -198,14 +187,14 @@ def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, r
     if repeats is not None and max_repeats is not None:
         raise UserError("--repeats and --max-repeats: give only one (fixed or sequential design)")
     project = find_project(repo)
-    doc = ab_run(project, inventory=inventory, role=role, set_spec=set_spec, baseline=baseline,
-                 levels=_levels(levels), repeats=repeats, max_repeats=max_repeats, requests=requests,
-                 duration=duration, endpoint=endpoint, api=api, input_len=input_len, output_len=output_len,
-                 no_commit=no_commit, keep_invalid=keep_invalid, progress=not as_json)
+    design = Design(_levels(levels), repeats=repeats, max_repeats=max_repeats, requests=requests, duration=duration,
+                    api=api, input_len=input_len, output_len=output_len, keep_invalid=keep_invalid)
+    doc = ab_run(project, inventory=inventory, role=role, set_spec=set_spec, baseline=baseline, design=design,
+                 endpoint=endpoint, no_commit=no_commit, progress=not as_json)
     if as_json:
-        emit_json(doc)
+        emit_json(doc.to_json())
         return
-    click.echo(f"evidence {doc['id']}")
+    click.echo(f"evidence {doc.id}")
     _print_doc(doc, header=False)
 
 
@@ -227,7 +216,7 @@ def show_cmd(ident, plot_path, repo, as_json):
 
         plot(doc, plot_path)
     if as_json:
-        emit_json(doc)
+        emit_json(doc.to_json())
         return
     _print_doc(doc)
     if plot_path:
@@ -244,10 +233,10 @@ def list_cmd(repo, as_json):
 
     rows = list_all(find_project(repo))
     if as_json:
-        emit_json(rows)
+        emit_json([row.to_json() for row in rows])
         return
     from knobkeeper import fmt
 
     for row in rows:
-        click.echo(fmt.safe(f"{row['created'][:19]}Z {row['id']} {row['role']}: {row['knob']} "
-                            f"{fmt.value(row['baseline'])} -> {fmt.value(row['candidate'])}: {row['summary']}"))
+        click.echo(fmt.safe(f"{row.created[:19]}Z {row.id} {row.role}: {row.knob} "
+                            f"{fmt.value(row.baseline)} -> {fmt.value(row.candidate)}: {row.summary}"))

@@ -1,4 +1,4 @@
-"""Audit commands: incident open/note/resolve/list/show, reclaimable, timeline."""
+"""Audit commands: incident open/note/resolve/list/show/snapshot, reclaimable, timeline."""
 
 from __future__ import annotations
 
@@ -131,6 +131,23 @@ def list_cmd(status: str, repo, as_json: bool) -> None:
         reverts = ", ".join(f"{s.revert.knob} {s.status}" for s in per.get(i.id, [])) or "no reverts"
         cause = f"  root cause: {i.resolution.root_cause}" if i.resolution else ""
         click.echo(fmt.safe(f"{i.id}  {i.status:<8}  {i.opened[:19]}Z  {i.title}  ({reverts}){cause}"))
+
+
+@incident_group.command("snapshot")
+@click.argument("incident_id", metavar="ID")
+@click.option("--inventory", default="inventory/local.py", show_default=True, help="The stack to read.")
+@click.option("--window", type=float, default=5.0, show_default=True,
+              help="Seconds between the two scrapes that give each engine's tokens/s.")
+@repo_option
+@example("knobkeeper incident snapshot 1a2b3c4d --inventory inventory/local.py")
+def snapshot_cmd(incident_id, inventory, window, repo):
+    """Record every service's engine and router gauges now (running, queued, tokens/s, in-flight,
+    workers as the router sees them) into the incident: a note plus the full JSON, one commit."""
+    from knobkeeper.audit.snapshot import snapshot_incident
+
+    change = snapshot_incident(find_project(repo), incident_id, inventory, window)
+    click.echo(fmt.safe(f"incident {change.incident.id}: {change.incident.notes[-1].text}"))
+    click.echo(f"commit {change.commit[:10]}" if change.commit else "staged, not committed")
 
 
 @incident_group.command("show")

@@ -8,7 +8,9 @@ import click
 
 from knobkeeper.cli.common import emit_json, example, json_option, repo_option
 from knobkeeper.errors import UserError
+from knobkeeper.evidence import canary as C
 from knobkeeper.project import find_project
+from knobkeeper.timeutil import duration_words
 
 
 def _seconds(text: str, option: str) -> float:
@@ -23,22 +25,25 @@ def _seconds(text: str, option: str) -> float:
 @click.command("canary")
 @click.argument("spec", metavar="KNOB=VALUE", required=False)
 @click.option("--role", required=True, help="The role whose hosts are split into canary and baseline, e.g. decode.")
-@click.option("--inventory", default="inventory/local.py", show_default=True, help="The inventory to deploy.")
+@click.option("--inventory", default=C.DEFAULT_INVENTORY, show_default=True, help="The inventory to deploy.")
 @click.option("--hosts", "hosts", type=int, default=None, help="How many of the role's workers get the candidate (default 1).")
 @click.option("--host", "host_names", multiple=True, metavar="HOST", help="A canary host by name (repeatable).")
-@click.option("--duration", default="10m", show_default=True, help="How long to compare (30s, 10m, 1h).")
-@click.option("--interval", default="30s", show_default=True, help="Window length: one sample per host per window.")
+@click.option("--duration", default=duration_words(C.DURATION_S), show_default=True, help="How long to compare (30s, 10m, 1h).")
+@click.option("--interval", default=duration_words(C.INTERVAL_S), show_default=True,
+              help="Window length: one sample per host per window.")
 @click.option("--calibrate", default=None, metavar="DURATION",
               help="Windows before the deploy, every host at the declared value: they measure the hosts' "
                    "lasting differences (default: as long as --duration; 0: none, hosts assumed alike).")
-@click.option("--restart-noise", type=float, default=0.02, show_default=True,
-              help="Log-sd of a restart's own speed offset, which no window averages out (0.02: 2%).")
-@click.option("--alpha", type=float, default=0.05, show_default=True,
+@click.option("--restart-noise", type=float, default=C.RESTART_NOISE, show_default=True,
+              help=f"Log-sd of a restart's own speed offset, which no window averages out "
+                   f"({C.RESTART_NOISE:g}: {C.RESTART_NOISE:.0%}).")
+@click.option("--alpha", type=float, default=C.ALPHA, show_default=True,
               help="Family-wise error rate of the judgement: how sure before it promotes or rolls back.")
 @click.option("--source", "source", nargs=2, default=None, metavar="prometheus URL",
               help="Read the metrics from a Prometheus scraping the workers (default: --scrape).")
 @click.option("--scrape", is_flag=True, help="knobkeeper scrapes every worker's /metrics itself (the default).")
-@click.option("--scrape-interval", default="1s", show_default=True, help="How often the scrape path samples.")
+@click.option("--scrape-interval", default=duration_words(C.SCRAPE_INTERVAL_S), show_default=True,
+              help="How often the scrape path samples.")
 @click.option("--promote", is_flag=True, help="On 'better': `set` the value with the evidence and deploy the whole role.")
 @click.option("--reason", default=None, help="The reason of the entry --promote writes.")
 @click.option("--print-scrape-config", is_flag=True,
@@ -61,8 +66,6 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
     SIGTERM puts them back too. The evidence is written either way (changelog/evidence/, source
     "knobkeeper canary").
     """
-    from knobkeeper.evidence import canary as C
-
     project = find_project(repo)
     if print_scrape_config:
         from knobkeeper.deploy.stack import load_stack
@@ -87,16 +90,15 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
         if not as_json:
             click.echo(f"  window {k}/{n}", err=True)
 
-    out = C.canary_command(project, spec, role=role, inventory=inventory, hosts=hosts,
-                           host_names=list(host_names) or None, duration=_seconds(duration, "--duration"),
-                           interval=_seconds(interval, "--interval"), prometheus=prometheus, promote=promote,
-                           calibrate=None if calibrate is None else 0.0 if calibrate.strip() == "0"
-                           else _seconds(calibrate, "--calibrate"),
-                           restart_noise=restart_noise, alpha=alpha,
-                           reason=reason, scrape_interval=_seconds(scrape_interval, "--scrape-interval"),
-                           on_window=progress)
+    options = C.Options(duration=_seconds(duration, "--duration"), interval=_seconds(interval, "--interval"),
+                        calibrate=None if calibrate is None else 0.0 if calibrate.strip() == "0"
+                        else _seconds(calibrate, "--calibrate"),
+                        restart_noise=restart_noise, alpha=alpha, promote=promote, reason=reason,
+                        scrape_interval=_seconds(scrape_interval, "--scrape-interval"), on_window=progress)
+    out = C.canary(project, spec, role=role, inventory=inventory, hosts=hosts, host_names=list(host_names) or None,
+                   prometheus=prometheus, options=options)
     if as_json:
-        emit_json({"verdict": out.verdict, "action": out.action, "evidence": out.doc["id"], "entry": out.entry})
+        emit_json({"verdict": out.verdict, "action": out.action, "evidence": out.doc.id, "entry": out.entry})
     else:
         for line in C.report_lines(out):
             click.echo(line)
@@ -105,25 +107,3 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
 
 
 COMMANDS = [canary_cmd]
-
-
-@click.command("snapshot")
-@click.argument("incident_id", metavar="ID")
-@click.option("--inventory", default="inventory/local.py", show_default=True, help="The stack to read.")
-@click.option("--window", type=float, default=5.0, show_default=True,
-              help="Seconds between the two scrapes that give each engine's tokens/s.")
-@repo_option
-@example("knobkeeper incident snapshot 1a2b3c4d --inventory inventory/local.py")
-def snapshot_cmd(incident_id, inventory, window, repo):
-    """Record every service's engine and router gauges now (running, queued, tokens/s, in-flight,
-    workers as the router sees them) into the incident: a note plus the full JSON, one commit."""
-    from knobkeeper.evidence.metrics import snapshot_incident
-
-    change = snapshot_incident(find_project(repo), incident_id, inventory, window)
-    click.echo(f"incident {change.incident.id}: {change.incident.notes[-1].text}")
-    click.echo(f"commit {change.commit[:10]}" if change.commit else "staged, not committed")
-
-
-def register(incident_group: click.Group) -> None:
-    """`incident snapshot` joins the incident group (kept here, with the scraping it uses)."""
-    incident_group.add_command(snapshot_cmd)

@@ -1,8 +1,11 @@
 """`ab run`: switch the stack between two arms, load it at every level, judge, always restore.
 
-The arm switcher is a parameter, so the same orchestration drives the real deploy (the CLI
-passes one that runs the deploy with knob_overrides: only the role restarts, gates included)
-and tests (a switcher that restarts a sim process with the arm's environment).
+`measure(harness, design, ...)` runs one A/B and returns its judged evidence (unwritten); `ab_run`
+is `knobkeeper ab run`: the deploy as the harness, then the evidence written and committed. The
+harness (how to switch arms, restore, reach the endpoint, load it) is a parameter, so the same
+orchestration drives the real deploy (the deploy with knob_overrides: only the role restarts,
+gates included) and tests (a switcher that restarts a sim process with the arm's environment).
+The design (levels, repeats, how long each run is, the prompt shape) is one object, `Design`.
 
 Schedule: repeats are blocks of both arms in ABBA order (AB, BA, AB, ...), so a linear drift
 (thermal, a neighbour, a cache filling) lands equally on both arms. Each block: switch to the
@@ -23,15 +26,17 @@ recorded in the evidence's `sequential`, so `verify` can recompute the p-values.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import urllib.request
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge as J
 from knobkeeper.evidence import validity as V
+from knobkeeper.evidence.model import Arm, Evidence, KnobSeen, Look, Run, Schedule, Sequential, Setup, Workload
 
 Switch = Callable[[dict], None]
 LoadFn = Callable[..., dict]
@@ -39,12 +44,69 @@ LoadFn = Callable[..., dict]
 
 @dataclass
 class Probes:
-    """What `ab run` reads from the stack besides the load: `knob(arm) -> knob_seen` after each
+    """What `ab run` reads from the stack besides the load: `knob(arm) -> KnobSeen` after each
     switch (status, running value, detail), `prefill_tokens() -> counter | None` (None: the stack
     is not disaggregated). Either may be None (not checked: the runs say "unverified")."""
 
-    knob: Callable[[dict], dict] | None = None
+    knob: Callable[[dict], KnobSeen] | None = None
     prefill_tokens: Callable[[], float | None] | None = None
+
+
+@dataclass
+class Harness:
+    """How an A/B reaches the stack: `switch_arm(arm)` must leave the endpoint serving that arm
+    (arm: {"label", "knobs"}), `restore()` puts the declared state back, `load(endpoint,
+    concurrency, **kw) -> summary` loads it (default: knobkeeper.loadgen.run_load)."""
+
+    switch_arm: Switch
+    restore: Callable[[], None]
+    endpoint: str | None
+    probes: Probes = field(default_factory=Probes)
+    load: LoadFn | None = None
+
+
+@dataclass
+class Design:
+    """What one A/B measures. `repeats`: a fixed design of that many blocks per arm; `max_repeats`:
+    the sequential design capped there (give one). Each run is `requests` requests or `duration`
+    seconds (give one). `warmup_requests`: the block's warm-up load (default: one request per
+    stream at the top open level); `level_warmup`: completions excluded at the start of each level
+    (default: one per stream, see knobkeeper.loadgen); `load_options`: more keyword arguments for
+    every load (e.g. keepalive=True for an endpoint without the router's keep-alive delay)."""
+
+    levels: list[int]
+    repeats: int | None = None
+    max_repeats: int | None = None
+    requests: int | None = None
+    duration: float | None = None
+    api: str = "chat"
+    input_len: int = 128
+    output_len: int = 64
+    warmup_requests: int | None = None
+    level_warmup: int | None = None
+    model: str | None = None
+    load_options: dict[str, Any] = field(default_factory=dict)
+    keep_invalid: bool = False
+
+    def check(self) -> None:
+        """UserError (one line, naming the option) for a design that cannot run."""
+        if (self.repeats is None) == (self.max_repeats is None):
+            raise UserError("give one of --repeats (fixed design) or --max-repeats (sequential design)")
+        if self.cap < 1:
+            raise UserError(f"--{'repeats' if self.max_repeats is None else 'max-repeats'} {self.cap}: expected at "
+                            f"least 1 (2 or more to judge)")
+        if not self.levels or any(c < 1 for c in self.levels):
+            raise UserError(f"--concurrency {self.levels}: expected positive integers, e.g. 64,80,96")
+        if (self.requests is None) == (self.duration is None):
+            raise UserError("give exactly one of --requests or --duration")
+
+    @property
+    def cap(self) -> int:
+        return self.repeats if self.max_repeats is None else self.max_repeats
+
+    def workload(self) -> Workload:
+        return Workload(api=self.api, input_len=self.input_len, output_len=self.output_len,
+                        requests_per_run=self.requests, duration_s=self.duration)
 
 
 def schedule(repeats: int) -> list[tuple[int, str]]:
@@ -57,6 +119,7 @@ def schedule(repeats: int) -> list[tuple[int, str]]:
 
 
 def _run_fields(summary: dict) -> dict[str, Any]:
+    """The evidence run's fields from a load summary (knobkeeper.loadgen)."""
     keep = ("output_tokens_per_s", "requests_per_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "completed",
             "errors", "errors_by_kind", "warmup_errors", "window_s", "client_cpu_util")
     out = {k: summary.get(k) for k in keep}
@@ -66,7 +129,7 @@ def _run_fields(summary: dict) -> dict[str, Any]:
     return out
 
 
-def knob_seen(arm: dict, knob: str, running: dict | None, source: str) -> dict:
+def knob_seen(arm: Mapping, knob: str, running: dict | None, source: str) -> KnobSeen:
     """knob_seen of a run of `arm` (see validity.knob_seen): `running` is the engine's environment."""
     return V.knob_seen(arm["knobs"].get(knob), knob, running, source)
 
@@ -76,61 +139,42 @@ class Stopping:
 
     def __init__(self, levels: list[int], max_repeats: int, metric: str = J.METRIC):
         self.levels, self.metric = list(levels), metric
-        self.record = J.sequential_rule(max_repeats)
+        self.record: Sequential = J.sequential_rule(max_repeats)
         self.open = list(levels)
 
-    def after_repeat(self, repeat: int, runs: list[dict]) -> None:
+    def after_repeat(self, repeat: int, runs: list[Run]) -> None:
         """Take the planned look after `repeat` complete repeats (if one is planned there)."""
-        if repeat not in self.record["planned_looks"] or not self.open:
+        if repeat not in self.record.planned_looks or not self.open:
             return
-        self.record["looks"].append({"repeat": repeat, "open": list(self.open), "settled": {}})
+        look = self.record.looks
+        look.append(Look(repeat, list(self.open), {}))
         _, invalid = V.assess(runs, self.metric)
         judgement = J.judge(runs, self.metric, invalid=invalid, sequential=self.record)
-        for level in judgement["levels"]:
-            if level["concurrency"] in self.open and J.settled(level):
-                self.record["looks"][-1]["settled"][str(level["concurrency"])] = level["verdict"]
-                self.open.remove(level["concurrency"])
+        for level in judgement.levels:
+            if level.concurrency in self.open and J.settled(level):
+                look[-1].settled[str(level.concurrency)] = level.verdict
+                self.open.remove(level.concurrency)
 
 
-def run_ab(switch_arm: Switch, restore: Callable[[], None], endpoint: str, levels: list[int],
-           repeats: int | None = None, *, arms: dict[str, dict], knob: str, role: str,
-           max_repeats: int | None = None, requests: int | None = None,
-           duration: float | None = None, api: str = "chat", input_len: int = 128, output_len: int = 64,
-           warmup_requests: int | None = None, level_warmup: int | None = None, model: str | None = None,
-           setup: dict | None = None, load_options: dict | None = None, probes: Probes | None = None,
-           keep_invalid: bool = False, load: LoadFn | None = None, progress: bool | Any = False) -> dict:
-    """Run the A/B and return the judged evidence doc (not yet written).
+def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Mapping[str, Mapping],
+            setup: Setup | Mapping | None = None, progress: bool | Any = False) -> Evidence:
+    """Run the A/B and return the judged evidence (not yet written).
 
-    `repeats`: a fixed design of that many blocks per arm; `max_repeats`: the sequential design
-    capped there (give one). `warmup_requests`: the block's warm-up load (default: one request
-    per stream at the top open level); `level_warmup`: completions excluded at the start of each
-    level (default: one per stream, see knobkeeper.loadgen); `load_options`: more keyword
-    arguments for every load (e.g. keepalive=True for an endpoint without the router's
-    keep-alive delay). `arms`: {"A": {"label":..., "knobs": {...}}, "B": {...}};
-    `switch_arm(arm_dict)` must leave the endpoint serving that arm. `probes`: the validity
-    checks read from the stack (see Probes). `load(endpoint, concurrency, **kw) -> summary`
-    defaults to knobkeeper.loadgen.run_load. `progress`: True for a rich progress bar on
-    stderr, or a rich Console to draw it on.
+    `arms`: {"A": {"label":..., "knobs": {...}}, "B": {...}}; `setup`: what the caller knows of the
+    stack (the workload and the schedule are filled in here). `progress`: True for a rich progress
+    bar on stderr, or a rich Console to draw it on.
     """
     from knobkeeper.evidence.store import build_doc
 
-    if (repeats is None) == (max_repeats is None):
-        raise UserError("give one of --repeats (fixed design) or --max-repeats (sequential design)")
-    cap = repeats if max_repeats is None else max_repeats
-    if cap < 1:
-        raise UserError(f"--{'repeats' if max_repeats is None else 'max-repeats'} {cap}: expected at least 1 "
-                        f"(2 or more to judge)")
-    if not levels or any(c < 1 for c in levels):
-        raise UserError(f"--concurrency {levels}: expected positive integers, e.g. 64,80,96")
-    if (requests is None) == (duration is None):
-        raise UserError("give exactly one of --requests or --duration")
+    design.check()
+    load = harness.load
     if load is None:
         from knobkeeper.loadgen import run_load as load
-    probes = probes or Probes()
-    levels = sorted(set(levels))
-    stopping = Stopping(levels, cap) if max_repeats is not None else None
-    plan = schedule(cap)
-    runs: list[dict] = []
+    arms = {name: Arm.of(arm).to_json() for name, arm in arms.items()}
+    levels = sorted(set(design.levels))
+    stopping = Stopping(levels, design.cap) if design.max_repeats is not None else None
+    plan = schedule(design.cap)
+    runs: list[Run] = []
     bar = _progress(progress, len(plan) * len(levels))
     started = time.time()
     blocks = 0
@@ -143,50 +187,62 @@ def run_ab(switch_arm: Switch, restore: Callable[[], None], endpoint: str, level
             if not todo:
                 break
             if bar is not None:
-                bar.update(task, description=f"switch to {arm} (repeat {repeat}/{cap})")
-            switch_arm(arms[arm])
+                bar.update(task, description=f"switch to {arm} (repeat {repeat}/{design.cap})")
+            harness.switch_arm(arms[arm])
             blocks += 1
-            seen = probes.knob(arms[arm]) if probes.knob is not None else None
-            warm_conc = max(todo)
-            load(endpoint, warm_conc, requests=warmup_requests or warm_conc, api=api, model=model,
-                 input_len=input_len, output_len=output_len, warmup=0, **(load_options or {}))
-            for conc in list(todo):
-                if bar is not None:
-                    bar.update(task, description=f"{arm} @{conc} (repeat {repeat}/{cap})")
-                before = probes.prefill_tokens() if probes.prefill_tokens is not None else None
-                summary = load(endpoint, conc, requests=requests, duration=duration, api=api, model=model,
-                               input_len=input_len, output_len=output_len, warmup=level_warmup,
-                               **(load_options or {}))
-                run = {"arm": arm, "repeat": repeat, "concurrency": conc, **_run_fields(summary)}
-                if seen is not None:
-                    run["knob_seen"] = seen
-                if before is not None:
-                    after = probes.prefill_tokens()
-                    if after is not None:
-                        run["prefill_prompt_tokens"] = after - before
-                runs.append(run)
-                if bar is not None:
-                    bar.advance(task)
+            runs += _block(harness, design, load, arm, repeat, list(todo), arms[arm],
+                           lambda conc: bar.update(task, description=f"{arm} @{conc} (repeat {repeat}/{design.cap})")
+                           if bar is not None else None,
+                           lambda: bar.advance(task) if bar is not None else None)
             if stopping is not None and index % 2 == 1:
                 stopping.after_repeat(repeat, runs)
     finally:
         try:
             if bar is not None:
                 bar.update(task, description="restoring the declared state")
-            restore()
+            harness.restore()
         finally:
             if bar is not None:
                 bar.stop()
-    workload = {"api": api, "input_len": input_len, "output_len": output_len, "requests_per_run": requests,
-                "duration_s": duration}
-    full_setup = {**(setup or {}), "workload": workload,
-                  "schedule": {"order": "ABBA", "repeats": cap, "levels": levels, "endpoint": endpoint,
-                               "design": "sequential" if stopping is not None else "fixed", "blocks": blocks,
-                               "warmup_requests": warmup_requests or max(levels),
-                               "wall_s": round(time.time() - started, 3)}}
-    return build_doc(knob=knob, role=role, arms=arms, runs=runs, setup=full_setup,
+    setup = Setup.of(setup or {})
+    setup.workload = design.workload()
+    setup.schedule = Schedule(order="ABBA", repeats=design.cap, levels=levels, endpoint=harness.endpoint,
+                              design="sequential" if stopping is not None else "fixed", blocks=blocks,
+                              warmup_requests=design.warmup_requests or max(levels),
+                              wall_s=round(time.time() - started, 3))
+    if harness.load is None and setup.bench_tool is None:
+        from knobkeeper import __version__
+
+        setup.bench_tool, setup.bench_version = "knobkeeper.loadgen", __version__
+    return build_doc(knob=knob, role=role, arms=arms, runs=runs, setup=setup,
                      source={"tool": "knobkeeper ab run", "format": None},
-                     sequential=stopping.record if stopping is not None else None, keep_invalid=keep_invalid)
+                     sequential=stopping.record if stopping is not None else None, keep_invalid=design.keep_invalid)
+
+
+def _block(harness: Harness, design: Design, load: LoadFn, arm: str, repeat: int, todo: list[int], arm_spec: dict,
+           on_level: Callable[[int], Any], on_done: Callable[[], Any]) -> list[Run]:
+    """One block of one arm (already switched to): check the knob, warm up, then every open level once."""
+    probes = harness.probes
+    seen = probes.knob(arm_spec) if probes.knob is not None else None
+    warm_conc = max(todo)
+    shape = {"api": design.api, "model": design.model, "input_len": design.input_len, "output_len": design.output_len}
+    load(harness.endpoint, warm_conc, requests=design.warmup_requests or warm_conc, warmup=0, **shape,
+         **design.load_options)
+    runs = []
+    for conc in todo:
+        on_level(conc)
+        before = probes.prefill_tokens() if probes.prefill_tokens is not None else None
+        summary = load(harness.endpoint, conc, requests=design.requests, duration=design.duration,
+                       warmup=design.level_warmup, **shape, **design.load_options)
+        run = Run.from_json({"arm": arm, "repeat": repeat, "concurrency": conc, **_run_fields(summary)})
+        run.knob_seen = seen
+        if before is not None:
+            after = probes.prefill_tokens()
+            if after is not None:
+                run.prefill_prompt_tokens = after - before
+        runs.append(run)
+        on_done()
+    return runs
 
 
 def _progress(progress: bool | Any, total: int):
@@ -225,8 +281,8 @@ def arms_from_specs(project, role: str, set_spec: str, baseline: str = "current"
     return knob, {"A": {"label": label, "knobs": {knob: base}}, "B": {"label": "candidate", "knobs": {knob: value}}}
 
 
-def deploy_switcher(project, inventory: str, role: str) -> tuple[Switch, Callable[[], None], str | None]:
-    """(switch_arm, restore, router endpoint) backed by the real deploy.
+def deploy_harness(project, inventory: str, role: str, knob: str) -> Harness:
+    """The harness backed by the real deploy, with the stack's probes and its router as endpoint.
 
     switch_arm(arm) deploys `inventory` with knob_overrides={role: arm knobs} and only=role, so only
     that role restarts and every gate (the router's included) holds before load starts; restore()
@@ -249,7 +305,7 @@ def deploy_switcher(project, inventory: str, role: str) -> tuple[Switch, Callabl
 
     stack = load_stack(project.root, inventory)
     router = next((s for s in stack.services if s.role == "router"), None)
-    return switch_arm, restore, router.url if router else None
+    return Harness(switch_arm, restore, router.url if router else None, deploy_probes(project, inventory, role, knob))
 
 
 def engine_of(project, inventory: str, role: str) -> str:
@@ -273,7 +329,7 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     services = [s for s in stack.services if s.role == role]
     prefills = [s for s in stack.services if s.role == "prefill"] if role != "prefill" else []
 
-    def knob_probe(arm: dict) -> dict:
+    def knob_probe(arm: dict) -> KnobSeen:
         worst = None
         with host_shell(inv) as shell:
             for svc in services:
@@ -281,8 +337,8 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
                 started = (seen or {}).get("started") if seen and seen.get("running") else None
                 running = started.get("knobs") if isinstance(started, dict) else None
                 result = knob_seen(arm, knob, running, f"{svc.host}/{svc.name} started.sh")
-                if worst is None or result["status"] == V.NOT_CARRIED or (
-                        result["status"] == V.UNVERIFIED and worst["status"] == V.CARRIED):
+                if worst is None or result.status == V.NOT_CARRIED or (
+                        result.status == V.UNVERIFIED and worst.status == V.CARRIED):
                     worst = result
         return worst or knob_seen(arm, knob, None, f"no {role} service in {inventory}")
 
@@ -327,38 +383,30 @@ def server_info_knobs(base_url: str, timeout: float = 5.0) -> dict | None:
     return knobs if isinstance(knobs, dict) else None
 
 
-def ab_run(project, *, inventory: str, role: str, set_spec: str, baseline: str = "current",
-           levels: list[int], repeats: int | None = None, max_repeats: int | None = None,
-           requests: int | None = None, duration: float | None = None,
-           endpoint: str | None = None, api: str = "chat", input_len: int = 128, output_len: int = 64,
-           no_commit: bool = False, keep_invalid: bool = False, progress: bool | Any = False,
-           switcher: tuple[Switch, Callable[[], None], str | None] | None = None,
-           probes: Probes | None = None, load: LoadFn | None = None) -> dict:
+def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design, baseline: str = "current",
+           endpoint: str | None = None, no_commit: bool = False, progress: bool | Any = False,
+           harness: Harness | None = None) -> Evidence:
     """`knobkeeper ab run`: A/B through the deploy, then write + commit the evidence; returns the doc.
 
-    Neither `repeats` nor `max_repeats`: the sequential design with the fixed design's power at
-    3% noise (judge.sequential_repeats). `switcher` replaces the deploy-backed one (tests, or a
-    custom harness); `probes` then default to none (the runs say "unverified").
+    Neither `design.repeats` nor `design.max_repeats`: the sequential design with the fixed design's
+    power at 3% noise (judge.sequential_repeats). `harness` replaces the deploy-backed one (tests,
+    or a custom harness; its probes then default to none: the runs say "unverified").
     """
-    from knobkeeper.evidence.store import git_sha, write
+    from knobkeeper.deploy.api import terminate_as_interrupt
+    from knobkeeper.evidence.store import write
 
     knob, arms = arms_from_specs(project, role, set_spec, baseline)
-    if repeats is None and max_repeats is None:
-        max_repeats = J.sequential_repeats(levels=len(set(levels)), guards=True)
-    switch_arm, restore, default_endpoint = switcher or deploy_switcher(project, inventory, role)
-    if probes is None and switcher is None:
-        probes = deploy_probes(project, inventory, role, knob)
-    endpoint = endpoint or default_endpoint
-    if not endpoint:
+    if design.repeats is None and design.max_repeats is None:
+        design = dataclasses.replace(design, max_repeats=J.sequential_repeats(levels=len(set(design.levels)),
+                                                                              guards=True))
+    engine = "custom switcher" if harness is not None else engine_of(project, inventory, role)
+    harness = harness or deploy_harness(project, inventory, role, knob)
+    if endpoint:
+        harness = dataclasses.replace(harness, endpoint=endpoint)
+    if not harness.endpoint:
         raise UserError("--endpoint: required (the inventory names no router endpoint)")
-    engine = engine_of(project, inventory, role) if switcher is None else "custom switcher"
-    setup = {"inventory": inventory, "git_sha": git_sha(project), "engine": engine}
-    from knobkeeper.deploy.api import terminate_as_interrupt
-
+    setup = Setup.build(project, inventory=inventory, engine=engine)
     with terminate_as_interrupt():  # a CI job's SIGTERM restores the declared state, as Ctrl-C does
-        doc = run_ab(switch_arm, restore, endpoint, levels, repeats, max_repeats=max_repeats, arms=arms, knob=knob,
-                     role=role, requests=requests, duration=duration, api=api, input_len=input_len,
-                     output_len=output_len, setup=setup, load=load, probes=probes, keep_invalid=keep_invalid,
-                     progress=progress)
-    path = write(project, doc, no_commit=no_commit)
-    return json.loads(path.read_text())
+        doc = measure(harness, design, knob=knob, role=role, arms=arms, setup=setup, progress=progress)
+    write(project, doc, no_commit=no_commit)
+    return doc

@@ -2,6 +2,13 @@
 hosts compared with the rest over the same windows (same traffic, same minutes: drift cancels),
 rolled back by itself when worse, promoted with the evidence attached when better.
 
+    canary(project, KNOB=VALUE, role=..., options=Options())   `knobkeeper canary`: the one call
+    run(project, plan, source, switch, options)                 the same on a stack of your own
+    measure(plan, source, switch, options)                      the windows and the judgement only
+
+`Options` holds every default once (the CLI shows them); `Switch` is how the candidate goes on and
+comes off the canary hosts (the deploy, or a test's restart).
+
 The design: windows, a calibration, and a difference of differences
 -------------------------------------------------------------------
 The run is cut into windows of `interval` s. Per window and per worker host, the engine's own metrics
@@ -70,18 +77,78 @@ from typing import Any, Callable
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.judge import ALPHA
 from knobkeeper.evidence.metrics import Target, WindowStats, queries
+from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
 
 METRIC = "output_tokens_per_s"
 IMBALANCE = 2.0
 RESTART_NOISE = 0.02
+DURATION_S = 600.0          # --duration: ten minutes of canary windows
+INTERVAL_S = 30.0           # --interval: one sample per host per window
+SCRAPE_INTERVAL_S = 1.0     # --scrape-interval: how often knobkeeper's own scrape samples
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
 SETTLE_MIN_S = 10.0
 GUARD_FIELDS = ("ttft_ms", "tpot_ms")
 GUARD_KEYS = ("p50", "p99")
 CALIBRATION, CANARY = "calibration", "canary"
+DEFAULT_INVENTORY = "inventory/local.py"
 
 Apply = Callable[[list[Target], dict], None]
+
+
+@dataclass
+class Options:
+    """How a canary runs; every default of the command is here (and `knobkeeper canary --help`
+    shows these). `calibrate`: seconds of windows before the deploy (None: as long as `duration`,
+    the most power for the time; 0: none, the uncalibrated design). `settle`: seconds after the
+    deploy before the first window (None: one interval, at least SETTLE_MIN_S). `alpha`: the
+    family-wise error rate of the judgement (a stricter one asks more of a canary before it promotes
+    or rolls back). `promote`: on "better", `set` the value with the evidence and deploy the role."""
+
+    duration: float = DURATION_S
+    interval: float = INTERVAL_S
+    calibrate: float | None = None
+    settle: float | None = None
+    restart_noise: float = RESTART_NOISE
+    alpha: float = ALPHA
+    imbalance: float = IMBALANCE
+    scrape_interval: float = SCRAPE_INTERVAL_S
+    promote: bool = False
+    reason: str | None = None
+    on_window: Callable[[int, int], None] | None = None
+
+    def check(self) -> None:
+        """UserError (one line, naming the option) for options a canary cannot run with."""
+        calibrate = self.calibration_s
+        if self.interval <= 0 or self.duration < 2 * self.interval:
+            raise UserError(f"--duration {self.duration:g} / --interval {self.interval:g}: expected at least 2 "
+                            f"windows (duration >= 2 x interval > 0)")
+        if calibrate and calibrate < 2 * self.interval:
+            raise UserError(f"--calibrate {calibrate:g}: expected 0 or at least 2 windows of {self.interval:g} s")
+        if not 0 < self.alpha < 1:
+            raise UserError(f"--alpha {self.alpha:g}: expected a probability between 0 and 1 ({ALPHA:g})")
+        if not 0 <= self.restart_noise < 1:
+            raise UserError(f"--restart-noise {self.restart_noise:g}: expected a log-sd from 0 to 1 "
+                            f"({RESTART_NOISE:g}: {RESTART_NOISE:.0%})")
+
+    @property
+    def calibration_s(self) -> float:
+        return self.duration if self.calibrate is None else self.calibrate
+
+    @property
+    def settle_s(self) -> float:
+        return max(self.interval, SETTLE_MIN_S) if self.settle is None else self.settle
+
+
+@dataclass
+class Switch:
+    """How the candidate goes on the canary hosts and comes off: `apply(canary targets, {knob:
+    value})` (gated), `restore()` back to the declared state, `promote_rest()` the whole role at the
+    declared state (after the promote's `set`; None: no promote possible)."""
+
+    apply: Apply
+    restore: Callable[[], None]
+    promote_rest: Callable[[], None] | None = None
 
 
 @dataclass
@@ -107,7 +174,7 @@ class Plan:
 class CanaryWorse(Exception):
     """The canary was judged worse (or failed a guard) and was rolled back; `doc` is its evidence."""
 
-    def __init__(self, doc: dict, reason: str):
+    def __init__(self, doc: Evidence, reason: str):
         super().__init__(reason)
         self.doc = doc
         self.reason = reason
@@ -150,7 +217,7 @@ def per_request_rate(s: WindowStats) -> tuple[float | None, float | None]:
 
 
 def assess_windows(plan: Plan, stats: dict[str, list[WindowStats]], phase: str, imbalance: float = IMBALANCE,
-                   first_index: int = 0) -> list[dict]:
+                   first_index: int = 0) -> list[Window]:
     """Every window of one phase with its validity and, when valid, each host's x (module doc)."""
     keys = [t.key for t in plan.targets]
     count = min((len(stats.get(key, [])) for key in keys), default=0)
@@ -168,12 +235,12 @@ def assess_windows(plan: Plan, stats: dict[str, list[WindowStats]], phase: str, 
         if not reasons and max(loads) > imbalance * min(loads):
             reasons.append(f"requests in flight {min(loads):.1f}..{max(loads):.1f}: spread beyond {imbalance:g}x")
         first = next(iter(row.values()))
-        window = {"index": first_index + k, "phase": phase, "start": first.start, "end": first.end,
-                  "valid": not reasons, "reasons": reasons, "hosts": {key: s.as_dict() for key, s in row.items()}}
+        window = Window(index=first_index + k, phase=phase, start=first.start, end=first.end, valid=not reasons,
+                        reasons=reasons, hosts={key: s.as_dict() for key, s in row.items()})
         if not reasons:
             mean_load = sum(loads) / len(loads)
-            window["throughput"] = {key: rate * mean_load for key, (_, rate) in flight.items()}
-            window["in_flight"] = mean_load
+            window.throughput = {key: rate * mean_load for key, (_, rate) in flight.items()}
+            window.in_flight = mean_load
         windows.append(window)
     return windows
 
@@ -182,47 +249,47 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def _level(windows: list[dict]) -> int:
+def _level(windows: list[Window]) -> int:
     """The evidence's concurrency: the median requests in flight per host over the valid windows."""
-    loads = [w["in_flight"] for w in windows if w["valid"]]
+    loads = [w.in_flight for w in windows if w.valid]
     return max(1, round(median(loads))) if loads else 1
 
 
-def _guard_ratio(plan: Plan, w: dict, field: str) -> dict[str, float] | None:
+def _guard_ratio(plan: Plan, w: Window, field: str) -> dict[str, float] | None:
     """{p50, p99}: the window's canary/baseline ratio of a latency percentile (every host has it)."""
     out = {}
     for key in GUARD_KEYS:
-        values = {t.key: (w["hosts"][t.key].get(field) or {}).get(key) for t in plan.targets}
+        values = {t.key: (w.hosts[t.key].get(field) or {}).get(key) for t in plan.targets}
         if not all(values.values()):
             return None
         out[key] = (_geomean([values[t.key] for t in plan.canary]) / _geomean([values[t.key] for t in plan.baseline]))
     return out
 
 
-def ratio_runs(plan: Plan, windows: list[dict]) -> list[dict]:
+def ratio_runs(plan: Plan, windows: list[Window]) -> list[Run]:
     """The calibrated design's runs: one per valid window, arm A calibration, arm B canary; each the
     window's canary/baseline ratio times the baseline hosts' geometric mean over all valid windows."""
-    valid = [w for w in windows if w["valid"]]
+    valid = [w for w in windows if w.valid]
     if not valid:
         return []
-    ref = _geomean([w["throughput"][t.key] for w in valid for t in plan.baseline])
+    ref = _geomean([w.throughput[t.key] for w in valid for t in plan.baseline])
     guard_ref = {}
     for field in GUARD_FIELDS:
         for key in GUARD_KEYS:
-            seen = [(w["hosts"][t.key].get(field) or {}).get(key) for w in valid for t in plan.baseline]
+            seen = [(w.hosts[t.key].get(field) or {}).get(key) for w in valid for t in plan.baseline]
             if seen and all(seen):
                 guard_ref[(field, key)] = _geomean(seen)
     level = _level(windows)
     runs, repeat = [], {"A": 0, "B": 0}
     for w in valid:
-        arm = "A" if w["phase"] == CALIBRATION else "B"
+        arm = "A" if w.phase == CALIBRATION else "B"
         repeat[arm] += 1
-        x = w["throughput"]
+        x = w.throughput
         ratio = _geomean([x[t.key] for t in plan.canary]) / _geomean([x[t.key] for t in plan.baseline])
-        run = {"arm": arm, "repeat": repeat[arm], "concurrency": level, METRIC: ratio * ref, "ratio": ratio,
-               "phase": w["phase"], "window": w["index"], "errors": 0,
-               "aborted": {"canary": sum(w["hosts"][t.key]["errors"] for t in plan.canary),
-                           "baseline": sum(w["hosts"][t.key]["errors"] for t in plan.baseline)}}
+        run = Run(arm=arm, repeat=repeat[arm], concurrency=level, output_tokens_per_s=ratio * ref, errors=0,
+                  extra={"ratio": ratio, "phase": w.phase, "window": w.index,
+                         "aborted": {"canary": sum(w.hosts[t.key]["errors"] for t in plan.canary),
+                                     "baseline": sum(w.hosts[t.key]["errors"] for t in plan.baseline)}})
         for field in GUARD_FIELDS:
             ratios = _guard_ratio(plan, w, field)
             if ratios and all((field, key) in guard_ref for key in GUARD_KEYS):
@@ -231,60 +298,62 @@ def ratio_runs(plan: Plan, windows: list[dict]) -> list[dict]:
     return runs
 
 
-def host_runs(plan: Plan, windows: list[dict]) -> list[dict]:
+def _host_run(arm: str, repeat: int, level: int, value: float, w: Window, key: str, **more: Any) -> Run:
+    s = w.hosts[key]
+    return Run(arm=arm, repeat=repeat, concurrency=level, output_tokens_per_s=value, errors=0, ttft_ms=s["ttft_ms"],
+               tpot_ms=s["tpot_ms"], extra={"raw_output_tokens_per_s": s["output_tokens_per_s"], **more,
+                                            "aborted": s["errors"], "host": key, "window": w.index})
+
+
+def host_runs(plan: Plan, windows: list[Window]) -> list[Run]:
     """The uncalibrated design's runs (--calibrate 0): one per host per valid canary window, arm A
     the baseline hosts, arm B the canary hosts."""
     arm_of = {t.key: "B" for t in plan.canary} | {t.key: "A" for t in plan.baseline}
     level = _level(windows)
     runs, repeat = [], {"A": 0, "B": 0}
     for w in windows:
-        if not w["valid"] or w["phase"] != CANARY:
+        if not w.valid or w.phase != CANARY:
             continue
-        for key, s in w["hosts"].items():
+        for key in w.hosts:
             arm = arm_of[key]
             repeat[arm] += 1
-            runs.append({"arm": arm, "repeat": repeat[arm], "concurrency": level, METRIC: w["throughput"][key],
-                         "raw_output_tokens_per_s": s["output_tokens_per_s"], "in_flight": w["in_flight"],
-                         "errors": 0, "aborted": s["errors"], "ttft_ms": s["ttft_ms"], "tpot_ms": s["tpot_ms"],
-                         "host": key, "window": w["index"]})
+            runs.append(_host_run(arm, repeat[arm], level, w.throughput[key], w, key, in_flight=w.in_flight))
     return runs
 
 
 def window_runs(plan: Plan, stats: dict[str, list[WindowStats]], imbalance: float = IMBALANCE,
-                calibration: dict[str, list[WindowStats]] | None = None) -> tuple[list[dict], list[dict]]:
+                calibration: dict[str, list[WindowStats]] | None = None) -> tuple[list[Run], list[Window]]:
     """(runs, windows): the judged runs of either design, and every window with its validity."""
     before = assess_windows(plan, calibration, CALIBRATION, imbalance) if calibration else []
     after = assess_windows(plan, stats, CANARY, imbalance, first_index=len(before))
     windows = before + after
     if calibration:
         runs = ratio_runs(plan, windows)
-        if not {r["arm"] for r in runs} >= {"A", "B"}:
+        if not {r.arm for r in runs} >= {"A", "B"}:
             runs = []   # a phase without a valid window: nothing to compare
         return runs, windows
     return host_runs(plan, windows), windows
 
 
-def _unjudged_runs(plan: Plan, windows: list[dict]) -> list[dict]:
+def _unjudged_runs(plan: Plan, windows: list[Window]) -> list[Run]:
     """Runs of a canary that failed on errors with no comparable window: every (host, canary window)
     that served tokens, raw tokens/s, so the evidence of the rollback still holds what was seen."""
     arm_of = {t.key: "B" for t in plan.canary} | {t.key: "A" for t in plan.baseline}
     runs, repeat = [], {"A": 0, "B": 0}
     for w in windows:
-        if w["phase"] != CANARY:
+        if w.phase != CANARY:
             continue
-        for key, s in w["hosts"].items():
+        for key, s in w.hosts.items():
             if s["output_tokens_per_s"]:
                 repeat[arm_of[key]] += 1
-                runs.append({"arm": arm_of[key], "repeat": repeat[arm_of[key]], "concurrency": 1,
-                             METRIC: s["output_tokens_per_s"], "raw_output_tokens_per_s": s["output_tokens_per_s"],
-                             "errors": 0, "aborted": s["errors"], "ttft_ms": s["ttft_ms"],
-                             "tpot_ms": s["tpot_ms"], "host": key, "window": w["index"], "valid_window": False})
+                runs.append(_host_run(arm_of[key], repeat[arm_of[key]], 1, s["output_tokens_per_s"], w, key,
+                                      valid_window=False))
     return runs
 
 
 # ---------------------------------------------------------------- the judgement (one place)
 
-def judgement(runs: list[dict], unit_noise: float = 0.0, alpha: float = ALPHA) -> dict:
+def judgement(runs: list[Run], unit_noise: float = 0.0, alpha: float = ALPHA) -> Judgement:
     """The evidence judgement of the runs: THE one call into knobkeeper.evidence.judge (the guards
     are in its family)."""
     from knobkeeper.evidence import judge as J
@@ -299,14 +368,14 @@ def errors_alpha(alpha: float = ALPHA) -> float:
     return alpha * (1 - J.THROUGHPUT_SHARE)
 
 
-def errors_test(plan: Plan, windows: list[dict], alpha: float = ALPHA) -> dict:
+def errors_test(plan: Plan, windows: list[Window], alpha: float = ALPHA) -> ErrorsTest:
     """Aborted requests on the canary hosts against the baseline hosts over the canary windows (valid
     or not: a failing canary serves few tokens, which can make its windows invalid, and the failures
     are the finding). Exact one-sided binomial test of the canary's share of the errors against its
     share of the requests (finished + aborted; hosts counted equal where an engine does not count)."""
     totals = {}
     for arm, targets in (("canary", plan.canary), ("baseline", plan.baseline)):
-        rows = [w["hosts"][t.key] for w in windows if w["phase"] == CANARY for t in targets]
+        rows = [w.hosts[t.key] for w in windows if w.phase == CANARY for t in targets]
         errors = sum(r["errors"] for r in rows)
         finished = [r.get("requests") for r in rows]
         requests = None if any(f is None for f in finished) else sum(finished) + errors
@@ -317,41 +386,28 @@ def errors_test(plan: Plan, windows: list[dict], alpha: float = ALPHA) -> dict:
     else:
         share = c["hosts"] / (c["hosts"] + b["hosts"])
     total = c["errors"] + b["errors"]
-    if c["errors"] == 0:
-        p = 1.0
-    elif share >= 1.0:
+    if c["errors"] == 0 or share >= 1.0:
         p = 1.0
     else:
         from scipy import special
 
         p = float(special.bdtrc(c["errors"] - 1, total, share)) if share > 0 else 0.0  # P(X >= canary errors)
-    return {"canary": c, "baseline": b, "share": share, "p_value": p, "alpha": errors_alpha(alpha),
-            "failed": p < errors_alpha(alpha)}
+    return ErrorsTest(canary=c, baseline=b, share=share, p_value=p, alpha=errors_alpha(alpha),
+                      failed=p < errors_alpha(alpha))
 
 
-def _errors_line(test: dict) -> str:
-    c, b = test["canary"], test["baseline"]
-
-    def side(t: dict) -> str:
-        return f"{t['errors']} of {t['requests']} requests" if t["requests"] is not None else f"{t['errors']}"
-
-    p = test["p_value"]
-    return f"errors {side(c)} on the canary vs {side(b)} on the baseline (p {'< 1e-12' if p < 1e-12 else f'{p:.2g}'})"
-
-
-def decide(plan: Plan, windows: list[dict], judged: dict | None, alpha: float = ALPHA) -> tuple[str, list[str]]:
+def decide(plan: Plan, windows: list[Window], judged: Judgement | None, alpha: float = ALPHA) -> tuple[str, list[str]]:
     """(verdict, failed guards): the level's verdict, "worse" when any guard or the errors test failed."""
-    failed = [f"{g['metric']} {g['effect'] * 100:+.1f}%" for g in (judged or {}).get("guards") or []
-              if g.get("regression")]
+    failed = [f"{g.metric} {g.effect * 100:+.1f}%" for g in (judged.regressions if judged else [])]
     errors = errors_test(plan, windows, alpha)
-    if errors["failed"]:
-        failed.append(_errors_line(errors))
-    levels = (judged or {}).get("levels") or []
-    verdict = levels[0]["verdict"] if levels else "inconclusive"
+    if errors.failed:
+        failed.append(errors.text())
+    levels = judged.levels if judged else []
+    verdict = levels[0].verdict if levels else "inconclusive"
     return ("worse" if failed else verdict), failed
 
 
-# ---------------------------------------------------------------- orchestration
+# ---------------------------------------------------------------- measuring
 
 def _windows_of(count: int, interval: float, on_window: Callable[[int, int], None] | None, done: int,
                 total: int) -> list[float]:
@@ -365,85 +421,98 @@ def _windows_of(count: int, interval: float, on_window: Callable[[int, int], Non
     return edges
 
 
-def run_canary(plan: Plan, source, apply: Apply, restore: Callable[[], None], *, duration: float,
-               interval: float, calibrate: float | None = None, settle: float | None = None,
-               imbalance: float = IMBALANCE, restart_noise: float = RESTART_NOISE, alpha: float = ALPHA,
-               setup: dict | None = None, on_window: Callable[[int, int], None] | None = None) -> dict:
-    """Calibrate, deploy the candidate to the canary hosts, collect the windows, judge; returns the
-    doc (unwritten).
+@dataclass
+class _Measured:
+    """What a canary saw: every window, the runs judged, the judgement, the verdict."""
 
-    `calibrate`: seconds of windows before the deploy (default: `duration`, the most power for the
-    time; 0: none, the uncalibrated design). `apply(canary_targets, {knob: value})` puts the
-    candidate on the canary hosts (gated); `restore()` puts them back to the declared state.
-    Once apply has begun, restore() runs on every failure, Ctrl-C or SIGTERM, and after a "worse"
-    verdict (then CanaryWorse carries the doc). On any other verdict the canary stays in place: the
-    caller promotes it or calls restore(). `settle`: seconds after the deploy before the first
-    window (default: one interval, at least SETTLE_MIN_S). `alpha`: the family-wise error rate of the
-    judgement (0.05; a stricter one asks more of a canary before it promotes or rolls back).
+    windows: list[Window]
+    runs: list[Run]
+    noise: float
+    verdict: str
+    failed: list[str]
+    calibrated: bool
+    deployed: float | None
+
+
+def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
+    """Calibration windows, the candidate deploy, the settle, the canary windows, the verdict.
+    Once apply has begun, any failure, Ctrl-C or SIGTERM puts the canary hosts back (and re-raises)."""
+    n_windows, n_calibration = int(options.duration // options.interval), int(options.calibration_s // options.interval)
+    total = n_windows + n_calibration
+    applied = False
+    try:
+        source.start()
+        calibration_edges = (_windows_of(n_calibration, options.interval, options.on_window, 0, total)
+                             if n_calibration else [])
+        applied = True
+        switch.apply(plan.canary, {plan.knob: plan.value})
+        deployed = time.time()
+        time.sleep(options.settle_s)
+        edges = _windows_of(n_windows, options.interval, options.on_window, n_calibration, total)
+        source.stop()
+        calibration = source.windows(calibration_edges) if calibration_edges else None
+        runs, windows = window_runs(plan, source.windows(edges), options.imbalance, calibration)
+        noise = plan.unit_noise(options.restart_noise, bool(calibration))
+        judged = judgement(runs, noise, options.alpha) if runs else None
+        verdict, failed = decide(plan, windows, judged, options.alpha)
+        if not runs and verdict == "worse":
+            runs, noise = _unjudged_runs(plan, windows), 0.0
+        if not runs:
+            reasons = sorted({r for w in windows for r in w.reasons})
+            raise UserError(f"canary: no valid window ({'; '.join(reasons[:3]) or 'no data'}); the canary "
+                            f"hosts were put back")
+    except BaseException:
+        if applied:
+            switch.restore()
+        try:
+            source.stop()   # a second stop is harmless; the scrape thread must not outlive the run
+        except Exception:
+            pass
+        raise
+    return _Measured(windows, runs, noise, verdict, failed, bool(calibration), deployed)
+
+
+def measure(plan: Plan, source, switch: Switch, options: Options | None = None, setup: Setup | None = None) -> Evidence:
+    """Calibrate, deploy the candidate to the canary hosts, collect the windows, judge; returns the
+    evidence (unwritten).
+
+    `switch.restore()` runs on every failure, Ctrl-C or SIGTERM once the candidate went on, and after
+    a "worse" verdict (then CanaryWorse carries the evidence). On any other verdict the canary stays
+    in place: the caller promotes it or calls restore().
     """
+    from knobkeeper.deploy.api import terminate_as_interrupt
     from knobkeeper.evidence.store import build_doc
 
-    calibrate = duration if calibrate is None else calibrate
-    if interval <= 0 or duration < 2 * interval:
-        raise UserError(f"--duration {duration:g} / --interval {interval:g}: expected at least 2 windows "
-                        f"(duration >= 2 x interval > 0)")
-    if calibrate and calibrate < 2 * interval:
-        raise UserError(f"--calibrate {calibrate:g}: expected 0 or at least 2 windows of {interval:g} s")
-    if not 0 < alpha < 1:
-        raise UserError(f"--alpha {alpha:g}: expected a probability between 0 and 1 (0.05)")
-    if not 0 <= restart_noise < 1:
-        raise UserError(f"--restart-noise {restart_noise:g}: expected a log-sd from 0 to 1 (0.02: 2%)")
+    options = options or Options()
+    options.check()
     source.check()  # unreachable Prometheus, a worker without series: refused before anything deploys
-    n_windows, n_calibration = int(duration // interval), int(calibrate // interval)
-    total = n_windows + n_calibration
     started = time.time()
-    applied = rolled_back = False
-    from knobkeeper.deploy.api import terminate_as_interrupt
-
     with terminate_as_interrupt():  # SIGTERM as Ctrl-C: the same `except` puts the hosts back
-        try:
-            source.start()
-            calibration_edges = _windows_of(n_calibration, interval, on_window, 0, total) if n_calibration else []
-            applied = True
-            apply(plan.canary, {plan.knob: plan.value})
-            deployed = time.time()
-            time.sleep(max(interval, SETTLE_MIN_S) if settle is None else settle)
-            edges = _windows_of(n_windows, interval, on_window, n_calibration, total)
-            source.stop()
-            calibration = source.windows(calibration_edges) if calibration_edges else None
-            runs, windows = window_runs(plan, source.windows(edges), imbalance, calibration)
-            noise = plan.unit_noise(restart_noise, bool(calibration))
-            judged = judgement(runs, noise, alpha) if runs else None
-            verdict, failed = decide(plan, windows, judged, alpha)
-            if not runs and verdict == "worse":
-                runs, noise = _unjudged_runs(plan, windows), 0.0
-            if not runs:
-                reasons = sorted({r for w in windows for r in w["reasons"]})
-                raise UserError(f"canary: no valid window ({'; '.join(reasons[:3]) or 'no data'}); the canary "
-                                f"hosts were put back")
-        except BaseException:
-            if applied:
-                rolled_back = True
-                restore()
-            try:
-                source.stop()   # a second stop is harmless; the scrape thread must not outlive the run
-            except Exception:
-                pass
-            raise
-        if verdict == "worse":
-            restore()
-            rolled_back = True
-    verdict_s = time.time() - started
-    calibrated = bool(calibration)
-    before = "canary hosts before the change, relative to the baseline hosts" if calibrated else "baseline hosts"
-    after = "canary hosts with the candidate, relative to the baseline hosts" if calibrated else "canary hosts"
+        seen = _collect(plan, source, switch, options)
+        if seen.verdict == "worse":
+            switch.restore()
+    before = "canary hosts before the change, relative to the baseline hosts" if seen.calibrated else "baseline hosts"
+    after = "canary hosts with the candidate, relative to the baseline hosts" if seen.calibrated else "canary hosts"
     arms = {"A": {"label": before, "knobs": {plan.knob: plan.baseline_value}},
             "B": {"label": after, "knobs": {plan.knob: plan.value}}}
-    invalid = [w for w in windows if not w["valid"]]
-    canary_block = {
-        "hosts": {"canary": [t.key for t in plan.canary], "baseline": [t.key for t in plan.baseline]},
-        "source": {"kind": source.name, "url": getattr(source, "url", None)},
-        "queries": queries(interval) if source.name == "prometheus" else {
+    block = _record(plan, source, options, seen, round(time.time() - started, 3))
+    reasons = [f"window {w.index} ({w.phase}): {'; '.join(w.reasons)}" for w in seen.windows if not w.valid]
+    setup = setup or Setup()
+    setup.workload = Workload(duration_s=options.duration)
+    doc = build_doc(knob=plan.knob, role=plan.role, arms=arms, runs=seen.runs, setup=setup,
+                    source={"tool": "knobkeeper canary", "format": "canary"}, extra={"canary": block},
+                    notes=reasons, judge_options=_judge_options(seen.noise, options.alpha))
+    if seen.verdict == "worse":
+        raise CanaryWorse(doc, f"canary worse: {', '.join(seen.failed) or 'throughput'}; canary hosts rolled back")
+    return doc
+
+
+def _record(plan: Plan, source, options: Options, seen: _Measured, seconds: float) -> CanaryBlock:
+    """The evidence's `canary` block: the design, every window, the errors test, what was done."""
+    return CanaryBlock(
+        hosts={"canary": [t.key for t in plan.canary], "baseline": [t.key for t in plan.baseline]},
+        source={"kind": source.name, "url": getattr(source, "url", None)},
+        queries=queries(options.interval) if source.name == "prometheus" else {
             "output_tokens_per_s": "increase of sglang:generation_tokens_total between the samples at the "
                                    "window edges / their time apart",
             "decoding": "increase of sglang:inter_token_latency_seconds_sum / the time apart",
@@ -452,24 +521,17 @@ def run_canary(plan: Plan, source, apply: Apply, restore: Callable[[], None], *,
             "requests": "increase of sglang:num_requests_total",
             "errors": "increase of sglang:num_aborted_requests_total",
             "ttft_ms/tpot_ms": "histogram_quantile on the bucket increases (Prometheus's interpolation)"},
-        "design": ("calibrated: per-window canary/baseline ratios, canary windows (B) against calibration "
-                   "windows (A)" if calibrated else "uncalibrated: every (host, canary window) a run"),
-        "interval_s": interval, "duration_s": duration, "calibration_s": n_calibration * interval if calibrated else 0,
-        "calibration_windows": sum(1 for w in windows if w["phase"] == CALIBRATION),
-        "imbalance_threshold": imbalance, "restart_noise": restart_noise,
-        "normalisation": "tokens/s per request in flight x the window's mean requests in flight "
-                         "(see knobkeeper.evidence.canary)",
-        "windows": windows, "errors": errors_test(plan, windows, alpha), "verdict": verdict, "failed_guards": failed,
-        "rolled_back": rolled_back, "deployed_at": deployed, "seconds_to_verdict": round(verdict_s, 3),
-    }
-    reasons = [f"window {w['index']} ({w['phase']}): {'; '.join(w['reasons'])}" for w in invalid]
-    doc = build_doc(knob=plan.knob, role=plan.role, arms=arms, runs=runs,
-                    setup={**(setup or {}), "workload": {"api": None, "duration_s": duration}},
-                    source={"tool": "knobkeeper canary", "format": "canary"}, extra={"canary": canary_block},
-                    notes=reasons, judge_options=_judge_options(noise, alpha))
-    if verdict == "worse":
-        raise CanaryWorse(doc, f"canary worse: {', '.join(failed) or 'throughput'}; canary hosts rolled back")
-    return doc
+        design=("calibrated: per-window canary/baseline ratios, canary windows (B) against calibration "
+                "windows (A)" if seen.calibrated else "uncalibrated: every (host, canary window) a run"),
+        interval_s=options.interval, duration_s=options.duration,
+        calibration_s=(options.calibration_s // options.interval) * options.interval if seen.calibrated else 0,
+        calibration_windows=sum(1 for w in seen.windows if w.phase == CALIBRATION),
+        imbalance_threshold=options.imbalance, restart_noise=options.restart_noise,
+        normalisation="tokens/s per request in flight x the window's mean requests in flight "
+                      "(see knobkeeper.evidence.canary)",
+        windows=seen.windows, errors=errors_test(plan, seen.windows, options.alpha), verdict=seen.verdict,
+        failed_guards=seen.failed, rolled_back=seen.verdict == "worse", deployed_at=seen.deployed,
+        seconds_to_verdict=seconds)
 
 
 def _judge_options(unit_noise: float, alpha: float) -> dict | None:
@@ -478,40 +540,40 @@ def _judge_options(unit_noise: float, alpha: float) -> dict | None:
     return options or None
 
 
-def longer_canary(doc: dict) -> str | None:
+def longer_canary(doc: Evidence) -> str | None:
     """"a canary of ~N s would detect ±5%", from the observed window noise and the restart noise of
     the design (windows per arm: per phase, or host-windows / hosts uncalibrated); None when the
     verdict is settled or no length would do."""
     from knobkeeper.evidence import judge as J
 
-    levels = doc["judgement"]["levels"]
-    if not levels or levels[0]["verdict"] != "inconclusive":
+    levels = doc.judgement.levels
+    if not levels or levels[0].verdict != "inconclusive":
         return None
-    c = doc["canary"]
-    logs = {arm: [math.log(r[METRIC]) for r in doc["runs"] if r["arm"] == arm] for arm in ("A", "B")}
+    c = doc.canary
+    logs = {arm: [math.log(r.output_tokens_per_s) for r in doc.runs if r.arm == arm] for arm in ("A", "B")}
     if min(len(v) for v in logs.values()) < 2:
         return None
     pooled = sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in logs.values())
     sd = math.sqrt(pooled / (sum(len(v) for v in logs.values()) - 2))
-    per_window = 1 if c.get("calibration_windows") else min(len(c["hosts"]["canary"]), len(c["hosts"]["baseline"]))
-    noise = float(doc["judgement"].get("unit_noise") or 0.0)
-    alpha = J.level_alpha(1, guards=bool(doc["judgement"].get("guards")), alpha=doc["judgement"]["alpha"])
+    per_window = 1 if c.calibration_windows else min(len(c.hosts["canary"]), len(c.hosts["baseline"]))
+    noise = float(doc.judgement.unit_noise or 0.0)
+    alpha = J.level_alpha(1, guards=bool(doc.judgement.guards), alpha=doc.judgement.alpha)
     needed = J._recommended(float(f"{max(sd, 1e-6):.3g}"), J.MDE, alpha, J.POWER, noise)
     if needed >= J.MAX_REPEATS:
-        return (f"no canary length on {len(c['hosts']['canary'])} canary host(s) would detect ±{J.MDE:.0%}: "
+        return (f"no canary length on {len(c.hosts['canary'])} canary host(s) would detect ±{J.MDE:.0%}: "
                 f"their restart noise (±{noise:.1%}) stays whatever the windows; use more canary hosts (--hosts)")
     windows = math.ceil(needed / per_window)
-    if c.get("calibration_windows"):
-        return (f"a canary of about {windows * c['interval_s']:.0f} s after {windows * c['interval_s']:.0f} s of "
+    if c.calibration_windows:
+        return (f"a canary of about {windows * c.interval_s:.0f} s after {windows * c.interval_s:.0f} s of "
                 f"calibration ({windows} windows each) would detect ±{J.MDE:.0%}")
-    return f"a canary of about {windows * c['interval_s']:.0f} s ({windows} windows) would detect ±{J.MDE:.0%}"
+    return f"a canary of about {windows * c.interval_s:.0f} s ({windows} windows) would detect ±{J.MDE:.0%}"
 
 
-# ---------------------------------------------------------------- the project-level command
+# ---------------------------------------------------------------- the canary: measure, write, act
 
 @dataclass
 class Outcome:
-    doc: dict
+    doc: Evidence
     verdict: str
     action: str            # "rolled back" | "promoted" | "put back"
     evidence_path: str
@@ -522,45 +584,41 @@ class Outcome:
         return 1 if self.verdict == "worse" else 0
 
 
-def canary(project, plan: Plan, source, apply: Apply, restore: Callable[[], None], *, duration: float,
-           interval: float, promote: bool = False, promote_rest: Callable[[], None] | None = None,
-           reason: str | None = None, setup: dict | None = None, settle: float | None = None,
-           calibrate: float | None = None, restart_noise: float = RESTART_NOISE, alpha: float = ALPHA,
-           imbalance: float = IMBALANCE, on_window: Callable[[int, int], None] | None = None) -> Outcome:
+def run(project, plan: Plan, source, switch: Switch, options: Options | None = None,
+        setup: Setup | None = None) -> Outcome:
     """Run the canary, write its evidence (one commit), then roll back, promote or put back.
 
-    Promote ("better" and `promote`): `set KNOB=VALUE --role R --evidence ID` (the usual entry, one
-    commit), then `promote_rest()` deploys the declared state to the whole role. Any other verdict
-    but "worse": the canary hosts are put back (restore) and knobs.toml is left as it was.
+    Promote ("better" and `options.promote`): `set KNOB=VALUE --role R --evidence ID` (the usual
+    entry, one commit), then `switch.promote_rest()` deploys the declared state to the whole role.
+    Any other verdict but "worse": the canary hosts are put back and knobs.toml is left as it was.
     """
     from knobkeeper.evidence.store import write
 
-    if promote and promote_rest is None:
+    options = options or Options()
+    if options.promote and switch.promote_rest is None:
         raise UserError("--promote: no deploy to promote with")
     try:
-        doc = run_canary(plan, source, apply, restore, duration=duration, interval=interval, settle=settle,
-                         calibrate=calibrate, restart_noise=restart_noise, alpha=alpha, imbalance=imbalance, setup=setup,
-                         on_window=on_window)
+        doc = measure(plan, source, switch, options, setup)
     except CanaryWorse as worse:
         path = write(project, worse.doc)
         return Outcome(worse.doc, "worse", "rolled back", project.rel(path))
-    verdict = doc["canary"]["verdict"]
-    if verdict == "better" and promote:
+    verdict = doc.canary.verdict
+    if verdict == "better" and options.promote:
         from knobkeeper.changelog.ops import set_knob
         from knobkeeper.fmt import pct
 
         path = write(project, doc)
         try:
             change = set_knob(project, plan.knob, _raw(plan.value), plan.role,
-                              reason or f"canary on {', '.join(t.key for t in plan.canary)}: "
-                                        f"{pct(doc['judgement']['levels'][0]['effect'])} tokens/s",
-                              [doc["id"]])
+                              options.reason or f"canary on {', '.join(t.key for t in plan.canary)}: "
+                                                f"{pct(doc.judgement.levels[0].effect)} tokens/s",
+                              [doc.id])
         except BaseException:
-            restore()
+            switch.restore()
             raise
-        promote_rest()
+        switch.promote_rest()
         return Outcome(doc, verdict, "promoted", project.rel(path), change.entry.id)
-    restore()
+    switch.restore()
     path = write(project, doc)
     return Outcome(doc, verdict, "put back", project.rel(path))
 
@@ -571,10 +629,8 @@ def _raw(value: Any) -> str:
     return str(value)
 
 
-# ---------------------------------------------------------------- `knobkeeper canary` through the deploy
-
-def deploy_switch(project, inventory: str, plan: Plan) -> tuple[Apply, Callable[[], None], Callable[[], None]]:
-    """(apply, restore, promote_rest) backed by the real deploy (knobkeeper.deploy.api.run_deploy).
+def deploy_switch(project, inventory: str, plan: Plan) -> Switch:
+    """The Switch backed by the real deploy (knobkeeper.deploy.api.run_deploy).
 
     apply: the role only, the canary hosts only (pyinfra --limit), the candidate as a knob override
     keyed by service ("HOST/SERVICE", the targets' keys), so only the canary workers' launch scripts
@@ -595,30 +651,24 @@ def deploy_switch(project, inventory: str, plan: Plan) -> tuple[Apply, Callable[
         if not result.ok:
             raise UserError(f"canary: {phase} deploy of {inventory} failed: {result.error}")
 
-    def apply(targets: list[Target], knobs: dict) -> None:
-        deploy("candidate", {t.key: dict(knobs) for t in targets}, sorted({t.host for t in targets}))
-
-    def restore() -> None:
-        deploy("rollback", None, hosts)
-
-    def promote_rest() -> None:
-        deploy("promote", None, None)
-
-    return apply, restore, promote_rest
+    return Switch(apply=lambda targets, knobs: deploy("candidate", {t.key: dict(knobs) for t in targets},
+                                                      sorted({t.host for t in targets})),
+                  restore=lambda: deploy("rollback", None, hosts),
+                  promote_rest=lambda: deploy("promote", None, None))
 
 
-def canary_command(project, spec: str, *, role: str, inventory: str, hosts: int | None = None,
-                   host_names: list[str] | None = None, duration: float = 600, interval: float = 30,
-                   prometheus: str | None = None, promote: bool = False, reason: str | None = None,
-                   scrape_interval: float = 1.0, calibrate: float | None = None,
-                   restart_noise: float = RESTART_NOISE, alpha: float = ALPHA,
-                   on_window: Callable[[int, int], None] | None = None) -> Outcome:
-    """`knobkeeper canary KNOB=VALUE --role R ...`: everything checked before anything deploys."""
+def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY, hosts: int | None = None,
+           host_names: list[str] | None = None, prometheus: str | None = None,
+           options: Options | None = None) -> Outcome:
+    """`knobkeeper canary KNOB=VALUE --role R ...`: everything checked before anything deploys, then
+    `run` through the deploy, the metrics from knobkeeper's own scrape or from `prometheus`."""
     from knobkeeper.deploy.stack import load_stack
     from knobkeeper.evidence.metrics import PrometheusSource, ScrapeSource, targets_of
-    from knobkeeper.evidence.store import git_sha, parse_knob_spec
+    from knobkeeper.evidence.store import parse_knob_spec
     from knobkeeper.knobs.state import read_declared, value_of
 
+    options = options or Options()
+    options.check()
     knob, value = parse_knob_spec(project, spec, role, "KNOB=VALUE")
     stack = load_stack(project.root, inventory)
     if role not in stack.roles:
@@ -626,35 +676,28 @@ def canary_command(project, spec: str, *, role: str, inventory: str, hosts: int 
     canary_t, baseline_t = choose(targets_of(stack, [role]), role, hosts, host_names)
     declared = value_of(read_declared(project.knobs_path), role, knob) if project.knobs_path.exists() else None
     plan = Plan(knob, value, declared, role, canary_t, baseline_t)
-    apply, restore, promote_rest = deploy_switch(project, inventory, plan)
-    source = (PrometheusSource(prometheus, plan.targets, scrape_interval) if prometheus
-              else ScrapeSource(plan.targets, scrape_interval))
-    setup = {"inventory": inventory, "git_sha": git_sha(project),
-             "engine": ", ".join(sorted({s.engine for s in stack.services if s.role == role}))}
-    return canary(project, plan, source, apply, restore, duration=duration, interval=interval, promote=promote,
-                  promote_rest=promote_rest, reason=reason, setup=setup, calibrate=calibrate,
-                  restart_noise=restart_noise, alpha=alpha, on_window=on_window)
+    source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
+              else ScrapeSource(plan.targets, options.scrape_interval))
+    setup = Setup.build(project, inventory=inventory,
+                        engine=", ".join(sorted({s.engine for s in stack.services if s.role == role})))
+    return run(project, plan, source, deploy_switch(project, inventory, plan), options, setup)
 
 
 def report_lines(out: Outcome) -> list[str]:
     """What `knobkeeper canary` prints: verdict, effect, windows, what was done, the evidence."""
-    from knobkeeper.evidence.store import summary_line
-
-    c = out.doc["canary"]
-    counts = {phase: [sum(1 for w in c["windows"] if w["phase"] == phase and w["valid"]),
-                      sum(1 for w in c["windows"] if w["phase"] == phase)] for phase in (CALIBRATION, CANARY)}
-    phases = ", ".join(f"{phase} {valid} valid of {n}" for phase, (valid, n) in counts.items() if n)
-    lines = [f"canary {out.doc['knob']}={_raw(out.doc['arms']['B']['knobs'][out.doc['knob']])} on "
-             f"{', '.join(c['hosts']['canary'])} vs {', '.join(c['hosts']['baseline'])}: {out.verdict}",
-             f"  {summary_line(out.doc)}",
-             f"  windows: {phases} ({c['interval_s']:g} s each, source {c['source']['kind']}; "
-             f"restart noise ±{c['restart_noise']:.1%})"]
-    if c["failed_guards"]:
-        lines.append(f"  failed guards: {', '.join(c['failed_guards'])}")
-    lines.append(f"  {out.action}; evidence {out.doc['id']} ({out.evidence_path})")
+    doc, c = out.doc, out.doc.canary
+    phases = ", ".join(f"{phase} {valid} valid of {n}" for phase, (valid, n) in c.counts().items() if n)
+    lines = [f"canary {doc.knob}={_raw(doc.candidate)} on {', '.join(c.hosts['canary'])} vs "
+             f"{', '.join(c.hosts['baseline'])}: {out.verdict}",
+             f"  {doc.summary_line()}",
+             f"  windows: {phases} ({c.interval_s:g} s each, source {c.source['kind']}; "
+             f"restart noise ±{c.restart_noise:.1%})"]
+    if c.failed_guards:
+        lines.append(f"  failed guards: {', '.join(c.failed_guards)}")
+    lines.append(f"  {out.action}; evidence {doc.id} ({out.evidence_path})")
     if out.entry:
-        lines.append(f"  entry {out.entry}: set {out.doc['knob']} on {out.doc['role']} with --evidence {out.doc['id']}")
-    hint = longer_canary(out.doc)
+        lines.append(f"  entry {out.entry}: set {doc.knob} on {doc.role} with --evidence {doc.id}")
+    hint = longer_canary(doc)
     if hint and out.verdict == "inconclusive":
         lines.append(f"  {hint}")
     return lines

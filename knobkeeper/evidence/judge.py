@@ -113,7 +113,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import median
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+from knobkeeper.evidence.model import (GUARDS, METRIC, Anomaly, Dropped, Family, Judgement, Level, Look, Run, Sequential,
+                                       Guard)
 
 ALPHA = 0.05
 MDE = 0.05
@@ -124,20 +127,12 @@ OUTLIER_MIN_N = 5
 OUTLIER_FLOOR = 0.10
 UNCONFIRMED_FALL = 0.02
 MAX_REPEATS = 200
-METRIC = "output_tokens_per_s"
 THROUGHPUT_SHARE = 0.8        # of alpha, when guards are in the family (see "weighted" above)
 FIRST_LOOK = 3                # the sequential design's first look (repeats per arm)
 LOOK_GROWTH = 1.4             # each next planned look at ceil(1.4 x the previous)
 CAP_FACTOR = 1.5             # the sequential cap, relative to the fixed design's n (see sequential_repeats)
 SPENDING_POWER = 2.0          # f(t) = t^2
 
-# guard metric -> (run field, percentile key, label)
-GUARDS = {
-    "ttft_p50_ms": ("ttft_ms", "p50", "median TTFT"),
-    "ttft_p99_ms": ("ttft_ms", "p99", "p99 TTFT"),
-    "tpot_p50_ms": ("tpot_ms", "p50", "median TPOT"),
-    "tpot_p99_ms": ("tpot_ms", "p99", "p99 TPOT"),
-}
 SETTLED = ("better", "worse", "no detectable change")
 EQUIVALENCE_MAX = 0.025       # one-sided level of the equivalence tests: never looser than the 95% CI
 
@@ -306,22 +301,25 @@ def sequential_repeats(sd_log: float = DEFAULT_NOISE, mde: float = MDE, alpha: f
     return MAX_REPEATS
 
 
-def sequential_rule(max_repeats: int) -> dict[str, Any]:
+def sequential_rule(max_repeats: int) -> Sequential:
     """The plan recorded in the evidence (`sequential`), before any look is taken."""
-    return {"rule": (f"looks after {', '.join(map(str, planned_looks(max_repeats)))} repeats per arm; "
-                     f"alpha spending f(t) = t^{SPENDING_POWER:g}, t = repeats/{max_repeats}; sequential "
-                     f"p = min over looks of p/Δf (union bound), weighted Holm over the family; a level "
-                     f"stops when better/worse or its 95% CI is inside ±{MDE:.0%}"),
-            "max_repeats": max_repeats, "planned_looks": planned_looks(max_repeats),
-            "spending": f"t^{SPENDING_POWER:g}", "looks": []}
+    return Sequential(rule=(f"looks after {', '.join(map(str, planned_looks(max_repeats)))} repeats per arm; "
+                            f"alpha spending f(t) = t^{SPENDING_POWER:g}, t = repeats/{max_repeats}; sequential "
+                            f"p = min over looks of p/Δf (union bound), weighted Holm over the family; a level "
+                            f"stops when better/worse or its 95% CI is inside ±{MDE:.0%}"),
+                      max_repeats=max_repeats, planned_looks=planned_looks(max_repeats),
+                      spending=f"t^{SPENDING_POWER:g}", looks=[])
 
 
 # ---------------------------------------------------------------- one level
 
-def _drop_outliers(runs: list[dict], metric: str) -> tuple[list[dict], list[dict]]:
+Runs = Iterable["Run | Mapping[str, Any]"]
+
+
+def _drop_outliers(runs: list[Run], metric: str) -> tuple[list[Run], list[Dropped]]:
     """(kept, dropped) for one arm at one level, by the outlier rule above."""
-    kept = [r for r in runs if not r.get("errors")]
-    dropped = [dict(r, reason="errors") for r in runs if r.get("errors")]
+    kept = [r for r in runs if not r.failed]
+    dropped = [Dropped(r.arm, r.repeat, r.get(metric), "errors") for r in runs if r.failed]
     if len(kept) >= OUTLIER_MIN_N:
         logs = [math.log(r[metric]) for r in kept]
         med = median(logs)
@@ -329,49 +327,55 @@ def _drop_outliers(runs: list[dict], metric: str) -> tuple[list[dict], list[dict
         if mad > 0:
             floor = math.log1p(OUTLIER_FLOOR)
             out = [abs(x - med) > OUTLIER_MADS * mad and abs(x - med) > floor for x in logs]
-            dropped += [dict(r, reason=f"> {OUTLIER_MADS:g} MAD and > {OUTLIER_FLOOR:.0%} from median")
+            dropped += [Dropped(r.arm, r.repeat, r.get(metric), f"> {OUTLIER_MADS:g} MAD and > {OUTLIER_FLOOR:.0%} from median")
                         for r, o in zip(kept, out) if o]
             kept = [r for r, o in zip(kept, out) if not o]
     return kept, dropped
 
 
-def metric_value(run: dict, metric: str) -> float | None:
+def metric_value(run: Run | Mapping[str, Any], metric: str) -> float | None:
     """The run's value of `metric`: a top-level number, or a guard (a percentile of ttft/tpot)."""
-    if metric in GUARDS:
-        field, key, _ = GUARDS[metric]
-        holder = run.get(field)
-        value = holder.get(key) if isinstance(holder, dict) else None
-    else:
-        value = run.get(metric)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        return None
-    return float(value)
+    return Run.of(run).value(metric)
 
 
-def _values(runs: list[dict], metric: str) -> list[float]:
-    return [v for v in (metric_value(r, metric) for r in runs) if v is not None]
+def _values(runs: list[Run], metric: str) -> list[float]:
+    return [v for v in (r.value(metric) for r in runs) if v is not None]
 
 
-def judge_level(runs_a: list[dict], runs_b: list[dict], metric: str = METRIC,
-                mde: float = MDE, alpha: float = ALPHA, unit_noise: float = 0.0) -> dict[str, Any]:
-    """One level's throughput comparison from its runs (dicts with `metric`, `errors`, `repeat`),
-    before any family adjustment (verdict at `alpha` on the raw p)."""
+@dataclass
+class _LevelLook:
+    """One level judged at one look: its Level row (raw p), the runs kept, the comparisons made."""
+
+    level: Level
+    kept_a: list[Run]
+    kept_b: list[Run]
+    throughput: Comparison
+
+
+def _judge_level(runs_a: list[Run], runs_b: list[Run], metric: str, mde: float, alpha: float,
+                 unit_noise: float) -> _LevelLook:
     kept_a, drop_a = _drop_outliers(runs_a, metric)
     kept_b, drop_b = _drop_outliers(runs_b, metric)
     c = compare([r[metric] for r in kept_a], [r[metric] for r in kept_b], unit_noise=unit_noise)
     verdict, needed = verdict_for(c, c.p_value, mde, alpha)
-    return {
-        "n_a": c.n_a, "n_b": c.n_b,
-        "mean_a": _mean([r[metric] for r in kept_a]) if kept_a else None,
-        "mean_b": _mean([r[metric] for r in kept_b]) if kept_b else None,
-        "effect": c.effect, "ci_low": c.ci_low, "ci_high": c.ci_high, "p_value": c.p_value,
-        "df": c.df, "verdict": verdict, "repeats_needed": needed,
-        "errored_runs": {"A": sum(1 for r in drop_a if r["reason"] == "errors"),
-                         "B": sum(1 for r in drop_b if r["reason"] == "errors")},
-        "outliers_dropped": [{"arm": arm, "repeat": r.get("repeat"), "value": r.get(metric), "reason": r["reason"]}
-                             for arm, dropped in (("A", drop_a), ("B", drop_b)) for r in dropped],
-        "_kept": (kept_a, kept_b), "_cmp": c,
-    }
+    level = Level(
+        n_a=c.n_a, n_b=c.n_b,
+        mean_a=_mean([r[metric] for r in kept_a]) if kept_a else None,
+        mean_b=_mean([r[metric] for r in kept_b]) if kept_b else None,
+        effect=c.effect, ci_low=c.ci_low, ci_high=c.ci_high, p_value=c.p_value, df=c.df, verdict=verdict,
+        repeats_needed=needed,
+        errored_runs={"A": sum(1 for d in drop_a if d.reason == "errors"),
+                      "B": sum(1 for d in drop_b if d.reason == "errors")},
+        outliers_dropped=drop_a + drop_b)
+    return _LevelLook(level, kept_a, kept_b, c)
+
+
+def judge_level(runs_a: Runs, runs_b: Runs, metric: str = METRIC, mde: float = MDE, alpha: float = ALPHA,
+                unit_noise: float = 0.0) -> Level:
+    """One level's throughput comparison from its runs, before any family adjustment (verdict at
+    `alpha` on the raw p)."""
+    return _judge_level([Run.of(r) for r in runs_a], [Run.of(r) for r in runs_b], metric, mde, alpha,
+                        unit_noise).level
 
 
 def verdict_for(c: Comparison, p: float | None, mde: float = MDE, alpha: float = ALPHA,
@@ -412,35 +416,84 @@ def holm(pvalues: list[float], weights: list[float] | None = None) -> list[float
     return out
 
 
-def _by_level(runs: list[dict], arm: str) -> dict[int, list[dict]]:
-    out: dict[int, list[dict]] = {}
+def _by_level(runs: list[Run], arm: str) -> dict[int, list[Run]]:
+    out: dict[int, list[Run]] = {}
     for r in runs:
-        if r["arm"] == arm:
-            out.setdefault(int(r["concurrency"]), []).append(r)
+        if r.arm == arm:
+            out.setdefault(int(r.concurrency), []).append(r)
     return out
 
 
-def _upto(runs: list[dict], n: int | None) -> list[dict]:
-    return runs if n is None else [r for r in runs if int(r.get("repeat") or 0) <= n]
+def _upto(runs: list[Run], n: int | None) -> list[Run]:
+    return runs if n is None else [r for r in runs if int(r.repeat or 0) <= n]
 
 
-def _looks_of(runs_a: list[dict], runs_b: list[dict], sequential: dict | None) -> list[tuple[int | None, float]]:
+def _looks_of(runs_a: list[Run], runs_b: list[Run], sequential: Sequential | None) -> list[tuple[int | None, float]]:
     """[(repeats, Δf)] of the looks this level took part in (fixed design: one look, all runs)."""
     if not sequential:
         return [(None, 1.0)]
-    cap = int(sequential["max_repeats"])
+    cap = int(sequential.max_repeats)
     out, previous = [], 0
-    for look in sequential.get("looks") or []:
-        n = int(look["repeat"] if isinstance(look, dict) else look)
+    for look in sequential.looks:
+        n = int(look.repeat)
         if len(_upto(runs_a, n)) >= n and len(_upto(runs_b, n)) >= n:
             out.append((n, spent(n, previous, cap)))
         previous = n
     return out or [(None, 1.0)]
 
 
-def judge(runs: list[dict], metric: str = METRIC, mde: float = MDE, alpha: float = ALPHA, *,
-          invalid: dict[int, list[str]] | None = None, sequential: dict | None = None,
-          adjust: bool = True, unit_noise: float = 0.0) -> dict[str, Any]:
+@dataclass
+class _Hypothesis:
+    """One test of the family: a level's throughput or one guard metric at that level."""
+
+    level: Level
+    metric: str
+    q: float                 # the sequential p (the raw p in a fixed design)
+    cmp: Comparison
+    share: float             # Δf of the last look it took part in
+    p_adjusted: float = 1.0
+
+
+def _hypotheses(ra: list[Run], rb: list[Run], level_at: int, metric: str, mde: float, alpha: float,
+                adjust: bool, sequential: Sequential | None, unit_noise: float) -> tuple[Level, list[_Hypothesis]]:
+    """A level's row (from its last look) and its hypotheses, each with its sequential p over the looks."""
+    q: dict[str, float] = {}
+    look: _LevelLook | None = None
+    cmps: dict[str, Comparison] = {}
+    last_share = 1.0
+    for n, share in _looks_of(ra, rb, sequential):
+        last_share = share
+        look = _judge_level(_upto(ra, n), _upto(rb, n), metric, mde, alpha, unit_noise)
+        cmps = {metric: look.throughput}
+        if adjust:
+            for guard in GUARDS:
+                ga, gb = _values(look.kept_a, guard), _values(look.kept_b, guard)
+                if len(ga) >= 2 and len(gb) >= 2:
+                    cmps[guard] = compare(ga, gb, unit_noise=unit_noise)
+        for name, c in cmps.items():
+            if c.p_value is not None and share > 0:
+                seq_p = min(1.0, c.p_value / share)
+                q[name] = seq_p if name not in q else min(q[name], seq_p)
+    assert look is not None
+    level = look.level
+    level.concurrency = level_at
+    return level, [_Hypothesis(level, name, q[name], c, last_share) for name, c in cmps.items() if name in q]
+
+
+def _weights(hyps: list[_Hypothesis], metric: str, adjust: bool) -> list[float]:
+    """Each hypothesis's share of alpha: throughput 80% and guards 20% (see above), evenly within each;
+    without adjustment every test at alpha."""
+    if not adjust:
+        return [1.0] * len(hyps)
+    throughput = sum(1 for h in hyps if h.metric == metric)
+    guards = len(hyps) - throughput
+    share = THROUGHPUT_SHARE if guards else 1.0
+    return [share / throughput if h.metric == metric else (1 - share) / guards for h in hyps]
+
+
+def judge(runs: Runs, metric: str = METRIC, mde: float = MDE, alpha: float = ALPHA, *,
+          invalid: dict[int, list[str]] | None = None, sequential: Sequential | Mapping | None = None,
+          adjust: bool = True, unit_noise: float = 0.0) -> Judgement:
     """The `judgement` of an evidence doc: per level, the guards, the family (see above).
 
     `invalid`: {level: reasons} from the validity gates (such levels are shown, not judged);
@@ -449,94 +502,67 @@ def judge(runs: list[dict], metric: str = METRIC, mde: float = MDE, alpha: float
     `unit_noise`: see compare (a canary's restart noise), in every comparison of the family.
     """
     invalid = invalid or {}
+    runs = [Run.of(r) for r in runs]
+    sequential = Sequential.of(sequential) if sequential else None
     a, b = _by_level(runs, "A"), _by_level(runs, "B")
-    levels: list[dict] = []
-    hyps: list[dict] = []            # {"level", "metric", "q", "cmp", "entry"}
+    levels: list[Level] = []
+    hyps: list[_Hypothesis] = []
     for conc in sorted(set(a) | set(b)):
         ra, rb = a.get(conc, []), b.get(conc, [])
         if conc in invalid:
-            levels.append({"concurrency": conc, "n_a": len(ra), "n_b": len(rb), "mean_a": None, "mean_b": None,
-                           "effect": None, "ci_low": None, "ci_high": None, "p_value": None, "p_adjusted": None,
-                           "df": None, "verdict": "invalid", "repeats_needed": None,
-                           "errored_runs": {"A": 0, "B": 0}, "outliers_dropped": [], "invalid": invalid[conc]})
+            levels.append(Level(concurrency=conc, n_a=len(ra), n_b=len(rb), verdict="invalid",
+                                errored_runs={"A": 0, "B": 0}, invalid=list(invalid[conc])))
             continue
-        looks = _looks_of(ra, rb, sequential)
-        q: dict[str, float | None] = {}
-        entry: dict[str, Any] = {}
-        cmps: dict[str, Comparison] = {}
-        last_share = 1.0
-        for n, share in looks:
-            last_share = share
-            entry = judge_level(_upto(ra, n), _upto(rb, n), metric, mde, alpha, unit_noise)
-            kept_a, kept_b = entry.pop("_kept")
-            cmps = {metric: entry.pop("_cmp")}
-            if adjust:
-                for guard in GUARDS:
-                    ga, gb = _values(kept_a, guard), _values(kept_b, guard)
-                    if len(ga) >= 2 and len(gb) >= 2:
-                        cmps[guard] = compare(ga, gb, unit_noise=unit_noise)
-            for name, c in cmps.items():
-                if c.p_value is not None and share > 0:
-                    seq_p = min(1.0, c.p_value / share)
-                    q[name] = seq_p if q.get(name) is None else min(q[name], seq_p)
-        entry = {"concurrency": conc, **entry}
-        levels.append(entry)
-        for name, c in cmps.items():
-            if q.get(name) is not None:
-                hyps.append({"level": conc, "metric": name, "q": q[name], "cmp": c, "entry": entry,
-                             "share": last_share})
-        if metric not in q:
-            entry["p_adjusted"] = None
-    throughput = [h for h in hyps if h["metric"] == metric]
-    guards = [h for h in hyps if h["metric"] != metric]
-    if not adjust:
-        weights = [1.0] * len(hyps)       # each level at alpha: p_adjusted = p
-        for h in hyps:
-            h["p_adj"] = h["q"]
+        level, level_hyps = _hypotheses(ra, rb, conc, metric, mde, alpha, adjust, sequential, unit_noise)
+        levels.append(level)
+        hyps += level_hyps
+    weights = _weights(hyps, metric, adjust)
+    if adjust:
+        for h, p_adj in zip(hyps, holm([h.q for h in hyps], weights)):
+            h.p_adjusted = p_adj
     else:
-        share = THROUGHPUT_SHARE if guards else 1.0
-        weights = [share / len(throughput) if h["metric"] == metric else (1 - share) / len(guards) for h in hyps]
-        for h, p_adj in zip(hyps, holm([h["q"] for h in hyps], weights)):
-            h["p_adj"] = p_adj
-    size = len(hyps)
+        for h in hyps:
+            h.p_adjusted = h.q           # each level at alpha: p_adjusted = p
     guard_rows = []
     for h, w in zip(hyps, weights):
-        c = h["cmp"]
-        level_alpha_h = alpha * min(1.0, w)
-        verdict, needed = verdict_for(c, h["p_adj"], mde, alpha, power_alpha=level_alpha_h,
-                                      equivalence_alpha=EQUIVALENCE_MAX * h["share"])
-        if h["metric"] == metric:
-            h["entry"].update({"p_adjusted": h["p_adj"], "verdict": verdict, "repeats_needed": needed})
+        verdict, needed = verdict_for(h.cmp, h.p_adjusted, mde, alpha, power_alpha=alpha * min(1.0, w),
+                                      equivalence_alpha=EQUIVALENCE_MAX * h.share)
+        if h.metric == metric:
+            h.level.p_adjusted, h.level.verdict, h.level.repeats_needed = h.p_adjusted, verdict, needed
             if sequential:
-                h["entry"]["p_sequential"] = h["q"]
+                h.level.p_sequential = h.q
             continue
         # A guard is a latency: "better" means lower, so the words flip relative to the effect's sign.
         word = {"better": "worse", "worse": "better"}.get(verdict, verdict)
-        guard_rows.append({"concurrency": h["level"], "metric": h["metric"], "effect": c.effect,
-                           "ci_low": c.ci_low, "ci_high": c.ci_high, "p_value": c.p_value,
-                           "p_adjusted": h["p_adj"], "verdict": word, "regression": word == "worse",
-                           "n_a": c.n_a, "n_b": c.n_b})
-    for entry in levels:
-        if entry["verdict"] != "invalid" and entry.get("p_value") is None:
-            entry["p_adjusted"] = None
-    if not adjust:   # the schema-1 shape: no adjusted p
-        return {"method": METHOD_UNADJUSTED, "alpha": alpha, "mde": mde,
-                "levels": [{k: v for k, v in lv.items() if k != "p_adjusted"} for lv in levels]}
-    return {"method": METHOD, "alpha": alpha, "mde": mde, **({"unit_noise": unit_noise} if unit_noise else {}),
-            "levels": levels, "guards": guard_rows,
-            "family": {"method": "holm", "alpha": alpha, "size": size,
-                       "weights": {"throughput": THROUGHPUT_SHARE if guards else 1.0,
-                                   "guards": round(1 - THROUGHPUT_SHARE, 6) if guards else 0.0},
-                       "sequential": bool(sequential)}}
+        c = h.cmp
+        guard_rows.append(Guard(concurrency=h.level.concurrency, metric=h.metric, effect=c.effect, ci_low=c.ci_low,
+                                ci_high=c.ci_high, p_value=c.p_value, p_adjusted=h.p_adjusted, verdict=word,
+                                regression=word == "worse", n_a=c.n_a, n_b=c.n_b))
+    if not adjust:   # the schema-1 shape: no adjusted p, no guards, no family
+        for level in levels:
+            level.p_adjusted = None
+        return Judgement(method=METHOD_UNADJUSTED, alpha=alpha, mde=mde, levels=levels)
+    for level in levels:
+        if level.valid and level.p_value is None:
+            level.p_adjusted = None
+    has_guards = any(h.metric != metric for h in hyps)
+    return Judgement(method=METHOD, alpha=alpha, mde=mde, unit_noise=unit_noise or None, levels=levels,
+                     guards=guard_rows,
+                     family=Family(method="holm", alpha=alpha, size=len(hyps),
+                                   weights={"throughput": THROUGHPUT_SHARE if has_guards else 1.0,
+                                            "guards": round(1 - THROUGHPUT_SHARE, 6) if has_guards else 0.0},
+                                   sequential=bool(sequential)))
 
 
-def settled(level: dict) -> bool:
+def settled(level: Level | Mapping[str, Any]) -> bool:
     """Whether more runs at this level cannot change its throughput verdict's meaning."""
-    return level["verdict"] in SETTLED or level["verdict"] == "invalid"
+    verdict = level["verdict"]
+    return verdict in SETTLED or verdict == "invalid"
 
 
-def anomalies(runs: list[dict], metric: str = METRIC, alpha: float = ALPHA) -> list[dict]:
+def anomalies(runs: Runs, metric: str = METRIC, alpha: float = ALPHA) -> list[Anomaly]:
     """Throughput falling as concurrency rises, per arm, between adjacent levels (see above)."""
+    runs = [Run.of(r) for r in runs]
     found = []
     for arm in ("A", "B"):
         levels = _by_level(runs, arm)
@@ -551,12 +577,9 @@ def anomalies(runs: list[dict], metric: str = METRIC, alpha: float = ALPHA) -> l
                 continue
             if c.p_value is None:
                 if c.effect < -UNCONFIRMED_FALL:
-                    found.append({"arm": arm, "from_concurrency": lo, "to_concurrency": hi, "change": c.effect,
-                                  "p_value": None, "confidence": None, "note": "one run per level: unconfirmed"})
+                    found.append(Anomaly(arm, lo, hi, c.effect, None, None, "one run per level: unconfirmed"))
                 continue
             p_one = c.p_value / 2  # one-sided: effect < 0 already
             if p_one < alpha:
-                found.append({"arm": arm, "from_concurrency": lo, "to_concurrency": hi, "change": c.effect,
-                              "p_value": p_one, "confidence": 1 - p_one})
+                found.append(Anomaly(arm, lo, hi, c.effect, p_one, 1 - p_one))
     return found
-

@@ -1,4 +1,5 @@
-"""The evidence file (changelog/evidence/<stem>.json): one A/B result, schema version 2.
+"""The evidence file (changelog/evidence/<stem>.json): one A/B result, schema version 2, and the
+rules a file must follow, as data (RULES). model.py holds the typed records read from it.
 
 One JSON object:
 
@@ -14,15 +15,19 @@ One JSON object:
                  "B": {"label": "candidate", "knobs": {KNOB: value}}}
                 A is always the baseline, B the candidate; null = the knob unset.
     setup       {"inventory": str|null, "git_sha": str|null, "engine": str, "engine_version": str|null,
-                 "model": str|null, "device": str|null,
+                 "model": str|null, "served_model_name": str (optional), "device": str|null,
+                 "bench_tool": str, "bench_version": str (optional: the load generator that measured),
                  "workload": {"api": "chat"|"completions"|"generate"|"kernel"|null,
-                              "input_len": int|null, "output_len": int|null,
-                              "requests_per_run": int|null, "duration_s": number|null}}
+                              "input_len": int|null, "output_len": int|null, "dataset": str (optional),
+                              "requests_per_run": int|null, "duration_s": number|null},
+                 "schedule": {...} (optional: `ab run`'s ABBA blocks)}
     runs        [{"arm": "A"|"B", "repeat": int, "concurrency": int,
                   "output_tokens_per_s": number, "requests_per_s": number|null,
                   "ttft_ms": {"mean","p50","p90","p99"} | null, "itl_ms": {...} | null,
-                  "e2e_ms": {...} | null, "tpot_ms": {...} | null, "completed": int|null,
-                  "errors": int, "requested": int|null, "output_tokens": int|null,
+                  "e2e_ms": {...} | null, "tpot_ms": {...} | null, "completed": int|null (finished),
+                  "errors": int (failed) | null, "requested": int|null, "output_tokens": int|null,
+                  "not_recorded": {"errors": "sglang.bench_serving 0.5.23"} (optional: a count the
+                                  tool's file cannot tell is null, and this names the tool),
                   "knob_seen": {"status": "carried"|"not carried"|"unverified", "running", "detail"}|null,
                   "prefill_prompt_tokens": number|null  (the prefill counter's rise; disaggregated),
                   ... tool-specific extra numbers are allowed ...}]
@@ -38,7 +43,9 @@ One JSON object:
                 effect/ci are relative (0.128 = +12.8% of B over A; for a guard +0.4 = 40% slower);
                 verdict: "better" | "worse" | "no detectable change" | "inconclusive" | "invalid"
                 (knobkeeper/evidence/judge.py says how; schema 1 has no p_adjusted/guards/family)
-    validity    {"levels": [{"concurrency", "valid": bool, "reasons": [str]}], "reasons": [str]}
+    validity    {"levels": [{"concurrency", "valid": bool, "reasons": [str], "not_applied": [str]
+                 (optional: gates the runs could not be judged by, e.g. errors not recorded)}],
+                 "reasons": [str]}
                 (knobkeeper/evidence/validity.py: the gates; file-level notes such as duplicates)
     sequential  optional: {"rule": str, "max_repeats", "planned_looks", "spending",
                            "looks": [{"repeat", "open": [levels], "settled": {level: verdict}}]}
@@ -51,92 +58,167 @@ One JSON object:
                 throughput falling as concurrency rises, per arm
     source      {"tool": str, "raw_files": [relative paths], "format": str|null}
 
+Fields marked optional were added to schema 2 after its first files: a file without them reads as
+before (a count null with `not_recorded`, the setup's bench tool, served name and dataset).
+
 `validate(doc)` returns a list of problems (empty when valid); `check` and `ab import` use it.
+`store.verify` is the strict check that recomputes the judgement from the runs.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
-SCHEMA = "knobkeeper.evidence/2"
-SCHEMA_1 = "knobkeeper.evidence/1"
-SCHEMAS = (SCHEMA_1, SCHEMA)
-VERDICTS = ("better", "worse", "no detectable change", "inconclusive", "invalid")
+from knobkeeper.evidence.model import SCHEMA, SCHEMA_1, SCHEMAS, VERDICTS, plain
+
 _NUM = (int, float)
 
 
-def validate(doc: Any) -> list[str]:
-    """Every way `doc` departs from its schema (1 or 2), each as 'field: what is wrong'.
+def _text(v: Any, _: Any) -> bool:
+    return isinstance(v, str) and bool(v)
 
-    Schema-2 fields (p_adjusted, guards, family, validity, sequential) are checked when present;
-    `store.verify` is the strict check that recomputes them from the runs."""
-    problems: list[str] = []
+
+def _object(v: Any, _: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _list(v: Any, _: Any) -> bool:
+    return isinstance(v, list)
+
+
+def _integer(v: Any, _: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _one_of(*values: Any) -> Callable[[Any, Any], bool]:
+    return lambda v, _: v in values
+
+
+def _count(v: Any, run: Any) -> bool:
+    """An integer, or null when the run's `not_recorded` names the tool that could not tell."""
+    if v is None:
+        return isinstance(run.get("not_recorded"), dict) and isinstance(run["not_recorded"].get("errors"), str)
+    return _integer(v, run)
+
+
+def _throughput(v: Any, _: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, _NUM) and math.isfinite(v) and v >= 0
+
+
+def _judge_options(v: Any, _: Any) -> bool:
+    bounds = {"unit_noise": (0.0, True), "alpha": (0.0, False)}  # (lower bound, inclusive)
+    return isinstance(v, dict) and not set(v) - set(bounds) and all(
+        isinstance(x, _NUM) and not isinstance(x, bool) and x < 1
+        and (x >= bounds[k][0] if bounds[k][1] else x > bounds[k][0]) for k, x in v.items())
+
+
+def _strings(v: Any, _: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+
+
+REQUIRED, OPTIONAL = True, False
+# (path, required, test(value, holder), what is expected, show the value found)
+# `runs[*]` is every run, `arms.*` every arm, `{metric}` the file's own metric name. A rule whose
+# holder is missing or malformed is not applied: the holder's own rule has said so.
+RULES: tuple[tuple[str, bool, Callable[[Any, Any], bool], str, bool], ...] = (
+    ("schema", REQUIRED, _one_of(*SCHEMAS), f"{SCHEMA!r} (or {SCHEMA_1!r})", True),
+    ("id", REQUIRED, _text, "a non-empty string", False),
+    ("created", REQUIRED, _text, "a non-empty string", False),
+    ("knob", REQUIRED, _text, "a non-empty string", False),
+    ("role", REQUIRED, _text, "a non-empty string", False),
+    ("metric", REQUIRED, _text, "a non-empty string", False),
+    ("arms", REQUIRED, lambda v, _: isinstance(v, dict) and set(v) == {"A", "B"},
+     "an object with exactly the arms A (baseline) and B (candidate)", False),
+    ("arms.*", REQUIRED, _object, "an object with the arm's knobs", False),
+    ("arms.*.knobs", REQUIRED, _object, "an object of knob values", False),
+    ("setup", REQUIRED, _object, "an object", False),
+    ("runs", REQUIRED, lambda v, _: isinstance(v, list) and bool(v), "a non-empty list", False),
+    ("runs[*]", REQUIRED, _object, "an object", False),
+    ("runs[*].arm", REQUIRED, _one_of("A", "B"), "'A' or 'B'", False),
+    ("runs[*].repeat", REQUIRED, _integer, "an integer", False),
+    ("runs[*].concurrency", REQUIRED, _integer, "an integer", False),
+    ("runs[*].errors", REQUIRED, _count, "an integer", False),
+    ("runs[*].{metric}", REQUIRED, _throughput, "a finite number >= 0", True),
+    ("runs[*].not_recorded", OPTIONAL, _strings, "an object naming, per count, the tool that did not record it",
+     False),
+    ("judgement", REQUIRED, _object, "an object", False),
+    ("judgement.levels", REQUIRED, _list, "a list", False),
+    ("judgement.levels[*]", REQUIRED, _object, "an object", False),
+    ("judgement.levels[*].verdict", REQUIRED, _one_of(*VERDICTS), f"one of {', '.join(VERDICTS)}", False),
+    ("judgement.levels[*].concurrency", REQUIRED, _integer, "an integer", False),
+    ("judgement.guards", OPTIONAL, lambda v, _: isinstance(v, list) and all(
+        isinstance(g, dict) and g.get("verdict") in VERDICTS for g in v), "a list of judged guard metrics", False),
+    ("judgement.family", OPTIONAL, _object, "an object", False),
+    ("validity", OPTIONAL, _object, "an object", False),
+    ("validity.levels", OPTIONAL, _list, "a list", False),
+    ("sequential", OPTIONAL, _object, "an object", False),
+    ("sequential.looks", REQUIRED, _list, "a list", False),
+    ("judge_options", OPTIONAL, _judge_options,
+     '{"unit_noise": a log-sd from 0 to 1, "alpha": a probability between 0 and 1}', False),
+    ("anomalies", REQUIRED, _list, "a list", False),
+    ("source", REQUIRED, _object, "an object", False),
+    ("source.tool", REQUIRED, lambda v, _: isinstance(v, str), "a string", False),
+)
+
+
+def _holders(doc: Any, parts: list[str], where: str) -> list[tuple[str, Any]]:
+    """(path so far, value) of every holder the path's parts lead to (wildcards expanded)."""
+    found = [(where, doc)]
+    for part in parts:
+        step = []
+        for at, value in found:
+            name, each = (part[:-3], True) if part.endswith("[*]") else (part, False)
+            if name == "*":
+                if isinstance(value, dict):
+                    step += [(f"{at}.{k}" if at else k, v) for k, v in value.items()]
+                continue
+            if not isinstance(value, dict) or name not in value:
+                continue
+            at = f"{at}.{name}" if at else name
+            if each:
+                if isinstance(value[name], list):
+                    step += [(f"{at}[{i}]", v) for i, v in enumerate(value[name])]
+            else:
+                step.append((at, value[name]))
+        found = step
+    return found
+
+
+def validate(doc: Any) -> list[str]:
+    """Every way `doc` (JSON data, or the typed records) departs from its schema (1 or 2), each as
+    'field: what is wrong', in the order of RULES."""
+    doc = plain(doc)
     if not isinstance(doc, dict):
         return ["(top level): expected a JSON object"]
-    if doc.get("schema") not in SCHEMAS:
-        problems.append(f"schema: expected {SCHEMA!r} (or {SCHEMA_1!r}), got {doc.get('schema')!r}")
-    for key in ("id", "created", "knob", "role", "metric"):
-        if not isinstance(doc.get(key), str) or not doc.get(key):
-            problems.append(f"{key}: expected a non-empty string")
-    arms = doc.get("arms")
-    if not isinstance(arms, dict) or set(arms) != {"A", "B"}:
-        problems.append("arms: expected an object with exactly the arms A (baseline) and B (candidate)")
-    else:
-        for name, arm in arms.items():
-            if not isinstance(arm, dict) or not isinstance(arm.get("knobs"), dict):
-                problems.append(f"arms.{name}.knobs: expected an object of knob values")
-    if not isinstance(doc.get("setup"), dict):
-        problems.append("setup: expected an object")
-    metric = doc.get("metric")
-    runs = doc.get("runs")
-    if not isinstance(runs, list) or not runs:
-        problems.append("runs: expected a non-empty list")
-    else:
-        for i, run in enumerate(runs):
-            where = f"runs[{i}]"
-            if not isinstance(run, dict):
-                problems.append(f"{where}: expected an object")
+    metric = doc.get("metric") if isinstance(doc.get("metric"), str) and doc.get("metric") else None
+    problems: list[str] = []
+    for path, required, test, expected, show in RULES:
+        if "{metric}" in path:
+            if metric is None:
                 continue
-            if run.get("arm") not in ("A", "B"):
-                problems.append(f"{where}.arm: expected 'A' or 'B'")
-            for key in ("repeat", "concurrency", "errors"):
-                if isinstance(run.get(key), bool) or not isinstance(run.get(key), int):
-                    problems.append(f"{where}.{key}: expected an integer")
-            value = run.get(metric) if isinstance(metric, str) else None
-            if isinstance(metric, str) and (isinstance(value, bool) or not isinstance(value, _NUM)
-                                            or not math.isfinite(value) or value < 0):
-                problems.append(f"{where}.{metric}: expected a finite number >= 0, got {value!r}")
-    judgement = doc.get("judgement")
-    if not isinstance(judgement, dict) or not isinstance(judgement.get("levels"), list):
-        problems.append("judgement.levels: expected a list")
-    else:
-        for i, level in enumerate(judgement["levels"]):
-            if not isinstance(level, dict) or level.get("verdict") not in VERDICTS:
-                problems.append(f"judgement.levels[{i}].verdict: expected one of {', '.join(VERDICTS)}")
-        guards = judgement.get("guards", [])
-        if not isinstance(guards, list) or not all(isinstance(g, dict) and g.get("verdict") in VERDICTS
-                                                   for g in guards):
-            problems.append("judgement.guards: expected a list of judged guard metrics")
-        if "family" in judgement and not isinstance(judgement["family"], dict):
-            problems.append("judgement.family: expected an object")
-    validity = doc.get("validity", {"levels": []})
-    if not isinstance(validity, dict) or not isinstance(validity.get("levels", []), list):
-        problems.append("validity.levels: expected a list")
-    if "sequential" in doc and not (isinstance(doc["sequential"], dict)
-                                    and isinstance(doc["sequential"].get("looks"), list)):
-        problems.append("sequential.looks: expected a list")
-    if "judge_options" in doc:
-        options = doc["judge_options"]
-        ranges = {"unit_noise": (0.0, True), "alpha": (0.0, False)}  # (lower bound, inclusive)
-        if not isinstance(options, dict) or set(options) - set(ranges) or not all(
-                isinstance(v, _NUM) and not isinstance(v, bool) and v < 1
-                and (v >= ranges[k][0] if ranges[k][1] else v > ranges[k][0]) for k, v in options.items()):
-            problems.append("judge_options: expected {\"unit_noise\": a log-sd from 0 to 1, "
-                            "\"alpha\": a probability between 0 and 1}")
-    if not isinstance(doc.get("anomalies"), list):
-        problems.append("anomalies: expected a list")
-    source = doc.get("source")
-    if not isinstance(source, dict) or not isinstance(source.get("tool"), str):
-        problems.append("source.tool: expected a string")
+            path = path.replace("{metric}", metric)
+        *head, last = path.split(".")
+        for at, holder in _holders(doc, head, ""):
+            if not isinstance(holder, dict):
+                continue
+            name, each = (last[:-3], True) if last.endswith("[*]") else (last, False)
+            where = f"{at}.{name}" if at else name
+            if name == "*":
+                items = list(holder.items())
+                targets = [(f"{at}.{k}" if at else k, v, holder) for k, v in items]
+            elif name not in holder:
+                if required:
+                    targets = [(where, None, holder)]
+                else:
+                    continue
+            elif each:
+                if not isinstance(holder[name], list):
+                    continue
+                targets = [(f"{where}[{i}]", v, holder) for i, v in enumerate(holder[name])]
+            else:
+                targets = [(where, holder[name], holder)]
+            for target, value, parent in targets:
+                if not test(value, parent):
+                    problems.append(f"{target}: expected {expected}" + (f", got {value!r}" if show else ""))
     return problems

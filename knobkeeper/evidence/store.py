@@ -1,116 +1,99 @@
-"""Evidence files: build a doc (gated, judged), validate, write + commit, load by id, list,
-summarise, verify.
+"""Evidence files: build one (gated, judged), write + commit it, load it by id, list them, verify.
 
 Files: changelog/evidence/<UTC stamp>-<id>.json, raw source files in changelog/evidence/<stem>/.
-This module is THE evidence reader: other parts use `paths`, `find`, `load`, `list_all`,
-`gains(doc)` (the one place that says which levels count, and with which verdict),
-`summary_line(doc)` and `verify(doc)` (the stored judgement recomputed from the runs).
-Ids are literal hex prefixes, never patterns.
+This module is THE evidence reader and writer: other parts use `paths`, `find`, `load` (an
+`Evidence`, knobkeeper.evidence.model), `list_all`, `summary_line(doc)`, `gains(doc)` (the levels
+that count, and with which verdict) and `verify(doc)` (the stored judgement recomputed from the
+runs). Ids are literal hex prefixes, never patterns.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from knobkeeper import fmt, gitio
+from knobkeeper import fmt
 from knobkeeper.changelog.store import Message, commit_change
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge as J
 from knobkeeper.evidence import validity as V
-from knobkeeper.evidence.schema import SCHEMA, SCHEMA_1, validate
+from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, Evidence, Gain, Typed, Run,
+                                       Sequential, Setup, Source, Workload, plain, typed)
+from knobkeeper.evidence.schema import validate
 from knobkeeper.project import Project
-from knobkeeper.timeutil import file_stem, iso, new_id, utcnow
-
-METRIC = "output_tokens_per_s"
-ACTIONABLE = ("better", "worse")
+from knobkeeper.timeutil import file_stem, iso, new_id, parse_time, utcnow
 
 
 # ---------------------------------------------------------------- building
 
-def empty_setup() -> dict[str, Any]:
-    return {"inventory": None, "git_sha": None, "engine": "unknown", "engine_version": None, "model": None,
-            "device": None, "workload": {"api": None, "input_len": None, "output_len": None,
-                                         "requests_per_run": None, "duration_s": None}}
-
-
-def build_doc(*, knob: str, role: str, arms: dict[str, dict], runs: list[dict], setup: dict | None = None,
-              source: dict | None = None, metric: str = METRIC, ident: str | None = None,
-              created: str | None = None, extra: dict | None = None, notes: list[str] | None = None,
-              sequential: dict | None = None, keep_invalid: bool = False,
-              judge_options: dict | None = None) -> dict[str, Any]:
+def build_doc(*, knob: str, role: str, arms: Mapping[str, Arm | Mapping], runs: Iterable[Run | Mapping],
+              setup: Setup | Mapping | None = None, source: Mapping | None = None, metric: str = METRIC,
+              ident: str | None = None, created: str | None = None, extra: Mapping | None = None,
+              notes: list[str] | None = None, sequential: Sequential | Mapping | None = None,
+              keep_invalid: bool = False, judge_options: Mapping | None = None) -> Evidence:
     """A complete evidence doc: validity gates, judgement and anomalies computed from `runs`.
 
     `notes`: file-level validity notes (duplicates counted once, an unverified knob);
     `sequential`: the stopping rule and looks of a sequential `ab run`; `judge_options`: the
     judgement's parameters other than its defaults (a canary's {"unit_noise", "alpha"}), kept in the
-    doc so that `verify` judges the runs the same way. A doc without a valid level is refused
-    (UserError) unless `keep_invalid`.
+    doc so that `verify` judges the runs the same way; `extra`: more top-level parts (a canary's
+    `canary` block). A doc without a valid level is refused (UserError) unless `keep_invalid`.
     """
-    full_setup = empty_setup()
-    for key, value in (setup or {}).items():
-        if key == "workload" and isinstance(value, dict):
-            full_setup["workload"].update(value)
-        else:
-            full_setup[key] = value
-    runs = sorted(runs, key=lambda r: (r["concurrency"], r["arm"], r["repeat"]))
-    doc = {
-        "schema": SCHEMA,
-        "id": ident or new_id(),
-        "created": created or iso(utcnow()),
-        "knob": knob,
-        "role": role,
-        "metric": metric,
-        "arms": arms,
-        "setup": full_setup,
-        "runs": runs,
-        **({"sequential": sequential} if sequential else {}),
-        **({"judge_options": dict(judge_options)} if judge_options else {}),
-        "source": {"tool": "knobkeeper", "raw_files": [], "format": None, **(source or {})},
-        **(extra or {}),
-    }
-    doc = _judged(doc, list(notes or []))
+    doc = Evidence(id=ident or new_id(), created=created or iso(utcnow()), knob=knob, role=role, metric=metric,
+                   arms={name: Arm.of(arm) for name, arm in arms.items()}, setup=Setup.of(setup or {}),
+                   runs=sorted((Run.of(r) for r in runs), key=lambda r: (r.concurrency, r.arm, r.repeat)),
+                   sequential=Sequential.of(sequential) if sequential else None,
+                   judge_options=dict(judge_options) if judge_options else None,
+                   source=Source.from_json({"tool": "knobkeeper", "raw_files": [], "format": None, **(source or {})}))
+    for key, value in (extra or {}).items():
+        doc[key] = value
+    _judge(doc, list(notes or []))
     problems = validate(doc)
     if problems:
-        raise UserError(f"evidence {doc['id']}: {problems[0]}")
-    if not keep_invalid and not any(lv["valid"] for lv in doc["validity"]["levels"]):
-        first = next((r for lv in doc["validity"]["levels"] for r in lv["reasons"]), "no levels")
-        raise UserError(f"evidence for {knob}: no valid level (@{doc['validity']['levels'][0]['concurrency']}: "
-                        f"{first}); nothing written (--keep-invalid keeps it, shown as invalid)"
-                        if doc["validity"]["levels"] else f"evidence for {knob}: no runs; nothing written")
+        raise UserError(f"evidence {doc.id}: {problems[0]}")
+    levels = doc.validity.levels
+    if not keep_invalid and not any(lv.valid for lv in levels):
+        first = next((r for lv in levels for r in lv.reasons), "no levels")
+        raise UserError(f"evidence for {knob}: no valid level (@{levels[0].concurrency}: {first}); nothing written "
+                        f"(--keep-invalid keeps it, shown as invalid)" if levels
+                        else f"evidence for {knob}: no runs; nothing written")
     return doc
 
 
-def _judged(doc: dict, notes: list[str]) -> dict:
-    """`doc` with validity, judgement and anomalies (re)computed from its runs."""
-    validity, invalid = V.assess(doc["runs"], doc["metric"])
-    validity["reasons"] = notes + [n for n in V.knob_note(doc["runs"]) if n not in notes]
-    valid_runs = [r for r in doc["runs"] if int(r["concurrency"]) not in invalid]
-    out = {k: v for k, v in doc.items() if k not in ("judgement", "anomalies", "validity")}
-    out["schema"] = SCHEMA
-    options = doc.get("judge_options") or {}
-    out["judgement"] = J.judge(doc["runs"], doc["metric"], alpha=float(options.get("alpha", J.ALPHA)), invalid=invalid,
-                               sequential=doc.get("sequential"), unit_noise=float(options.get("unit_noise") or 0.0))
-    out["anomalies"] = J.anomalies(valid_runs, doc["metric"])
-    out["validity"] = validity
-    return out
+def _judge(doc: Evidence, notes: list[str]) -> None:
+    """(Re)compute `doc`'s validity, judgement and anomalies from its runs, by today's method."""
+    validity, invalid = V.assess(doc.runs, doc.metric)
+    validity.reasons = notes + [n for n in V.knob_note(doc.runs) if n not in notes]
+    valid_runs = [r for r in doc.runs if int(r.concurrency) not in invalid]
+    options = doc.judge_options or {}
+    doc.schema = SCHEMA
+    doc.judgement = J.judge(doc.runs, doc.metric, alpha=float(options.get("alpha", J.ALPHA)), invalid=invalid,
+                            sequential=doc.sequential, unit_noise=float(options.get("unit_noise") or 0.0))
+    doc.anomalies = J.anomalies(valid_runs, doc.metric)
+    doc.validity = validity
 
 
-def rejudge(doc: dict) -> dict:
+def rejudge(doc: Evidence) -> Evidence:
     """The same doc judged by today's method (schema 2), its file-level notes kept."""
-    notes = [n for n in (doc.get("validity") or {}).get("reasons", []) if not n.startswith("knob value unverified")]
-    return _judged(doc, notes)
+    again = copy.deepcopy(doc)
+    _judge(again, [n for n in doc.validity.reasons if not n.startswith("knob value unverified")])
+    return again
 
 
-def _stored_judgement(doc: dict) -> tuple[dict, list[dict]]:
-    """(the judgement the doc's runs give by the doc's own schema, anomalies)."""
-    if doc.get("schema") == SCHEMA_1:
-        judgement = J.judge(doc["runs"], doc["metric"], adjust=False)
-        return judgement, J.anomalies(doc["runs"], doc["metric"])
-    again = _judged(doc, [])
-    return again["judgement"], again["anomalies"]
+def _fresh_judgement(doc: Evidence) -> Evidence:
+    """`doc` judged again by its own schema's method (schema 1: per level, unadjusted)."""
+    if doc.schema == SCHEMA_1:
+        again = copy.deepcopy(doc)
+        again.judgement = J.judge(doc.runs, doc.metric, adjust=False)
+        again.anomalies = J.anomalies(doc.runs, doc.metric)
+        return again
+    again = copy.deepcopy(doc)
+    _judge(again, [])
+    return again
 
 
 def _nans(value: Any, where: str = "") -> list[str]:
@@ -129,7 +112,7 @@ def _close(a: Any, b: Any) -> bool:
     return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
 
 
-def verify(doc: dict) -> list[str]:
+def verify(doc: Evidence | Mapping[str, Any]) -> list[str]:
     """Every way the stored judgement departs from what its runs give, and every NaN.
 
     Recomputes the validity gates, the judgement (schema 1: per level, unadjusted; schema 2:
@@ -137,25 +120,30 @@ def verify(doc: dict) -> list[str]:
     raw and adjusted p per level and guard. A judgement that claims nothing (the kernels
     benchmark's raw timings: no levels) has nothing to contradict.
     """
-    problems = _nans(doc)
+    problems = _nans(plain(doc))
     if problems:
         return problems
-    stored = doc["judgement"]
-    if not stored.get("levels"):
+    try:
+        stored = Evidence.of(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return [f"(top level): cannot be read ({type(exc).__name__}: {exc})"]
+    if not stored.judgement.levels:
         return []
     try:
-        fresh, _ = _stored_judgement(doc)
+        fresh = _fresh_judgement(stored).judgement
     except (KeyError, TypeError, ValueError) as exc:
         return [f"runs: cannot be judged ({type(exc).__name__}: {exc})"]
-    problems += _compare_rows(stored["levels"], fresh["levels"], lambda lv: lv.get("concurrency"),
-                              lambda k: f"at {k}")
-    if doc.get("schema") != SCHEMA_1:
-        problems += _compare_rows(stored.get("guards", []), fresh.get("guards", []),
-                                  lambda g: (g.get("concurrency"), g.get("metric")), lambda k: f"for {k[1]} at {k[0]}")
+    # A file with a family claims adjusted p-values; one without (schema 1, a hand-made file) does not.
+    claims = ("effect", "ci_low", "ci_high", "p_value") + (("p_adjusted",) if stored.judgement.family else ())
+    problems += _compare_rows(stored.judgement.levels, fresh.levels, lambda lv: lv.concurrency,
+                              lambda k: f"at {k}", claims)
+    if stored.schema != SCHEMA_1:
+        problems += _compare_rows(stored.judgement.guards, fresh.guards, lambda g: (g.concurrency, g.metric),
+                                  lambda k: f"for {k[1]} at {k[0]}", claims + ("p_adjusted",))
     return problems
 
 
-def _compare_rows(stored: list[dict], fresh: list[dict], key, where) -> list[str]:
+def _compare_rows(stored: list, fresh: list, key, where, claims: tuple[str, ...]) -> list[str]:
     """Mismatches between stored and recomputed rows (levels or guards), matched by `key`."""
     fresh_rows = {key(r): r for r in fresh}
     stored_rows = {key(r): r for r in stored}
@@ -165,57 +153,52 @@ def _compare_rows(stored: list[dict], fresh: list[dict], key, where) -> list[str
         if s is None or f is None:
             out.append(f"{where(k)}: {'stored but not judgeable from the runs' if f is None else 'judgeable from the runs but not stored'}")
             continue
-        out += _compare_row(where(k), s, f)
-        if "regression" in f and bool(s.get("regression")) != f["regression"]:
-            out.append(f"stored regression={s.get('regression')} {where(k)} but the runs give {f['regression']}")
+        out += _compare_row(where(k), s, f, claims)
+        if hasattr(f, "regression") and bool(s.regression) != f.regression:
+            out.append(f"stored regression={s.regression} {where(k)} but the runs give {f.regression}")
     return out
 
 
-def _compare_row(where: str, s: dict, f: dict) -> list[str]:
-    if s.get("verdict") != f["verdict"]:
-        ci = (f"CI {fmt.pct(f['ci_low'])}..{fmt.pct(f['ci_high'])}" if f.get("ci_low") is not None
-              else f"effect {fmt.pct(f.get('effect'))}")
-        return [f"stored verdict {s.get('verdict')} {where} but the runs give {f['verdict']}, {ci}"]
+def _compare_row(where: str, s, f, claims: tuple[str, ...]) -> list[str]:
+    if s.verdict != f.verdict:
+        ci = f"CI {f.ci_text()}" if f.ci_low is not None else f"effect {fmt.pct(f.effect)}"
+        return [f"stored verdict {s.verdict} {where} but the runs give {f.verdict}, {ci}"]
     out = []
-    for field in ("effect", "ci_low", "ci_high", "p_value", "p_adjusted"):
-        if field in s and not _close(s.get(field), f.get(field)):
-            show = fmt.p_value if field.startswith("p_") else fmt.pct
-            out.append(f"stored {field} {show(s.get(field))} {where} but the runs give {show(f.get(field))}")
+    for name in dict.fromkeys(claims):
+        if not _close(getattr(s, name), getattr(f, name)):
+            show = fmt.p_value if name.startswith("p_") else fmt.pct
+            out.append(f"stored {name} {show(getattr(s, name))} {where} but the runs give {show(getattr(f, name))}")
     return out
 
 
 # ---------------------------------------------------------------- writing
 
-def commit_summary(doc: dict) -> str:
+def commit_summary(doc: Evidence) -> str:
     """`evidence: KNOB=512 on decode (+12.8% @64, +5.7% @96)` — the commit's summary line."""
-    cand = doc["arms"]["B"]["knobs"].get(doc["knob"])
-    levels = [g for g in gains(doc) if g["verdict"] in ACTIONABLE]
+    levels = [g for g in doc.gains() if g.verdict in ACTIONABLE]
     if levels:
-        what = ", ".join(f"{fmt.pct(g['effect'])} @{g['concurrency']}" for g in levels)
+        what = ", ".join(f"{fmt.pct(g.effect)} @{g.concurrency}" for g in levels)
     else:
-        verdicts = sorted({lv["verdict"] for lv in doc["judgement"]["levels"]})
-        what = ", ".join(verdicts) or "no levels"
-    regressions = [g for g in doc["judgement"].get("guards", []) if g.get("regression")]
+        what = ", ".join(sorted({lv.verdict for lv in doc.judgement.levels})) or "no levels"
+    regressions = doc.judgement.regressions
     if regressions:
-        what += ", but " + ", ".join(f"{_guard_label(g)} {fmt.pct(g['effect'], 0)} @{g['concurrency']}"
-                                     for g in regressions)
-    canary = doc.get("canary") or {}
-    if canary.get("verdict") == "worse":   # the errors test is the canary's, outside the judgement
-        errors = [f.split(" (p ")[0] for f in canary.get("failed_guards") or [] if f.startswith("errors")]
-        what += f"; canary worse{': ' + errors[0] if errors else ''}{', rolled back' if canary.get('rolled_back') else ''}"
-    return f"evidence: {doc['knob']}={fmt.value(cand)} on {doc['role']} ({what})"
+        what += ", but " + ", ".join(f"{g.label} {fmt.pct(g.effect, 0)} @{g.concurrency}" for g in regressions)
+    canary = doc.canary
+    if canary is not None and canary.verdict == "worse":   # the errors test is the canary's, outside the judgement
+        errors = [f.split(" (p ")[0] for f in canary.failed_guards if f.startswith("errors")]
+        what += f"; canary worse{': ' + errors[0] if errors else ''}{', rolled back' if canary.rolled_back else ''}"
+    return f"evidence: {doc.knob}={fmt.value(doc.candidate)} on {doc.role} ({what})"
 
 
-def write(project: Project, doc: dict, raw_files: Iterable[tuple[str, Path | bytes]] = (),
+def write(project: Project, doc: Evidence, raw_files: Iterable[tuple[str, Path | bytes]] = (),
           *, no_commit: bool = False) -> Path:
     """Write the doc (+ raw files beside it) and commit exactly them; returns the JSON path.
 
     `raw_files`: (name, source path or bytes) pairs; they land in changelog/evidence/<stem>/name
     and `source.raw_files` lists them relative to the repo root.
     """
-    from knobkeeper.timeutil import parse_time
-
-    stem = file_stem(parse_time(doc["created"]), doc["id"])
+    doc = Evidence.of(doc)
+    stem = file_stem(parse_time(doc.created), doc.id)
     path = project.evidence_dir / f"{stem}.json"
     files: dict[Path, str | bytes] = {}
     rels = []
@@ -223,18 +206,16 @@ def write(project: Project, doc: dict, raw_files: Iterable[tuple[str, Path | byt
         target = project.evidence_dir / stem / name
         files[target] = content if isinstance(content, bytes) else Path(content).read_bytes()
         rels.append(project.rel(target))
-    doc = {**doc, "source": {**doc["source"], "raw_files": rels or doc["source"].get("raw_files", [])}}
-    problems = validate(doc)
+    if rels:
+        doc.source.raw_files = rels
+    data = doc.to_json()
+    problems = validate(data)
     if problems:
-        raise UserError(f"evidence {doc['id']}: {problems[0]}")
-    files[path] = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-    trailers = [("Evidence", doc["id"]), ("Knob", doc["knob"]), ("Role", doc["role"])]
-    commit_change(project, files, Message(commit_summary(doc), summary_line(doc), trailers), no_commit=no_commit)
+        raise UserError(f"evidence {doc.id}: {problems[0]}")
+    files[path] = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    trailers = [("Evidence", doc.id), ("Knob", doc.knob), ("Role", doc.role)]
+    commit_change(project, files, Message(commit_summary(doc), doc.summary_line(), trailers), no_commit=no_commit)
     return path
-
-
-def git_sha(project: Project) -> str | None:
-    return gitio.head_sha(project.root)
 
 
 # ---------------------------------------------------------------- reading
@@ -261,93 +242,62 @@ def find(project: Project, ident: str) -> Path:
     return hits[0]
 
 
-def load(project: Project, ident: str) -> dict:
-    """The evidence doc with id `ident` (or a unique prefix of it)."""
-    path = find(project, ident)
+def read(path: Path, where: str) -> Evidence:
+    """The evidence in the file at `path` (validated), or UserError naming `where`."""
     try:
-        doc = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise UserError(f"{project.rel(path)}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    problems = validate(doc)
+        raise UserError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    problems = validate(data)
     if problems:
-        raise UserError(f"{project.rel(path)}: {problems[0]}")
-    return doc
+        raise UserError(f"{where}: {problems[0]}")
+    return Evidence.from_json(data)
 
 
-def list_all(project: Project) -> list[dict]:
-    """One row per evidence file: id, created, knob, role, candidate value, summary."""
+def load(project: Project, ident: str) -> Evidence:
+    """The evidence with id `ident` (or a unique prefix of it)."""
+    path = find(project, ident)
+    return read(path, project.rel(path))
+
+
+@typed
+class Listed(Typed):
+    """One row of `ab list`."""
+
+    id: str = ""
+    created: str = ""
+    knob: str = ""
+    role: str = ""
+    baseline: Any = None
+    candidate: Any = None
+    summary: str = ""
+    path: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
+
+
+def list_all(project: Project) -> list[Listed]:
+    """One row per readable evidence file, oldest first: id, created, knob, role, the two values, summary."""
     rows = []
     for path in paths(project):
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            doc = read(path, project.rel(path))
+        except (OSError, UserError):
             continue
-        if validate(doc):
-            continue
-        rows.append({"id": doc["id"], "created": doc["created"], "knob": doc["knob"], "role": doc["role"],
-                     "baseline": doc["arms"]["A"]["knobs"].get(doc["knob"]),
-                     "candidate": doc["arms"]["B"]["knobs"].get(doc["knob"]),
-                     "summary": summary_line(doc), "path": project.rel(path)})
+        rows.append(Listed(doc.id, doc.created, doc.knob, doc.role, doc.baseline, doc.candidate, doc.summary_line(),
+                           project.rel(path)))
     return rows
 
 
 # ---------------------------------------------------------------- summaries for other parts
 
-def adjusted(doc: dict) -> bool:
-    """Whether the doc's verdicts are family-wise adjusted (schema 2) or per level (schema 1)."""
-    return doc.get("schema") != SCHEMA_1
+def gains(doc: Evidence) -> list[Gain]:
+    """The levels that count (Evidence.gains): effect, interval, verdict, raw and adjusted p."""
+    return Evidence.of(doc).gains()
 
 
-def gains(doc: dict) -> list[dict]:
-    """Per valid level: concurrency, effect, ci_low, ci_high, verdict (relative; 0.128 = +12.8%),
-    p_value (raw), p_adjusted (None for schema 1), adjusted (bool), regressions (guard rows judged
-    "worse" at that level). Invalid levels are left out: they count for nothing."""
-    regressions: dict[Any, list[dict]] = {}
-    for g in doc["judgement"].get("guards") or []:
-        if g.get("regression"):
-            regressions.setdefault(g["concurrency"], []).append(g)
-    return [{"concurrency": lv["concurrency"], "effect": lv.get("effect"), "ci_low": lv.get("ci_low"),
-             "ci_high": lv.get("ci_high"), "verdict": lv["verdict"], "p_value": lv.get("p_value"),
-             "p_adjusted": lv.get("p_adjusted") if adjusted(doc) else None, "adjusted": adjusted(doc),
-             "regressions": regressions.get(lv["concurrency"], [])}
-            for lv in doc["judgement"]["levels"] if lv["verdict"] != "invalid"]
-
-
-def _guard_label(guard: dict) -> str:
-    return J.GUARDS.get(guard["metric"], (None, None, guard["metric"]))[2]
-
-
-def summary_line(doc: dict) -> str:
-    """`+12.8% @64 (95% CI +10.1..+15.4%, better, p_adj 0.001), ...; anomaly: A 96 < 80 (-4.1%)`.
-
-    Schema-1 verdicts say "unadjusted"; a guard regression is named after its level
-    ("..., but p99 TTFT +40% @64"); an invalid level says why."""
-    parts = []
-    for lv in doc["judgement"]["levels"]:
-        if lv["verdict"] == "invalid":
-            reasons = lv.get("invalid") or ["a validity gate failed"]
-            parts.append(f"@{lv['concurrency']} invalid ({fmt.safe(reasons[0])})")
-            continue
-        if lv.get("ci_low") is not None:
-            ci = f"95% CI {fmt.pct(lv['ci_low'])}..{fmt.pct(lv['ci_high'])}"
-        else:
-            ci = f"n={lv['n_a']}/{lv['n_b']}"
-        extra = f", needs {lv['repeats_needed']} runs/arm" if lv.get("repeats_needed") else ""
-        if not adjusted(doc):
-            extra += ", unadjusted"
-        elif lv.get("p_adjusted") is not None:
-            extra += f", p_adj {fmt.p_value(lv['p_adjusted'])}"
-        parts.append(f"{fmt.pct(lv.get('effect'))} @{lv['concurrency']} ({ci}, {lv['verdict']}{extra})")
-    text = ", ".join(parts) or "no levels"
-    regressions = [g for g in doc["judgement"].get("guards") or [] if g.get("regression")]
-    if regressions:
-        text += "; but " + ", ".join(f"{_guard_label(g)} {fmt.pct(g['effect'])} @{g['concurrency']}"
-                                    for g in regressions)
-    for an in doc.get("anomalies") or []:
-        conf = f", {an['confidence'] * 100:.0f}% conf." if an.get("confidence") is not None else ", unconfirmed"
-        text += (f"; anomaly: {an['arm']} {an['to_concurrency']} < {an['from_concurrency']} "
-                 f"({fmt.pct(an['change'])}{conf})")
-    return text
+def summary_line(doc: Evidence) -> str:
+    """The doc's one-line judgement (Evidence.summary_line)."""
+    return Evidence.of(doc).summary_line()
 
 
 # ---------------------------------------------------------------- ab import
@@ -400,16 +350,35 @@ def _checked_value(project: Project, name: str, value: Any, role: str, where: st
         raise UserError(f"{where}: {exc}") from None
 
 
-def _knob_seen(run: dict, knob: str, value: Any) -> dict:
+def _knob_seen(run: Run, knob: str, value: Any):
     """What the result file's server info (`server_env`) says the engine ran with, vs the arm."""
-    env = run.pop("server_env", None)
+    env = run.extra.pop("server_env", None)
     return V.knob_seen(value, knob, env if isinstance(env, dict) else None, "server info in the result file")
+
+
+@dataclass
+class _Arms:
+    """What the result files of both arms say: the knob, the arms, their runs, the setup, the tool."""
+
+    knob: str
+    arms: dict[str, Arm]
+    runs_a: list[dict]
+    runs_b: list[dict]
+    setup: Setup
+    tool: str
+    form: str
+    notes: list[str] = field(default_factory=list)
+
+
+# The setup keys a reader may report (importers.Imported.setup), beside the workload's.
+_SETUP_KEYS = ("model", "served_model_name", "engine", "engine_version", "device", "bench_version")
+_WORKLOAD_KEYS = ("api", "input_len", "output_len", "dataset", "requests_per_run")
 
 
 def import_files(project: Project, *, baseline: list[str], candidate: list[str], role: str,
                  knob: str | None = None, baseline_value: str | None = None, fmt: str = "auto",
                  inventory: str | None = None, engine: str | None = None, no_commit: bool = False,
-                 keep_raw: bool = True, keep_invalid: bool = False) -> dict:
+                 keep_raw: bool = True, keep_invalid: bool = False) -> Evidence:
     """Build one evidence doc from result files of the two arms, write and commit it; returns the doc.
 
     The repeats of each level are the runs found for it, in the order the files are given; the
@@ -420,12 +389,36 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
     Every file is read and checked before anything is written; the validity gates apply, and a
     file set with no valid level is refused unless `keep_invalid`.
     """
+    if not baseline:
+        raise UserError("--baseline: give at least one result file of the baseline arm")
+    read_a, read_b, notes = _read_files(baseline, candidate, fmt)
+    found = (_kernels_arms(project, read_a, read_b, role, knob) if read_a[0][1] == "kernels"
+             else _tool_arms(project, read_a, read_b, role, knob, baseline_value))
+    if not found.runs_a or not found.runs_b:
+        raise UserError(f"--{'baseline' if not found.runs_a else 'candidate'}: the files hold no runs of that arm")
+    runs, duplicates = V.dedupe(_arm_runs(found))
+    found.setup.inventory = found.setup.inventory or inventory
+    if engine:
+        found.setup.engine = engine
+    doc = build_doc(knob=found.knob, role=role, arms=found.arms, runs=runs, setup=found.setup,
+                    source={"tool": found.tool, "format": found.form}, notes=notes + duplicates,
+                    keep_invalid=keep_invalid)
+    raw: list[tuple[str, Path]] = []
+    if keep_raw:
+        for arm, items in (("A", read_a), ("B", read_b)):
+            for i, (p, _, _) in enumerate(items, 1):
+                raw.append((f"{arm}-{i}-{Path(p).name}", Path(p)))
+    path = write(project, doc, raw, no_commit=no_commit)
+    return read(path, project.rel(path))
+
+
+def _read_files(baseline: list[str], candidate: list[str], fmt: str) -> tuple[list[tuple], list[tuple], list[str]]:
+    """Every file of both arms read (path, format, importers.Imported): one tool's files only, the
+    same file given twice in an arm counted once (a note says so)."""
     import hashlib
 
     from knobkeeper.evidence import importers as I
 
-    if not baseline:
-        raise UserError("--baseline: give at least one result file of the baseline arm")
     notes: list[str] = []
     digests: dict[tuple[str, str], str] = {}
 
@@ -451,82 +444,83 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
     if len(formats) > 1:
         raise UserError(f"--baseline/--candidate: files of different formats ({', '.join(sorted(formats))}); "
                         f"import one tool's results at a time")
-    form = formats.pop()
-    if form == "kernels":
-        runs_a = [r for _, _, imp in read_a for r in imp.arm_runs["A"]]
-        src_b = read_b or read_a
-        runs_b = [r for _, _, imp in src_b for r in imp.arm_runs["B"]]
-        first = read_a[0][2].doc
-        knob_name = first["knob"]
-        for path, _, imp in read_a + read_b:
-            if imp.doc["knob"] != knob_name:
-                raise UserError(f"{path}: knob: {imp.doc['knob']} (the first file tests {knob_name})")
-            if imp.doc["role"] != role:
-                raise UserError(f"{path}: role: {imp.doc['role']!r} (--role is {role!r})")
-        arms = {"A": first["arms"]["A"], "B": src_b[0][2].doc["arms"]["B"]}
-        for arm_name, source in (("A", read_a[0][0]), ("B", src_b[0][0])):
-            knobs = arms[arm_name].get("knobs") or {}
-            arms[arm_name] = {**arms[arm_name], "knobs": {
-                name: _checked_value(project, name, value, role, f"{source}: arms.{arm_name}.knobs.{name}")
-                for name, value in knobs.items()}}
-        if knob is not None:
-            name, value = parse_knob_spec(project, knob, role)
-            if name != knob_name:
-                raise UserError(f"--knob {name}: the kernels files test {knob_name}")
-            arms = {"A": arms["A"], "B": {**arms["B"], "knobs": {name: value}}}
-        _catalog_knob(project, knob_name, role, f"{read_a[0][0]}: knob")
-        setup = dict(first.get("setup") or {})
-        tool = first.get("source", {}).get("tool") or "knobkeeper-kernels bench"
-    else:
-        if not candidate:
-            raise UserError("--candidate: give at least one result file of the candidate arm")
-        if knob is None:
-            raise UserError("--knob: required (KNOB=VALUE, the candidate arm's value)")
-        knob_name, value = parse_knob_spec(project, knob, role)
-        base_value = None
-        if baseline_value is not None:
-            _, base_value = parse_knob_spec(project, f"{knob_name}={baseline_value}", role, "--baseline-value")
-        arms = {"A": {"label": "baseline", "knobs": {knob_name: base_value}},
-                "B": {"label": "candidate", "knobs": {knob_name: value}}}
-        runs_a = [r for _, _, imp in read_a for r in imp.runs]
-        runs_b = [r for _, _, imp in read_b for r in imp.runs]
-        setup = {}
-        workload = {}
-        for _, _, imp in read_a + read_b:
-            for key in ("api", "input_len", "output_len", "requests_per_run"):
-                if key in imp.setup and workload.get(key) is None:
-                    workload[key] = imp.setup[key]
-            if imp.setup.get("model") and not setup.get("model"):
-                setup["model"] = imp.setup["model"]
-        setup["workload"] = workload
-        tool = read_a[0][2].tool
-    if not runs_a or not runs_b:
-        raise UserError(f"--{'baseline' if not runs_a else 'candidate'}: the files hold no runs of that arm")
+    return read_a, read_b, notes
+
+
+def _kernels_arms(project: Project, read_a: list[tuple], read_b: list[tuple], role: str, knob: str | None) -> _Arms:
+    """Kernels files are evidence docs already: their knob, role and arm values checked against the
+    catalog like --knob; arm B from the candidate files, or from the baseline files without any."""
+    src_b = read_b or read_a
+    first = Evidence.from_json(read_a[0][2].doc)
+    for path, _, imp in read_a + read_b:
+        doc = Evidence.from_json(imp.doc)
+        if doc.knob != first.knob:
+            raise UserError(f"{path}: knob: {doc.knob} (the first file tests {first.knob})")
+        if doc.role != role:
+            raise UserError(f"{path}: role: {doc.role!r} (--role is {role!r})")
+    arms = {"A": first.arms["A"], "B": Evidence.from_json(src_b[0][2].doc).arms["B"]}
+    for arm_name, source in (("A", read_a[0][0]), ("B", src_b[0][0])):
+        arm = arms[arm_name]
+        arms[arm_name] = Arm(arm.label, {name: _checked_value(project, name, value, role,
+                                                              f"{source}: arms.{arm_name}.knobs.{name}")
+                                         for name, value in arm.knobs.items()}, extra=dict(arm.extra))
+    if knob is not None:
+        name, value = parse_knob_spec(project, knob, role)
+        if name != first.knob:
+            raise UserError(f"--knob {name}: the kernels files test {first.knob}")
+        arms["B"] = Arm(arms["B"].label, {name: value})
+    _catalog_knob(project, first.knob, role, f"{read_a[0][0]}: knob")
+    said = first.setup
+    setup = Setup.build(project, inventory=said.inventory, engine=said.engine, engine_version=said.engine_version,
+                        model=said.model, device=said.device, bench_tool=said.bench_tool,
+                        bench_version=said.bench_version, workload=said.workload, extra=said.extra)
+    setup.git_sha = said.git_sha or setup.git_sha     # the commit the benchmark ran at, when it says
+    return _Arms(first.knob, arms, [r for _, _, imp in read_a for r in imp.arm_runs["A"]],
+                 [r for _, _, imp in src_b for r in imp.arm_runs["B"]], setup,
+                 first.source.tool or "knobkeeper-kernels bench", "kernels")
+
+
+def _tool_arms(project: Project, read_a: list[tuple], read_b: list[tuple], role: str, knob: str | None,
+               baseline_value: str | None) -> _Arms:
+    """A benchmark tool's files: the arms from --knob (and --baseline-value), the setup from what
+    the files say (the first file that says each thing)."""
+    if not read_b:
+        raise UserError("--candidate: give at least one result file of the candidate arm")
+    if knob is None:
+        raise UserError("--knob: required (KNOB=VALUE, the candidate arm's value)")
+    knob_name, value = parse_knob_spec(project, knob, role)
+    base_value = None
+    if baseline_value is not None:
+        _, base_value = parse_knob_spec(project, f"{knob_name}={baseline_value}", role, "--baseline-value")
+    arms = {"A": Arm("baseline", {knob_name: base_value}), "B": Arm("candidate", {knob_name: value})}
+    said: dict[str, Any] = {}
+    for _, _, imp in read_a + read_b:
+        for key in _SETUP_KEYS + _WORKLOAD_KEYS:
+            if imp.setup.get(key) is not None and said.get(key) is None:
+                said[key] = imp.setup[key]
+    form, tool = read_a[0][1], read_a[0][2].tool
+    engine = said.get("engine") or {"sglang": "sglang", "vllm": "vllm"}.get(form, "unknown")
+    setup = Setup.build(project, engine=engine, engine_version=said.get("engine_version"), model=said.get("model"),
+                        served_model_name=said.get("served_model_name"), device=said.get("device"), bench_tool=tool,
+                        bench_version=said.get("bench_version"),
+                        workload=Workload(**{k: said.get(k) for k in _WORKLOAD_KEYS}))
+    return _Arms(knob_name, arms, [r for _, _, imp in read_a for r in imp.runs],
+                 [r for _, _, imp in read_b for r in imp.runs], setup, tool, form)
+
+
+def _arm_runs(found: _Arms) -> list[Run]:
+    """Both arms' runs as evidence runs: arm and level set, a candidate record identical to a
+    baseline one flagged, and what the engine ran with taken from the file's server info."""
     runs = []
-    in_a = {V.record_key(r) for r in runs_a}
-    for arm, arm_runs in (("A", runs_a), ("B", runs_b)):
+    in_a = {V.record_key(r) for r in found.runs_a}
+    for arm, arm_runs in (("A", found.runs_a), ("B", found.runs_b)):
         for r in arm_runs:
-            run = {**r, "arm": arm, "repeat": 0, "concurrency": int(r["concurrency"]),
-                   "errors": int(r.get("errors") or 0)}
+            run = Run.from_json({**r, "arm": arm, "repeat": 0, "concurrency": int(r["concurrency"])})
+            if run.errors is None and not run.unrecorded("errors"):
+                run.errors = 0
             if arm == "B" and V.record_key(r) in in_a:
                 run["same_record_as_arm_A"] = True
-            if "knob_seen" not in run or "server_env" in run:
-                run["knob_seen"] = _knob_seen(run, knob_name, arms[arm]["knobs"].get(knob_name))
+            if run.knob_seen is None or "server_env" in run.extra:
+                run.knob_seen = _knob_seen(run, found.knob, found.arms[arm].knobs.get(found.knob))
             runs.append(run)
-    runs, duplicates = V.dedupe(runs)
-    notes += duplicates
-    setup.setdefault("inventory", inventory)
-    setup["git_sha"] = setup.get("git_sha") or git_sha(project)
-    if engine:
-        setup["engine"] = engine
-    elif not setup.get("engine"):
-        setup["engine"] = {"sglang": "sglang", "vllm": "vllm"}.get(form, "unknown")
-    doc = build_doc(knob=knob_name, role=role, arms=arms, runs=runs, setup=setup,
-                    source={"tool": tool, "format": form}, notes=notes, keep_invalid=keep_invalid)
-    raw: list[tuple[str, Path]] = []
-    if keep_raw:
-        for arm, items in (("A", read_a), ("B", read_b)):
-            for i, (p, _, _) in enumerate(items, 1):
-                raw.append((f"{arm}-{i}-{Path(p).name}", Path(p)))
-    path = write(project, doc, raw, no_commit=no_commit)
-    return json.loads(path.read_text())
+    return runs

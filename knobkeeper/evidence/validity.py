@@ -10,7 +10,10 @@ Per run (the level is invalid when any of its runs fails):
                                 (sa-bench "success" with "Total generated tokens: 0")
     completed < requested       requests were lost (the tool says how many it sent)
     error rate above 5%         errors / (completed + errors); a few errors are dropped runs
-                                (the outlier rule), a failing server is not a measurement
+                                (the outlier rule), a failing server is not a measurement. Where
+                                the tool's file cannot tell its errors (`not_recorded`), the gate
+                                is not applied, and the level says so (`not_applied`) instead of
+                                passing as if there had been none
     knob not carried            the arm's running engine did not have the arm's value
                                 (`knob_seen`: read from the engine as `status` does, or from the
                                 file's server info; "unverified" is noted, not invalid)
@@ -27,52 +30,57 @@ passed for several repeats, are counted once and listed in `validity.reasons`.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from knobkeeper import fmt
-from knobkeeper.evidence.judge import METRIC, metric_value
+from knobkeeper.evidence.model import METRIC, KnobSeen, LevelValidity, Run, Validity
 
 ERROR_RATE_MAX = 0.05
 CARRIED, NOT_CARRIED, UNVERIFIED = "carried", "not carried", "unverified"
 
 
-def _where(run: dict) -> str:
-    return f"arm {run['arm']} repeat {run.get('repeat')}"
+def _where(run: Run) -> str:
+    return f"arm {run.arm} repeat {run.repeat}"
 
 
-def run_reasons(run: dict, metric: str = METRIC) -> list[str]:
+def run_reasons(run: Run | Mapping[str, Any], metric: str = METRIC) -> list[str]:
     """Every gate this one run fails, as words a person reads."""
+    run = Run.of(run)
     out = []
-    tokens = run.get("output_tokens")
-    if metric_value(run, metric) is None or tokens == 0:
+    if run.value(metric) is None or run.output_tokens == 0:
         out.append(f"{_where(run)}: zero or missing generated tokens")
-    completed, requested, errors = run.get("completed"), run.get("requested"), int(run.get("errors") or 0)
+    completed, requested, errors = run.completed, run.requested, run.failed
     if isinstance(completed, int) and isinstance(requested, int) and completed + errors < requested:
         out.append(f"{_where(run)}: completed {completed} of {requested} requests")
     if isinstance(completed, int) and errors and errors / (completed + errors) > ERROR_RATE_MAX:
         out.append(f"{_where(run)}: error rate {errors / (completed + errors):.0%} "
                    f"(above {ERROR_RATE_MAX:.0%})")
-    seen = run.get("knob_seen")
-    if isinstance(seen, dict) and seen.get("status") == NOT_CARRIED:
+    seen = run.knob_seen
+    if seen is not None and seen.status == NOT_CARRIED:
         out.append(f"{_where(run)}: the running engine did not carry the knob "
-                   f"({seen.get('detail') or 'running ' + json.dumps(seen.get('running'))})")
+                   f"({seen.detail or 'running ' + json.dumps(seen.running)})")
     if run.get("same_record_as_arm_A"):
         out.append(f"{_where(run)}: the same result record as a run of arm A (one file given for both arms?)")
-    if run.get("prefill_prompt_tokens") == 0:
+    if run.prefill_prompt_tokens == 0:
         out.append(f"{_where(run)}: prefill not touched (its sglang:prompt_tokens_total did not move)")
     return out
 
 
-def knob_seen(want: Any, knob: str, running: dict | None, source: str) -> dict:
+def not_applied(run: Run) -> list[str]:
+    """The gates this run could not be judged by: its file does not record what they read."""
+    why = run.unrecorded("errors")
+    return [f"errors gate not applied: errors {why}"] if why else []
+
+
+def knob_seen(want: Any, knob: str, running: dict | None, source: str) -> KnobSeen:
     """A run's `knob_seen`: does the engine's environment (`running`: {name: value}, None when
     nothing could be read: unverified) carry the value `want` (None = unset) of `knob`?"""
     if running is None:
-        return {"status": UNVERIFIED, "running": None, "detail": f"{source}: nothing reports the environment"}
+        return KnobSeen(UNVERIFIED, None, f"{source}: nothing reports the environment")
     have = running.get(knob)
     same = (have is None and want is None) or (have is not None and want is not None and
                                                (str(have) == fmt.value(want) or _same_number(have, want)))
-    return {"status": CARRIED if same else NOT_CARRIED, "running": have,
-            "detail": f"{source}: {knob}={fmt.value(have)}, arm wants {fmt.value(want)}"}
+    return KnobSeen(CARRIED if same else NOT_CARRIED, have, f"{source}: {knob}={fmt.value(have)}, arm wants {fmt.value(want)}")
 
 
 def _same_number(a: Any, b: Any) -> bool:
@@ -82,16 +90,17 @@ def _same_number(a: Any, b: Any) -> bool:
         return False
 
 
-def record_key(run: dict) -> str:
+def record_key(run: Run | Mapping[str, Any]) -> str:
     """A run's measurement, without where it was filed (arm, repeat): equal keys = one record."""
-    return json.dumps({k: v for k, v in run.items() if k not in ("arm", "repeat")}, sort_keys=True, default=str)
+    data = run.to_json() if isinstance(run, Run) else run
+    return json.dumps({k: v for k, v in data.items() if k not in ("arm", "repeat")}, sort_keys=True, default=str)
 
 
-def assess(runs: list[dict], metric: str = METRIC) -> tuple[dict[str, Any], dict[int, list[str]]]:
+def assess(runs: Iterable[Run | Mapping[str, Any]], metric: str = METRIC) -> tuple[Validity, dict[int, list[str]]]:
     """(`validity` for the evidence, {invalid level: reasons}) from the runs (+ stored notes)."""
-    levels: dict[int, dict[str, list]] = {}
-    for run in runs:
-        levels.setdefault(int(run["concurrency"]), {"A": [], "B": []})[run["arm"]].append(run)
+    levels: dict[int, dict[str, list[Run]]] = {}
+    for run in (Run.of(r) for r in runs):
+        levels.setdefault(int(run.concurrency), {"A": [], "B": []})[run.arm].append(run)
     rows, invalid = [], {}
     for conc in sorted(levels):
         arms = levels[conc]
@@ -99,17 +108,19 @@ def assess(runs: list[dict], metric: str = METRIC) -> tuple[dict[str, Any], dict
         for arm, other in (("A", "B"), ("B", "A")):
             if arms[arm] and not arms[other]:
                 reasons.append(f"runs of arm {arm} only")
+        skipped: list[str] = []
         for run in arms["A"] + arms["B"]:
             reasons += run_reasons(run, metric)
-        rows.append({"concurrency": conc, "valid": not reasons, "reasons": reasons})
+            skipped += [n for n in not_applied(run) if n not in skipped]
+        rows.append(LevelValidity(conc, not reasons, reasons, skipped))
         if reasons:
             invalid[conc] = reasons
-    return {"levels": rows, "reasons": []}, invalid
+    return Validity(rows, []), invalid
 
 
-def knob_note(runs: Iterable[dict]) -> list[str]:
+def knob_note(runs: Iterable[Run]) -> list[str]:
     """File-level note when no run says what the engine was running."""
-    statuses = {(r.get("knob_seen") or {}).get("status", UNVERIFIED) for r in runs}
+    statuses = {r.knob_seen.status if r.knob_seen is not None else UNVERIFIED for r in runs}
     if statuses <= {UNVERIFIED}:
         return ["knob value unverified: nothing reports the running engine's environment"]
     if UNVERIFIED in statuses:
@@ -117,22 +128,21 @@ def knob_note(runs: Iterable[dict]) -> list[str]:
     return []
 
 
-def dedupe(runs: list[dict]) -> tuple[list[dict], list[str]]:
+def dedupe(runs: list[Run]) -> tuple[list[Run], list[str]]:
     """The runs with exact repeats of a record (same arm and level) counted once, renumbered,
     and one note per duplicate."""
-    seen: dict[tuple, int] = {}
+    seen: set[tuple] = set()
     kept, notes = [], []
     for run in runs:
-        key = (run["arm"], int(run["concurrency"]), record_key(run))
+        key = (run.arm, int(run.concurrency), record_key(run))
         if key in seen:
-            notes.append(f"arm {run['arm']} @{run['concurrency']}: a duplicate run record counted once")
+            notes.append(f"arm {run.arm} @{run.concurrency}: a duplicate run record counted once")
             continue
-        seen[key] = 1
+        seen.add(key)
         kept.append(run)
     counts: dict[tuple, int] = {}
-    out = []
     for run in kept:
-        slot = (run["arm"], int(run["concurrency"]))
+        slot = (run.arm, int(run.concurrency))
         counts[slot] = counts.get(slot, 0) + 1
-        out.append({**run, "repeat": counts[slot]})
-    return out, notes
+        run.repeat = counts[slot]
+    return kept, notes

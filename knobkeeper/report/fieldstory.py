@@ -121,7 +121,7 @@ def build(project: Project, workdir: Path, start: datetime | None = None) -> Sto
                                  knob=f"{KNOB}=512", engine="sglang")
         now[0] += timedelta(minutes=25)
         set_entry = ops.set_knob(project, KNOB, "512", "decode", "A/B: +12.8% output tok/s at concurrency 64, "
-                                 "+5.7% at 96; 96 no longer below 80", evidence=[doc["id"]]).entry
+                                 "+5.7% at 96; 96 no longer below 80", evidence=[doc.id]).entry
         now[0] += timedelta(minutes=20)
         deploys = [_deploy(project, now[0], ["decode", "router"])]
         now[0] += timedelta(hours=3, minutes=10)
@@ -135,7 +135,7 @@ def build(project: Project, workdir: Path, start: datetime | None = None) -> Sto
         incidents.note_incident(project, incident.id, REFUTING_NOTE, refutes=revert.id)
         now[0] += timedelta(hours=17)
         incidents.resolve_incident(project, incident.id, ROOT_CAUSE)
-    return Story(doc["id"], set_entry.id, revert.id, incident.id, deploys)
+    return Story(doc.id, set_entry.id, revert.id, incident.id, deploys)
 
 
 def main(argv: list[str] | None = None) -> int:

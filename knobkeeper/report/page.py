@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from knobkeeper import fmt
+from knobkeeper.audit.status import describe
 from knobkeeper.report import svg
 from knobkeeper.report.sources import Sources, arm_intervals
 from knobkeeper.report.svg import Mark, Span, TimeScale, esc, to_dt, when
@@ -16,9 +17,6 @@ from knobkeeper.report.svg import Mark, Span, TimeScale, esc, to_dt, when
 HISTORY_ROWS = 20
 # Reverts listed in "now"; older ones are counted.
 REVERT_ROWS = 200
-
-STATUS_WORD = {"refuted": "refuted (the knob was innocent)", "confirmed": "confirmed (the knob was the cause)",
-               "suspected": "suspected (no verdict yet)", "unexplained": "unexplained (no incident named)"}
 
 
 @dataclass
@@ -74,18 +72,9 @@ def _header(src: Sources, opt: Options) -> str:
 
 # --------------------------------------------------------------------------- now
 
-def _levels_summary(doc: dict) -> str:
-    """`better +12.8% @64 (p_adj 0.001)` per level; schema 1 verdicts say they are unadjusted."""
-    parts = []
-    for lv in doc["judgement"]["levels"]:
-        parts.append(f"{lv['verdict']} {fmt.pct(lv.get('effect'))} @{lv['concurrency']} ({_p(lv)})")
-    return "; ".join(parts) or "no levels"
-
-
-def _p(lv: dict) -> str:
-    if "p_adjusted" in lv:
-        return f"p_adj {fmt.p_value(lv.get('p_adjusted'))}"
-    return f"p {fmt.p_value(lv.get('p_value'))}, unadjusted"
+def _levels_summary(doc) -> str:
+    """Every level's text (the evidence's one text per level), for a table cell or a tooltip."""
+    return "; ".join(doc.level_text(lv) for lv in doc.judgement.levels) or "no levels"
 
 
 def _entry_cell(entry) -> str:
@@ -97,7 +86,7 @@ def _entry_cell(entry) -> str:
 
 
 def _now(src: Sources, opt: Options) -> str:
-    docs = {d["id"]: d for d in src.evidence}
+    docs = {d.id: d for d in src.evidence}
     out = ['<section id="now"><h2>Now</h2>']
     # what can be taken back first: the question the report is opened for
     out.append(_reclaim_now(src, opt))
@@ -185,7 +174,7 @@ def _reverts_for(src: Sources) -> dict[str, list]:
 
 
 def _status_badge(status: str) -> str:
-    return f'<span class="badge st-{esc(status)}">{esc(STATUS_WORD.get(status, status))}</span>'
+    return f'<span class="badge st-{esc(status)}">{esc(describe(status))}</span>'
 
 
 def _incidents_now(src: Sources, opt: Options) -> str:
@@ -363,13 +352,13 @@ def _marks(src: Sources, opt: Options) -> tuple[list[Mark], list[Span]]:
             marks.append(Mark(to_dt(ev.time), "incidents", f"incident-{what}", look, f"{when(ev.time)}  {ev.text}",
                               [f"inc-{ev.ref}"], ev.ref, label))
     for doc in src.evidence:
-        if opt.role and doc["role"] != opt.role:
+        if opt.role and doc.role != opt.role:
             continue
-        if opt.since and doc["created"] < opt.since:
+        if opt.since and doc.created < opt.since:
             continue
-        text = (f"{when(doc['created'])}  evidence {doc['id']}: {doc['knob']}="
-                f"{fmt.value(doc['arms']['B']['knobs'].get(doc['knob']))} on {doc['role']}\n{_levels_summary(doc)}")
-        marks.append(Mark(to_dt(doc["created"]), doc["role"], "evidence", "evidence", text, [f"ev-{doc['id']}"], doc["id"]))
+        text = (f"{when(doc.created)}  evidence {doc.id}: {doc.knob}={fmt.value(doc.candidate)} on {doc.role}\n"
+                f"{_levels_summary(doc)}")
+        marks.append(Mark(to_dt(doc.created), doc.role, "evidence", "evidence", text, [f"ev-{doc.id}"], doc.id))
     spans = []
     seen = {ev.ref for ev in src.events if ev.kind == "incident"}
     for inc in src.incidents:
@@ -443,7 +432,7 @@ def _timeline(src: Sources, opt: Options, marks: list[Mark], spans: list[Span], 
 # --------------------------------------------------------------------------- evidence
 
 def _evidence(src: Sources, opt: Options) -> str:
-    docs = [d for d in src.evidence if not opt.role or d["role"] == opt.role]
+    docs = [d for d in src.evidence if not opt.role or d.role == opt.role]
     out = [f'<section id="evidence"><h2>Evidence ({len(docs)})</h2>']
     if not docs:
         out.append('<p class="empty">No evidence file in changelog/evidence/ (see <code>knobkeeper ab run</code> and '
@@ -454,51 +443,44 @@ def _evidence(src: Sources, opt: Options) -> str:
     return "".join(out)
 
 
-def _evidence_block(doc: dict) -> str:
-    knob = doc["knob"]
-    labels = {arm: f"{arm}: {knob}={fmt.value(doc['arms'][arm]['knobs'].get(knob))}" for arm in ("A", "B")}
+def _evidence_block(doc) -> str:
+    labels = {arm: f"{arm}: {doc.knob}={fmt.value(doc.value(arm))}" for arm in ("A", "B")}
     arms = {arm: arm_intervals(doc, arm) for arm in ("A", "B")}
     arms = {a: rows for a, rows in arms.items() if rows}
-    levels = doc["judgement"]["levels"]
-    verdicts = {lv["concurrency"]: f"{fmt.pct(lv.get('effect'))} {lv['verdict']}" for lv in levels}
-    setup = doc.get("setup") or {}
-    engine = " ".join(str(x) for x in (setup.get("engine"), setup.get("engine_version")) if x) or "engine unknown"
-    family = doc["judgement"].get("family")
-    adjusted = (f"p adjusted for {family.get('size')} comparisons ({family.get('method')})" if isinstance(family, dict)
+    levels = doc.judgement.levels
+    verdicts = {lv.concurrency: f"{fmt.pct(lv.effect)} {lv.verdict}" for lv in levels}
+    family = doc.judgement.family
+    adjusted = (f"p adjusted for {family.size} comparisons ({family.method})" if doc.is_adjusted and family
+                else "p adjusted for multiple comparisons" if doc.is_adjusted
                 else "schema 1: p-values unadjusted for multiple comparisons")
-    head = (f'<div class="evidence" id="ev-{esc(doc["id"])}"><h3><code>{esc(doc["id"])}</code> {esc(labels["B"])} '
-            f'vs {esc(labels["A"])} on {esc(doc["role"])}</h3><p class="who">created {esc(when(doc["created"]))} · '
-            f'{esc(engine)} · model {esc(setup.get("model") or "?")} · source {esc((doc.get("source") or {}).get("tool"))}'
-            f' · metric {esc(doc["metric"])} · {esc(adjusted)}</p><div class="ev-body">')
-    chart = svg.evidence_chart(arms, labels, doc.get("anomalies") or [], verdicts, doc["metric"]) if arms else \
+    head = (f'<div class="evidence" id="ev-{esc(doc.id)}"><h3><code>{esc(doc.id)}</code> {esc(labels["B"])} '
+            f'vs {esc(labels["A"])} on {esc(doc.role)}</h3><p class="who">created {esc(when(doc.created))} · '
+            f'{esc(doc.engine_text())} · model {esc(doc.setup.model or "?")} · source {esc(doc.source.tool)}'
+            f' · metric {esc(doc.metric)} · {esc(adjusted)}</p><div class="ev-body">')
+    chart = svg.evidence_chart(arms, labels, doc.anomalies, verdicts, doc.metric) if arms else \
         '<p class="empty">No runs to plot.</p>'
-    validity = {v.get("concurrency"): v for v in ((doc.get("validity") or {}).get("levels") or [])}
+    invalid = doc.validity.invalid
     rows = []
     for lv in levels:
-        v = validity.get(lv["concurrency"])
-        invalid = f' <span class="warn">invalid: {esc("; ".join(v.get("reasons") or []))}</span>' if v and not v.get("valid", True) else ""
-        ci = f"{fmt.pct(lv.get('ci_low'))}..{fmt.pct(lv.get('ci_high'))}" if lv.get("ci_low") is not None else "n/a"
-        p_adj = fmt.p_value(lv.get("p_adjusted")) if "p_adjusted" in lv else '<span class="who">unadjusted</span>'
-        rows.append(f'<tr class="level v-{esc(lv["verdict"].split()[0])}"><td>{esc(lv["concurrency"])}</td>'
-                    f'<td class="gain">{fmt.pct(lv.get("effect"))}</td><td>{ci}</td><td>{fmt.p_value(lv.get("p_value"))}'
-                    f'</td><td>{p_adj}</td><td>{esc(lv["verdict"])}{invalid}</td></tr>')
+        why = f' <span class="warn">invalid: {esc("; ".join(invalid[lv.concurrency]))}</span>' \
+            if lv.concurrency in invalid else ""
+        p_adj = esc(doc.p_cell(lv)) if doc.is_adjusted else '<span class="who">unadjusted</span>'
+        rows.append(f'<tr class="level v-{esc(lv.verdict.split()[0])}"><td>{esc(lv.concurrency)}</td>'
+                    f'<td class="gain">{fmt.pct(lv.effect)}</td><td>{lv.ci_text()}</td><td>{fmt.p_value(lv.p_value)}'
+                    f'</td><td>{p_adj}</td><td>{esc(lv.verdict)}{why}</td></tr>')
     table = ('<table class="levels"><thead><tr><th>concurrency</th><th>effect</th><th>95% CI</th><th>p</th>'
              f'<th>p adjusted</th><th>verdict</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
-    extra = []
-    for an in doc.get("anomalies") or []:
-        conf = f", {an['confidence'] * 100:.0f}% confidence" if an.get("confidence") is not None else ""
-        extra.append(f'<li class="warn">&#9888; anomaly: arm {esc(an.get("arm"))} throughput at '
-                     f'{esc(an.get("to_concurrency"))} is {fmt.pct(an.get("change"))} vs {esc(an.get("from_concurrency"))}'
-                     f'{conf}</li>')
-    for reason in (doc.get("validity") or {}).get("reasons") or []:
-        extra.append(f'<li class="warn">invalid: {esc(reason)}</li>')
-    guards = doc["judgement"].get("guards") or []
+    extra = [f'<li class="warn">&#9888; anomaly: {esc(an.text())}</li>' for an in doc.anomalies]
+    extra += [f'<li class="warn">invalid: {esc(reason)}</li>' for reason in doc.validity.reasons]
+    extra += [f'<li class="warn">@{esc(row.concurrency)}: {esc(note)}</li>'
+              for row in doc.validity.levels for note in row.not_applied]
+    guards = doc.judgement.guards
     if guards:
         grows = "".join(
-            f'<tr class="{"regression" if g.get("regression") else ""}"><td>{esc(g.get("metric"))}</td>'
-            f'<td>{esc(g.get("concurrency"))}</td><td>{fmt.pct(g.get("effect"))}</td>'
-            f'<td>{fmt.pct(g.get("ci_low"))}..{fmt.pct(g.get("ci_high"))}</td><td>{fmt.p_value(g.get("p_adjusted"))}</td>'
-            f'<td>{esc(g.get("verdict"))}{" <b>regression</b>" if g.get("regression") else ""}</td></tr>' for g in guards)
+            f'<tr class="{"regression" if g.regression else ""}"><td>{esc(g.metric)}</td>'
+            f'<td>{esc(g.concurrency)}</td><td>{fmt.pct(g.effect)}</td>'
+            f'<td>{g.ci_text()}</td><td>{fmt.p_value(g.p_adjusted)}</td>'
+            f'<td>{esc(g.verdict)}{" <b>regression</b>" if g.regression else ""}</td></tr>' for g in guards)
         extra.append('<li>guard metrics:<table class="guards"><thead><tr><th>metric</th><th>concurrency</th>'
                      '<th>effect</th><th>95% CI</th><th>p adjusted</th><th>verdict</th></tr></thead>'
                      f'<tbody>{grows}</tbody></table></li>')

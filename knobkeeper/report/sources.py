@@ -24,7 +24,7 @@ class Sources:
     reclaim: Any                        # audit.ReclaimReport
     events: list[Any]                   # audit.Event, in time order
     records: list[Any]                  # deploy.record.DeployRecord, oldest first
-    evidence: list[dict]                # evidence docs, oldest first
+    evidence: list[Any]                 # evidence.model.Evidence, oldest first
     evidence_problems: list[str]
     catalog: Any
     problems: list[str] = field(default_factory=list)
@@ -67,7 +67,7 @@ def read_evidence(project: Project) -> tuple[list[dict], list[str]]:
     return docs, problems
 
 
-def arm_intervals(doc: dict, arm: str) -> list[tuple[int, float, float, float, int]]:
+def arm_intervals(doc: Any, arm: str) -> list[tuple[int, float, float, float, int]]:
     """[(concurrency, geometric mean, 95% low, 95% high, n)]: the same numbers `ab show --plot` draws."""
     from knobkeeper.evidence.plot import arm_levels
 

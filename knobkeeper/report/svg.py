@@ -223,7 +223,7 @@ def timeline(lanes: list[str], marks: list[Mark], spans: list[Span], scale: Time
 # --------------------------------------------------------------------------- evidence chart
 
 def evidence_chart(arms: dict[str, list[tuple[int, float, float, float, int]]], labels: dict[str, str],
-                   anomalies: list[dict], verdicts: dict[int, str], metric: str) -> str:
+                   anomalies: list, verdicts: dict[int, str], metric: str) -> str:
     """Throughput against concurrency for A and B, 95% intervals as bars, anomalies flagged."""
     w, h, left, right, top, bottom = 560, 320, 64, 16, 46, 46
     inset = 44   # room for the verdict labels under the first and last level
@@ -270,14 +270,13 @@ def evidence_chart(arms: dict[str, list[tuple[int, float, float, float, int]]], 
                        f'<circle cx="{cx:.1f}" cy="{y(m):.1f}" r="4"/></g>')
         out.append("</g>")
     for an in anomalies:
-        a, b = where.get((an.get("arm"), an.get("from_concurrency"))), where.get((an.get("arm"), an.get("to_concurrency")))
+        a, b = where.get((an.arm, an.from_concurrency)), where.get((an.arm, an.to_concurrency))
         if a is None or b is None:
             continue
-        out.append(f'<g class="anomaly" tabindex="0"><title>anomaly: arm {esc(an.get("arm"))} throughput at '
-                   f'{esc(an.get("to_concurrency"))} is {fmt.pct(an.get("change"))} vs {esc(an.get("from_concurrency"))}'
+        out.append(f'<g class="anomaly" tabindex="0"><title>anomaly: {esc(an.text())}'
                    f'</title><line x1="{a[0]:.1f}" y1="{a[1]:.1f}" x2="{b[0]:.1f}" y2="{b[1]:.1f}"/>'
-                   f'<text x="{b[0]:.1f}" y="{b[1] + 20:.1f}" text-anchor="middle">&#9888; {esc(an.get("arm"))} '
-                   f'{fmt.pct(an.get("change"))}</text></g>')
+                   f'<text x="{b[0]:.1f}" y="{b[1] + 20:.1f}" text-anchor="middle">&#9888; {esc(an.arm)} '
+                   f'{fmt.pct(an.change)}</text></g>')
     lx = left + 8
     for i, arm in enumerate(arms):
         out.append(f'<g class="arm arm-{arm}"><circle cx="{lx}" cy="{8 + 16 * i}" r="4"/>'

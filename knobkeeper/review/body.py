@@ -30,8 +30,8 @@ EVIDENCE_EXPECTED = ("set", "restore", "record")
 @dataclass
 class EvidenceView:
     id: str
-    doc: dict | None
-    problem: str | None = None  # missing or invalid
+    doc: Any                    # knobkeeper.evidence.model.Evidence, None when missing or invalid
+    problem: str | None = None
 
 
 @dataclass
@@ -98,35 +98,31 @@ def _evidence_warnings(change: ChangeView, ev: EvidenceView, catalog: Any) -> li
     where = f"{e.role} {e.knob} (entry {e.id})"
     if doc is None:
         return [f"{where}: evidence {ev.id} is missing or invalid: {ev.problem}"]
-    out = []
-    if doc.get("knob") != e.knob or doc.get("role") != e.role:
-        out.append(f"{where}: evidence {ev.id} tests {doc.get('knob')} on {doc.get('role')}, not this knob")
-    cand = doc.get("arms", {}).get("B", {}).get("knobs", {}).get(e.knob)
-    if doc.get("knob") == e.knob and e.new is not None and cand != e.new:
-        out.append(f"{where}: stale evidence {ev.id}: it tested {display(catalog, e.knob, cand)}, "
-                   f"the change sets {change.display_new}")
+    # A change that takes no value (unset) is backed by what the evidence tested, whatever it was.
+    problem = doc.backs(e.knob, e.role, doc.candidate if e.new is None else e.new,
+                        show=lambda value: display(catalog, e.knob, value))
+    out = [f"{where}: {problem}"] if problem else []
     try:
-        age = (parse_time(e.time) - parse_time(doc["created"])).days
-    except (KeyError, ValueError):
+        age = (parse_time(e.time) - parse_time(doc.created)).days
+    except ValueError:
         age = 0
     if age > STALE_DAYS:
         out.append(f"{where}: stale evidence {ev.id}: {age} days older than the change (over {STALE_DAYS})")
-    levels = doc.get("judgement", {}).get("levels", [])
-    verdicts = [lv.get("verdict") for lv in levels]
-    if doc.get("metric") in SPEED_METRICS and "better" not in verdicts:
-        shown = ", ".join(f"{lv.get('verdict')} @{lv.get('concurrency')}" for lv in levels) or "no levels"
+    levels = doc.judgement.levels
+    if doc.metric in SPEED_METRICS and not any(lv.verdict == "better" for lv in levels):
+        shown = ", ".join(f"{lv.verdict} @{lv.concurrency}" for lv in levels) or "no levels"
         out.append(f"{where}: evidence {ev.id} is not significant at any level ({shown})")
-    worse = [f"@{lv.get('concurrency')}" for lv in levels if lv.get("verdict") == "worse"]
+    worse = [f"@{lv.concurrency}" for lv in levels if lv.verdict == "worse"]
     if worse:
         out.append(f"{where}: evidence {ev.id} shows the candidate worse at {', '.join(worse)}")
     return out
 
 
-def _is_correctness(doc: dict | None) -> bool:
+def _is_correctness(doc: Any) -> bool:
     """Evidence about outputs, not speed: a non-throughput metric, or a `correctness` section."""
-    if not doc:
+    if doc is None:
         return False
-    return bool(doc.get("correctness")) or doc.get("metric") not in SPEED_METRICS
+    return bool(doc.extra.get("correctness")) or doc.metric not in SPEED_METRICS
 
 
 def _render_all(project: Project, tree: Project, sha: str) -> dict[str, InventoryRender]:

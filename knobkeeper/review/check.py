@@ -244,9 +244,9 @@ def check_evidence(run: _Run) -> None:
                 text = what if what.startswith("not JSON") else f"fails schema {_claimed_schema(path, SCHEMA)}: {what}"
             run.add(rel, text, fix)
             continue
-        if doc.get("id") != ident:
-            run.add(rel, f"id {doc.get('id')!r} does not match the file name", "rename the file or fix its id")
-        for raw in doc.get("source", {}).get("raw_files") or []:
+        if doc.id != ident:
+            run.add(rel, f"id {doc.id!r} does not match the file name", "rename the file or fix its id")
+        for raw in doc.source.raw_files:
             if not (project.root / raw).exists():
                 run.add(rel, f"source.raw_files names {raw}, which is missing", "commit the raw file or drop it from the list")
         for text in store.verify(doc):

@@ -8,6 +8,7 @@ import shlex
 from typing import Mapping
 
 from knobkeeper import fmt
+from knobkeeper.audit.status import MEANING
 from knobkeeper.project import Project
 from knobkeeper.review.body import EVIDENCE_EXPECTED, Review, collect
 
@@ -82,44 +83,31 @@ def _evidence(review: Review, w) -> None:
             _evidence_doc(ev.id, ev.doc, w)
 
 
-def _evidence_doc(ident: str, doc: dict, w) -> None:
-    setup = doc.get("setup") or {}
-    arms = doc.get("arms", {})
-    a_val = arms.get("A", {}).get("knobs", {}).get(doc.get("knob"))
-    b_val = arms.get("B", {}).get("knobs", {}).get(doc.get("knob"))
-    w(f"Evidence `{ident}` ({doc.get('created', '')[:10]}, {fmt.cell(doc.get('source', {}).get('tool', '?'))}, "
-      f"engine {fmt.cell(setup.get('engine') or '?')}, metric `{fmt.cell(doc.get('metric'))}`): "
-      f"A = {fmt.cell(fmt.value(a_val))}, B = {fmt.cell(fmt.value(b_val))}")
+def _evidence_doc(ident: str, doc, w) -> None:
+    w(f"Evidence `{ident}` ({doc.created[:10]}, {fmt.cell(doc.source.tool)}, "
+      f"{fmt.cell(doc.engine_text())}, metric `{fmt.cell(doc.metric)}`): "
+      f"A = {fmt.cell(fmt.value(doc.baseline))}, B = {fmt.cell(fmt.value(doc.candidate))}")
     w("")
     w("| concurrency | n (A/B) | mean A | mean B | effect | 95% CI | p | p adjusted | verdict |")
     w("|---|---|---|---|---|---|---|---|---|")
-    # Schema 2 judges on p adjusted for the family of levels and metrics; schema 1 did not adjust.
-    reasons = {lv.get("concurrency"): lv.get("reasons") or []
-               for lv in (doc.get("validity") or {}).get("levels", []) if not lv.get("valid", True)}
-    for lv in doc.get("judgement", {}).get("levels", []):
-        ci = f"{fmt.pct(lv.get('ci_low'))} .. {fmt.pct(lv.get('ci_high'))}" if lv.get("ci_low") is not None else "n/a"
-        adjusted = "p_adjusted" in lv
-        p_adj = fmt.p_value(lv.get("p_adjusted")) if adjusted else "unadjusted"
-        verdict = lv.get("verdict")
-        if lv.get("concurrency") in reasons:
-            verdict = f"{verdict}: {'; '.join(reasons[lv.get('concurrency')])}"
-        w(f"| {lv.get('concurrency')} | {lv.get('n_a')}/{lv.get('n_b')} | {fmt.num(lv.get('mean_a'))} | "
-          f"{fmt.num(lv.get('mean_b'))} | {fmt.pct(lv.get('effect'))} | {ci} | {fmt.p_value(lv.get('p_value'))} | "
-          f"{p_adj} | {fmt.cell(verdict)} |")
+    reasons = doc.validity.invalid
+    for lv in doc.judgement.levels:
+        verdict = lv.verdict
+        if lv.concurrency in reasons:
+            verdict = f"{verdict}: {'; '.join(reasons[lv.concurrency])}"
+        w(f"| {lv.concurrency} | {lv.n_a}/{lv.n_b} | {fmt.num(lv.mean_a)} | {fmt.num(lv.mean_b)} | "
+          f"{fmt.pct(lv.effect)} | {lv.ci_text()} | {fmt.p_value(lv.p_value)} | {doc.p_cell(lv)} | {fmt.cell(verdict)} |")
     w("")
-    regressions = [g for g in doc.get("judgement", {}).get("guards") or [] if g.get("regression")]
+    regressions = doc.judgement.regressions
     for g in regressions:
-        w(f"- **Guard regression** at concurrency {g.get('concurrency')}: {fmt.cell(g.get('metric'))} "
-          f"{fmt.pct(g.get('effect'))} (p adjusted {fmt.p_value(g.get('p_adjusted'))})")
+        w(f"- **Guard regression** at concurrency {g.concurrency}: {fmt.cell(g.label)} "
+          f"{fmt.pct(g.effect)} (p adjusted {fmt.p_value(g.p_adjusted)})")
     if regressions:
         w("")
-    anomalies = doc.get("anomalies") or []
-    if anomalies:
+    if doc.anomalies:
         w("Anomalies:")
-        for an in anomalies:
-            conf = f"{an['confidence'] * 100:.0f}% confidence" if an.get("confidence") is not None else "unconfirmed"
-            w(f"- arm {an.get('arm')}: throughput at {an.get('to_concurrency')} is {fmt.pct(an.get('change'))} "
-              f"vs {an.get('from_concurrency')} ({conf})")
+        for an in doc.anomalies:
+            w(f"- {an.text()}")
     else:
         w("Anomalies: none.")
     w("")
@@ -133,9 +121,14 @@ def _reverts(review: Review, w) -> None:
             f"`{r['incident']}` {fmt.cell(r['incident_title'])} ({r['incident_state']})" if r["incident_title"]
             else f"`{r['incident']}` (missing)")
         rows.append([f"{e.action} `{e.id}`", f"{fmt.cell(e.role)} `{fmt.cell(e.knob)}`", f"`{r['revert_id']}`", inc,
-                     f"**{r['status']}**", fmt.cell(r["why"])])
+                     _status_cell(r["status"]), fmt.cell(r["why"])])
     _section_table(w, "Reverts", ["change", "knob", "revert", "incident", "status", "why"], rows,
                    "No reverts or restores in this range.")
+
+
+def _status_cell(status: str) -> str:
+    """`**refuted** (the knob was innocent)`: the word in bold, and what it means."""
+    return f"**{status}** ({MEANING[status]})" if status in MEANING else f"**{status}**"
 
 
 def _diffs(review: Review, w) -> None:

@@ -1,0 +1,761 @@
+"""The evidence file as typed parts: `Evidence` and its parts, read from and written to JSON here
+only (as deploy/record.py does for deploy records). schema.py says what a valid file holds.
+
+    Evidence   one A/B result: knob, role, arms A/B, setup, runs, judgement, validity, anomalies,
+               source; optionally the sequential looks, the judgement's options, a canary block
+    Arm        {"label", "knobs": {KNOB: value | null}}
+    Setup      where and how it was measured (engine and version, model, bench tool, workload)
+    Run        one arm at one level in one repeat: throughput, latencies, request counts
+    Judgement  the family-wise verdicts: a Level per concurrency, a Guard per latency metric
+    Validity   per level: the gates it failed (and those that could not be applied)
+
+Every part's attribute names are its JSON keys, and a part also reads and writes by key
+(`doc["judgement"]["levels"][0]["verdict"]` is `doc.judgement.levels[0].verdict`), so scripts and
+tests written against the files work on the parts; knobkeeper's own modules read attributes.
+Keys a part does not declare (a tool's own numbers in a run, a canary's extra fields) are kept in
+its `extra` and written back. `to_json()` gives the file's JSON, a fresh copy.
+
+What the model answers, once for every reader (the CLI, review, report, audit, the canary):
+`Evidence.is_adjusted` (schema 2 verdicts are family-wise; schema 1 were per level),
+`Evidence.p_cell(level)` (the p a verdict rests on, as shown), `Evidence.level_text(level)` (one
+text for a level), `Evidence.summary_line()`, `Evidence.gains()` (the levels that count),
+`Evidence.backs(knob, role, value)` (does it back that change) and `Evidence.disagreements()`
+(does it agree with itself). `Setup.build(...)` is the one setup every producer fills in.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from typing import Any, Callable, ClassVar, Iterator, Mapping
+
+from knobkeeper import fmt
+
+SCHEMA = "knobkeeper.evidence/2"
+SCHEMA_1 = "knobkeeper.evidence/1"
+SCHEMAS = (SCHEMA_1, SCHEMA)
+METRIC = "output_tokens_per_s"
+VERDICTS = ("better", "worse", "no detectable change", "inconclusive", "invalid")
+ACTIONABLE = ("better", "worse")
+
+# guard metric -> (run field, percentile key, label): the latencies judged beside throughput
+GUARDS = {
+    "ttft_p50_ms": ("ttft_ms", "p50", "median TTFT"),
+    "ttft_p99_ms": ("ttft_ms", "p99", "p99 TTFT"),
+    "tpot_p50_ms": ("tpot_ms", "p50", "median TPOT"),
+    "tpot_p99_ms": ("tpot_ms", "p99", "p99 TPOT"),
+}
+
+
+# ---------------------------------------------------------------- typed parts: the machinery
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON data (typed parts written out, containers copied)."""
+    if isinstance(value, Typed):
+        return value.to_json()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _is_typed(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, Typed)
+
+
+def _reader(hint: Any) -> Callable[[Any], Any]:
+    """How a field of type `hint` is read from JSON: typed parts (and lists or dicts of them) are
+    read as such, everything else is copied as it is."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            read = _reader(inner[0])
+            return lambda v: None if v is None else read(v)
+        return _plain
+    if _is_typed(hint):
+        return hint.of
+    if origin is list and args and _is_typed(args[0]):
+        return lambda v: [args[0].of(x) for x in v]
+    if origin is dict and len(args) == 2 and _is_typed(args[1]):
+        return lambda v: {k: args[1].of(x) for k, x in v.items()}
+    return _plain
+
+
+class Typed:
+    """A typed part of the evidence file (a dataclass; see the module doc).
+
+    OMIT: the fields left out of the JSON when None or empty (optional parts of the schema)."""
+
+    OMIT: ClassVar[frozenset[str]] = frozenset()
+    extra: dict[str, Any]
+
+    @classmethod
+    @lru_cache(maxsize=None)
+    def _fields(cls) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+        hints = typing.get_type_hints(cls)
+        return tuple((f.name, _reader(hints[f.name])) for f in fields(cls) if f.name != "extra")  # type: ignore[arg-type]
+
+    @classmethod
+    @lru_cache(maxsize=None)
+    def _names(cls) -> frozenset[str]:
+        return frozenset(name for name, _ in cls._fields())
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]):
+        known = dict(cls._fields())
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in known:
+                kwargs[key] = known[key](value)
+            else:
+                extra[key] = _plain(value)
+        return cls(**kwargs, extra=extra)
+
+    @classmethod
+    def of(cls, value: Any):
+        """`value` if it is already this part, else read from its JSON."""
+        return value if isinstance(value, cls) else cls.from_json(value)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {}
+        for name, _ in self._fields():
+            value = getattr(self, name)
+            if name in self.OMIT and (value is None or value == [] or value == {}):
+                continue
+            out[name] = _plain(value)
+        out.update(_plain(self.extra))
+        return out
+
+    # Read and written by JSON key, like deploy/record.py's rows.
+    def keys(self) -> list[str]:
+        names = [n for n, _ in self._fields()
+                 if not (n in self.OMIT and getattr(self, n) in (None, [], {}))]
+        return names + [k for k in self.extra if k not in names]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._names():
+            return getattr(self, key)
+        if key in self.extra:
+            return self.extra[key]
+        raise KeyError(key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        read = dict(self._fields()).get(key)
+        if read is None:
+            self.extra[key] = value
+        else:
+            setattr(self, key, read(value))
+
+    def __delitem__(self, key: str) -> None:
+        if key in self.extra:
+            del self.extra[key]
+        elif key in self._names():
+            setattr(self, key, None)
+        else:
+            raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            value = self[key]
+        except KeyError:
+            return default
+        return default if value is None else value
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self[k]) for k in self.keys()]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Typed, Mapping)):
+            return self.to_json() == _plain(dict(other.items()) if isinstance(other, Mapping) else other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  (mutable)
+
+
+def typed(cls):
+    """The dataclass decorator every part uses (equality is by JSON, see Typed.__eq__)."""
+    return dataclass(eq=False)(cls)
+
+
+def _extra() -> Any:
+    return field(default_factory=dict, kw_only=True, repr=False)
+
+
+# ---------------------------------------------------------------- the parts
+
+@typed
+class Arm(Typed):
+    label: str = ""
+    knobs: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Workload(Typed):
+    """What load was run: the API, prompt shape and how long each run was."""
+
+    api: str | None = None              # "chat" | "completions" | "generate" | "kernel"
+    input_len: int | None = None
+    output_len: int | None = None
+    dataset: str | None = None          # the benchmark tool's dataset ("random", "sharegpt", ...)
+    requests_per_run: int | None = None
+    duration_s: float | None = None
+    OMIT = frozenset({"dataset"})
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Schedule(Typed):
+    """`ab run`'s schedule: the ABBA blocks actually run."""
+
+    order: str = "ABBA"
+    repeats: int = 0
+    levels: list[int] = field(default_factory=list)
+    endpoint: str | None = None
+    design: str = "fixed"               # "fixed" | "sequential"
+    blocks: int = 0
+    warmup_requests: int | None = None
+    wall_s: float | None = None
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Setup(Typed):
+    """Where and how the runs were measured. `engine` is "unknown" when nothing said."""
+
+    inventory: str | None = None
+    git_sha: str | None = None
+    engine: str = "unknown"
+    engine_version: str | None = None
+    model: str | None = None
+    served_model_name: str | None = None
+    device: str | None = None
+    bench_tool: str | None = None       # the load generator that measured ("vllm bench serve", ...)
+    bench_version: str | None = None
+    workload: Workload = field(default_factory=Workload)
+    schedule: Schedule | None = None
+    OMIT = frozenset({"served_model_name", "bench_tool", "bench_version", "schedule"})
+    extra: dict[str, Any] = _extra()
+
+    @classmethod
+    def build(cls, project: Any = None, *, inventory: str | None = None, engine: str | None = None,
+              engine_version: str | None = None, model: str | None = None, served_model_name: str | None = None,
+              device: str | None = None, bench_tool: str | None = None, bench_version: str | None = None,
+              workload: Workload | Mapping | None = None, schedule: Schedule | None = None,
+              extra: Mapping | None = None) -> "Setup":
+        """THE setup of a new evidence file (`ab run`, `ab import`, canary, kernels): the repo's HEAD
+        commit when `project` is given, and whatever the producer knows; the rest stays unknown."""
+        git_sha = None
+        if project is not None:
+            from knobkeeper import gitio
+
+            git_sha = gitio.head_sha(project.root)
+        return cls(inventory=inventory, git_sha=git_sha, engine=engine or "unknown", engine_version=engine_version,
+                   model=model, served_model_name=served_model_name, device=device, bench_tool=bench_tool,
+                   bench_version=bench_version, workload=Workload.of(workload or {}), schedule=schedule,
+                   extra=dict(extra or {}))
+
+
+@typed
+class KnobSeen(Typed):
+    """What the running engine had of the knob: carried, not carried, or unverified."""
+
+    status: str = "unverified"          # validity.CARRIED | NOT_CARRIED | UNVERIFIED
+    running: Any = None
+    detail: str | None = None
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Run(Typed):
+    """One arm, one level, one repeat. `completed` counts finished requests, `errors` failed ones,
+    `requested` what the tool sent; a count the tool's file cannot tell is None, with
+    `not_recorded[field]` naming the tool and version ("sglang.bench_serving 0.5.23")."""
+
+    arm: str = "A"
+    repeat: int = 0
+    concurrency: int = 0
+    output_tokens_per_s: float | None = None
+    requests_per_s: float | None = None
+    ttft_ms: dict[str, float | None] | None = None
+    tpot_ms: dict[str, float | None] | None = None
+    itl_ms: dict[str, float | None] | None = None
+    e2e_ms: dict[str, float | None] | None = None
+    completed: int | None = None
+    errors: int | None = 0
+    requested: int | None = None
+    output_tokens: int | None = None
+    not_recorded: dict[str, str] = field(default_factory=dict)
+    knob_seen: KnobSeen | None = None
+    prefill_prompt_tokens: float | None = None
+    OMIT = frozenset({"output_tokens_per_s", "requests_per_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms",
+                      "completed", "requested", "output_tokens", "not_recorded", "knob_seen",
+                      "prefill_prompt_tokens"})
+    extra: dict[str, Any] = _extra()
+
+    def value(self, metric: str) -> float | None:
+        """The run's positive finite value of `metric` (a top-level number or a guard's
+        percentile), else None."""
+        if metric in GUARDS:
+            holder_name, key, _ = GUARDS[metric]
+            holder = getattr(self, holder_name)
+            value = holder.get(key) if isinstance(holder, dict) else None
+        else:
+            value = self.get(metric)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            return None
+        return float(value)
+
+    def unrecorded(self, name: str) -> str | None:
+        """`not recorded by <tool version>` when the run's file cannot tell `name`, else None."""
+        by = self.not_recorded.get(name)
+        return f"not recorded by {by}" if by else None
+
+    @property
+    def failed(self) -> int:
+        """The failed requests known (0 when not recorded: see `unrecorded("errors")`)."""
+        return int(self.errors or 0)
+
+
+@typed
+class Dropped(Typed):
+    """A run left out of a level's comparison, and why (errors, or the outlier rule)."""
+
+    arm: str = "A"
+    repeat: int | None = None
+    value: float | None = None
+    reason: str = ""
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Level(Typed):
+    """One concurrency level's throughput verdict (judge.py says how). Effects and intervals are
+    relative: 0.128 = +12.8% of B over A."""
+
+    concurrency: int = 0
+    n_a: int = 0
+    n_b: int = 0
+    mean_a: float | None = None
+    mean_b: float | None = None
+    effect: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+    p_adjusted: float | None = None     # family-wise (schema 2); absent in schema 1
+    p_sequential: float | None = None   # the sequential design's q (before Holm)
+    df: float | None = None
+    verdict: str = "inconclusive"
+    repeats_needed: int | None = None
+    errored_runs: dict[str, int] | None = None
+    outliers_dropped: list[Dropped] = field(default_factory=list)
+    invalid: list[str] | None = None    # the validity gates it failed (verdict "invalid")
+    OMIT = frozenset({"p_adjusted", "p_sequential", "invalid"})
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def valid(self) -> bool:
+        return self.verdict != "invalid"
+
+    def ci_text(self) -> str:
+        """`+10.1%..+15.4%`, or n/a without an interval."""
+        return f"{fmt.pct(self.ci_low)}..{fmt.pct(self.ci_high)}" if self.ci_low is not None else "n/a"
+
+
+@typed
+class Guard(Typed):
+    """One latency metric at one level (lower is better): "worse" is a regression."""
+
+    concurrency: int = 0
+    metric: str = ""
+    effect: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+    p_adjusted: float | None = None
+    verdict: str = "inconclusive"
+    regression: bool = False
+    n_a: int | None = None
+    n_b: int | None = None
+    OMIT = frozenset({"n_a", "n_b"})
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def label(self) -> str:
+        """"p99 TTFT" for ttft_p99_ms."""
+        return GUARDS.get(self.metric, (None, None, self.metric))[2]
+
+    def ci_text(self) -> str:
+        return f"{fmt.pct(self.ci_low)}..{fmt.pct(self.ci_high)}" if self.ci_low is not None else "n/a"
+
+
+@typed
+class Family(Typed):
+    """What the family-wise adjustment covered: every level's throughput and guard tests."""
+
+    method: str = "holm"
+    alpha: float = 0.05
+    size: int = 0
+    weights: dict[str, float] = field(default_factory=dict)
+    sequential: bool | None = None
+    OMIT = frozenset({"sequential", "weights"})
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Judgement(Typed):
+    """The judge's answer for one file (knobkeeper.evidence.judge)."""
+
+    method: str = ""
+    alpha: float = 0.05
+    mde: float | None = None
+    unit_noise: float | None = None     # a known offset no run averages out (a canary's restarts)
+    levels: list[Level] = field(default_factory=list)
+    guards: list[Guard] = field(default_factory=list)
+    family: Family | None = None        # None: schema 1, per level without adjustment
+    OMIT = frozenset({"mde", "unit_noise", "guards", "family"})
+    extra: dict[str, Any] = _extra()
+
+    def level(self, concurrency: int) -> Level | None:
+        return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
+
+    @property
+    def regressions(self) -> list[Guard]:
+        return [g for g in self.guards if g.regression]
+
+
+@typed
+class LevelValidity(Typed):
+    concurrency: int = 0
+    valid: bool = True
+    reasons: list[str] = field(default_factory=list)
+    not_applied: list[str] = field(default_factory=list)   # gates the runs could not be judged by
+    OMIT = frozenset({"not_applied"})
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Validity(Typed):
+    """The validity gates (validity.py) per level, and the file-level notes (duplicates, ...)."""
+
+    levels: list[LevelValidity] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def invalid(self) -> dict[int, list[str]]:
+        return {row.concurrency: row.reasons for row in self.levels if not row.valid}
+
+
+@typed
+class Look(Typed):
+    """One look of the sequential design: after `repeat` repeats, which levels settled how."""
+
+    repeat: int = 0
+    open: list[int] = field(default_factory=list)
+    settled: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Sequential(Typed):
+    """The sequential design's plan and the looks taken (judge.sequential_rule)."""
+
+    rule: str = ""
+    max_repeats: int = 0
+    planned_looks: list[int] = field(default_factory=list)
+    spending: str = ""
+    looks: list[Look] = field(default_factory=list)
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Anomaly(Typed):
+    """Throughput falling as concurrency rises, in one arm."""
+
+    arm: str = "A"
+    from_concurrency: int = 0
+    to_concurrency: int = 0
+    change: float = 0.0
+    p_value: float | None = None
+    confidence: float | None = None
+    note: str | None = None
+    OMIT = frozenset({"note"})
+    extra: dict[str, Any] = _extra()
+
+    def text(self) -> str:
+        """`arm A throughput at 96 is -4.1% vs 80 (99% confidence)`."""
+        conf = "unconfirmed" if self.confidence is None else f"{self.confidence * 100:.0f}% confidence"
+        return (f"arm {self.arm} throughput at {self.to_concurrency} is {fmt.pct(self.change)} vs "
+                f"{self.from_concurrency} ({conf})")
+
+
+@typed
+class Source(Typed):
+    tool: str = "knobkeeper"
+    raw_files: list[str] = field(default_factory=list)
+    format: str | None = None
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Window(Typed):
+    """One canary window: every host's stats, its validity, and (when valid) each host's x."""
+
+    index: int = 0
+    phase: str = "canary"               # "calibration" | "canary"
+    start: float = 0.0
+    end: float = 0.0
+    valid: bool = True
+    reasons: list[str] = field(default_factory=list)
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    throughput: dict[str, float] | None = None
+    in_flight: float | None = None
+    OMIT = frozenset({"throughput", "in_flight"})
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class ErrorsTest(Typed):
+    """The canary's aborted requests: canary hosts against baseline hosts (canary.errors_test)."""
+
+    canary: dict[str, Any] = field(default_factory=dict)     # {"errors", "requests", "hosts"}
+    baseline: dict[str, Any] = field(default_factory=dict)
+    share: float = 0.0
+    p_value: float = 1.0
+    alpha: float = 0.01
+    failed: bool = False
+    extra: dict[str, Any] = _extra()
+
+    def text(self) -> str:
+        """`errors 1527 of 5110 requests on the canary vs 0 of 5120 requests on the baseline (p < 1e-12)`."""
+        def side(t: dict) -> str:
+            return f"{t['errors']} of {t['requests']} requests" if t.get("requests") is not None else f"{t['errors']}"
+
+        p = self.p_value
+        return (f"errors {side(self.canary)} on the canary vs {side(self.baseline)} on the baseline "
+                f"(p {'< 1e-12' if p < 1e-12 else f'{p:.2g}'})")
+
+
+@typed
+class CanaryBlock(Typed):
+    """The `canary` block of a canary's evidence (knobkeeper.evidence.canary)."""
+
+    hosts: dict[str, list[str]] = field(default_factory=dict)   # {"canary": [...], "baseline": [...]}
+    source: dict[str, Any] = field(default_factory=dict)        # {"kind": "scrape"|"prometheus", "url"}
+    queries: dict[str, str] = field(default_factory=dict)
+    design: str = ""
+    interval_s: float = 0.0
+    duration_s: float = 0.0
+    calibration_s: float = 0.0
+    calibration_windows: int = 0
+    imbalance_threshold: float = 2.0
+    restart_noise: float = 0.0
+    normalisation: str = ""
+    windows: list[Window] = field(default_factory=list)
+    errors: ErrorsTest = field(default_factory=ErrorsTest)
+    verdict: str = "inconclusive"
+    failed_guards: list[str] = field(default_factory=list)
+    rolled_back: bool = False
+    deployed_at: float | None = None
+    seconds_to_verdict: float | None = None
+    extra: dict[str, Any] = _extra()
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """phase -> (valid windows, windows)."""
+        out = {}
+        for phase in ("calibration", "canary"):
+            ws = [w for w in self.windows if w.phase == phase]
+            out[phase] = (sum(1 for w in ws if w.valid), len(ws))
+        return out
+
+
+@typed
+class Gain(Typed):
+    """A valid level's claim, as other parts use it: the effect, its interval and verdict, the p
+    it rests on (`p`), and the guard regressions at that level."""
+
+    concurrency: int = 0
+    effect: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str = "inconclusive"
+    p_value: float | None = None        # raw
+    p_adjusted: float | None = None     # family-wise; None for schema 1
+    adjusted: bool = True
+    regressions: list[Guard] = field(default_factory=list)
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def p(self) -> float | None:
+        """The p the verdict rests on: the adjusted one (schema 2), else the raw one."""
+        return self.p_adjusted if self.adjusted else self.p_value
+
+    def ci_text(self) -> str:
+        return f"{fmt.pct(self.ci_low)}..{fmt.pct(self.ci_high)}" if self.ci_low is not None else "n/a"
+
+
+# ---------------------------------------------------------------- the evidence
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two knob values are the same value (512 and "512" are; None is only None)."""
+    if a is None or b is None:
+        return a is b
+    if a == b and isinstance(a, bool) == isinstance(b, bool):
+        return True
+    return fmt.value(a) == fmt.value(b)
+
+
+@typed
+class Evidence(Typed):
+    """One evidence file (schema.py has the field-by-field description)."""
+
+    schema: str = SCHEMA
+    id: str = ""
+    created: str = ""
+    knob: str = ""
+    role: str = ""
+    metric: str = METRIC
+    arms: dict[str, Arm] = field(default_factory=dict)
+    setup: Setup = field(default_factory=Setup)
+    runs: list[Run] = field(default_factory=list)
+    sequential: Sequential | None = None
+    judge_options: dict[str, float] | None = None
+    source: Source = field(default_factory=Source)
+    canary: CanaryBlock | None = None
+    judgement: Judgement = field(default_factory=Judgement)
+    anomalies: list[Anomaly] = field(default_factory=list)
+    validity: Validity = field(default_factory=Validity)
+    OMIT = frozenset({"sequential", "judge_options", "canary"})
+    extra: dict[str, Any] = _extra()
+
+    # -- the arms
+
+    def value(self, arm: str) -> Any:
+        """The knob's value in `arm` ("A" baseline, "B" candidate); None = unset."""
+        return self.arms[arm].knobs.get(self.knob) if arm in self.arms else None
+
+    @property
+    def baseline(self) -> Any:
+        return self.value("A")
+
+    @property
+    def candidate(self) -> Any:
+        return self.value("B")
+
+    # -- what the verdicts mean
+
+    @property
+    def is_adjusted(self) -> bool:
+        """Whether the verdicts are family-wise adjusted (schema 2) or per level (schema 1)."""
+        return self.schema != SCHEMA_1
+
+    def p_cell(self, level: Level) -> str:
+        """The adjusted p as shown in a table: its value, or "unadjusted" for schema 1."""
+        return fmt.p_value(level.p_adjusted) if self.is_adjusted else "unadjusted"
+
+    def gains(self) -> list[Gain]:
+        """Per valid level: effect, interval, verdict, raw and adjusted p, and the guard regressions
+        at that level. Invalid levels are left out: they count for nothing."""
+        regressions: dict[int, list[Guard]] = {}
+        for g in self.judgement.regressions:
+            regressions.setdefault(g.concurrency, []).append(g)
+        return [Gain(lv.concurrency, lv.effect, lv.ci_low, lv.ci_high, lv.verdict, lv.p_value,
+                     lv.p_adjusted if self.is_adjusted else None, self.is_adjusted,
+                     regressions.get(lv.concurrency, []))
+                for lv in self.judgement.levels if lv.valid]
+
+    def positive_gains(self) -> list[Gain]:
+        """The levels judged "better" with a positive effect: what a revert gives up."""
+        return [g for g in self.gains() if g.verdict == "better" and (g.effect or 0) > 0]
+
+    def level_text(self, lv: Level) -> str:
+        """THE text of a level: `+12.8% @64 (95% CI +10.1%..+15.4%, better, p_adj 0.001)`;
+        `@64 invalid (why)`; schema 1 says "unadjusted"."""
+        if not lv.valid:
+            reasons = lv.invalid or ["a validity gate failed"]
+            return f"@{lv.concurrency} invalid ({fmt.safe(reasons[0])})"
+        ci = f"95% CI {lv.ci_text()}" if lv.ci_low is not None else f"n={lv.n_a}/{lv.n_b}"
+        extra = f", needs {lv.repeats_needed} runs/arm" if lv.repeats_needed else ""
+        if not self.is_adjusted:
+            extra += ", unadjusted"
+        elif lv.p_adjusted is not None:
+            extra += f", p_adj {fmt.p_value(lv.p_adjusted)}"
+        return f"{fmt.pct(lv.effect)} @{lv.concurrency} ({ci}, {lv.verdict}{extra})"
+
+    def summary_line(self) -> str:
+        """Every level's text, then the guard regressions and the anomalies:
+        `+12.8% @64 (...), ...; but p99 TTFT +40.0% @64; anomaly: A 96 < 80 (-4.1%, 99% conf.)`."""
+        text = ", ".join(self.level_text(lv) for lv in self.judgement.levels) or "no levels"
+        regressions = self.judgement.regressions
+        if regressions:
+            text += "; but " + ", ".join(f"{g.label} {fmt.pct(g.effect)} @{g.concurrency}" for g in regressions)
+        for an in self.anomalies:
+            conf = f", {an.confidence * 100:.0f}% conf." if an.confidence is not None else ", unconfirmed"
+            text += f"; anomaly: {an.arm} {an.to_concurrency} < {an.from_concurrency} ({fmt.pct(an.change)}{conf})"
+        return text
+
+    def engine_text(self) -> str:
+        """`engine sglang 0.5.23`, or `engine unknown`."""
+        named = " ".join(str(x) for x in (self.setup.engine, self.setup.engine_version) if x and x != "unknown")
+        return f"engine {named or 'unknown'}"
+
+    # -- does it back a change, does it agree with itself (issue "evidence that cannot lie")
+
+    def backs(self, knob: str, role: str, value: Any, show: Callable[[Any], str] = fmt.value) -> str | None:
+        """Why this evidence does not back setting `knob` to `value` on `role`, or None when it does:
+        it must test that knob on that role, with that value as its candidate. `show` writes a value
+        (a catalog's display: a secret as its fingerprint)."""
+        if self.knob != knob or self.role != role:
+            return f"evidence {self.id} tests {self.knob} on {self.role}, not {knob} on {role}"
+        if not same_value(self.candidate, value):
+            return f"stale evidence {self.id}: it tested {show(self.candidate)}, the change sets {show(value)}"
+        return None
+
+    def disagreements(self) -> list[str]:
+        """Every way the file's own description (knob, arms, setup) contradicts its runs."""
+        out = []
+        for name, arm in sorted(self.arms.items()):
+            if self.knob not in arm.knobs:
+                out.append(f"arms.{name}.knobs: does not name the knob under test {self.knob}")
+        if self.knob in self.arms.get("A", Arm()).knobs and same_value(self.baseline, self.candidate):
+            out.append(f"arms: A and B both have {self.knob}={fmt.value(self.candidate)}: nothing was compared")
+        for i, run in enumerate(self.runs):
+            seen = run.knob_seen
+            if seen is not None and seen.status == "carried" and run.arm in self.arms \
+                    and not same_value(seen.running, self.value(run.arm)):
+                out.append(f"runs[{i}]: the engine ran {self.knob}={fmt.value(seen.running)}, but arm {run.arm} "
+                           f"says {fmt.value(self.value(run.arm))}")
+        schedule = self.setup.schedule
+        if schedule is not None and schedule.levels:
+            stray = sorted({r.concurrency for r in self.runs} - set(schedule.levels))
+            if stray:
+                out.append(f"runs at {', '.join(map(str, stray))} are not in setup.schedule.levels "
+                           f"{schedule.levels}")
+        if self.canary is not None:
+            hosts = set(self.canary.hosts.get("canary", [])) | set(self.canary.hosts.get("baseline", []))
+            for w in self.canary.windows:
+                if set(w.hosts) != hosts:
+                    out.append(f"canary.windows[{w.index}]: hosts {sorted(w.hosts)} are not canary.hosts {sorted(hosts)}")
+                    break
+        return out
+
+
+def plain(value: Any) -> Any:
+    """Typed parts (at any depth) as JSON data; other values copied: what validate and json.dumps take."""
+    return _plain(value)
