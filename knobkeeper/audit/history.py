@@ -46,15 +46,9 @@ class Candidate:
             return "not reverted"
         s = self.status
         when = f"reverted {self.revert.time[:19]}Z (entry {self.revert.id})"
-        if s.status == "refuted":
-            said = "the symptom did not change, refuted" if s.source == "note" else "refuted"
-            return f"{when}: {said} ({s.why})"
-        if s.status == "confirmed":
-            said = "the symptom changed, confirmed" if s.source == "note" else "confirmed"
-            return f"{when}: {said} ({s.why})"
-        if s.status == "suspected":
-            return f"{when}: no verdict yet ({s.why})"
-        return f"{when}: unexplained ({s.why})"
+        # a note is an observation of the symptom; a resolution decides without one
+        said = {"refuted": "the symptom did not change, ", "confirmed": "the symptom changed, "}.get(s.status, "")
+        return f"{when}: {said if s.source == 'note' else ''}{s.words} ({s.why})"
 
     def to_json(self) -> dict[str, Any]:
         return {"entry": self.entry.id, "time": self.entry.time, "role": self.entry.role, "knob": self.entry.knob,

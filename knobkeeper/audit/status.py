@@ -24,6 +24,15 @@ from knobkeeper.changelog.incidents import Incident, Note, load_incidents
 from knobkeeper.project import Project
 
 STATUSES = ("refuted", "suspected", "unexplained", "confirmed")
+# What each status means for the knob: the words every reader shows beside it (reclaimable, the
+# timeline, review's reverts table, the report's badges).
+MEANING = {"refuted": "the knob was innocent", "confirmed": "the knob was the cause",
+           "suspected": "no verdict yet", "unexplained": "no incident named"}
+
+
+def describe(status: str) -> str:
+    """`refuted (the knob was innocent)`."""
+    return f"{status} ({MEANING[status]})" if status in MEANING else status
 
 
 @dataclass
@@ -34,6 +43,11 @@ class RevertStatus:
     source: str | None = None     # "note" | "resolution" | None
     incident: Incident | None = None
     note: Note | None = None
+
+    @property
+    def words(self) -> str:
+        """The status and what it means: `refuted (the knob was innocent)`."""
+        return describe(self.status)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"revert": self.revert.id, "status": self.status, "why": self.why, "source": self.source,
