@@ -16,13 +16,13 @@ The steps live in knobkeeper/deploy/operations.py; read its docstring for the or
 
 import sys
 
-from pyinfra import config, host, inventory
+from pyinfra import host, inventory
 
 from knobkeeper.deploy import operations as kk
 from knobkeeper.errors import UserError
 
-# Stop the whole run on the first failed host: nothing downstream of a failed gate is touched.
-config.FAIL_PERCENT = 0
+# config.py (loaded before any host is connected) stops the whole run on the first failed host:
+# nothing downstream of a failed gate is touched.
 
 try:
     run = kk.current_run(inventory)

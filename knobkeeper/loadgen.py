@@ -44,8 +44,8 @@ _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hote
 
 
 @dataclass
-class Record:
-    """One request."""
+class RequestTrace:
+    """One request as the client saw it: when it started, its chunks, how it ended."""
 
     start: float
     end: float = 0.0
@@ -92,7 +92,7 @@ def _has_content(api: str, obj: dict) -> tuple[bool, int | None]:
     return False, tokens
 
 
-async def _one(session, url: str, api: str, body: dict, rec: Record, timeout) -> None:
+async def _one(session, url: str, api: str, body: dict, rec: RequestTrace, timeout) -> None:
     rec.start = time.perf_counter()
     usage_tokens = None
     try:
@@ -175,7 +175,7 @@ async def run_load_async(endpoint: str, concurrency: int, *, requests: int | Non
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=10)
     connector = aiohttp.TCPConnector(limit=concurrency + 8, force_close=not keepalive)
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    records: list[Record] = []
+    records: list[RequestTrace] = []
     state = {"warm_done": 0, "t0": None, "measured_done": 0}
     warm_event = asyncio.Event()
     stop_event = asyncio.Event()
@@ -196,7 +196,7 @@ async def run_load_async(endpoint: str, concurrency: int, *, requests: int | Non
             while not stop_event.is_set():
                 i = counter[0]
                 counter[0] += 1
-                rec = Record(start=time.perf_counter())
+                rec = RequestTrace(start=time.perf_counter())
                 rec.measured = state["t0"] is not None
                 records.append(rec)
                 body = request_body(api, model, prompts[i % len(prompts)], lengths.randint(lo, hi) if hi > lo else lo)
@@ -249,7 +249,7 @@ async def _discover_model(session, endpoint: str) -> str:
     return "default"
 
 
-def _tokens_in_window(rec: Record, per_chunk: float, t0: float, t1: float, mean_gap: float | None) -> float:
+def _tokens_in_window(rec: RequestTrace, per_chunk: float, t0: float, t1: float, mean_gap: float | None) -> float:
     """Output tokens of one request produced inside [t0, t1].
 
     A chunk's tokens are spread evenly over the gap since the previous chunk (the first chunk's
@@ -277,7 +277,7 @@ def _tokens_in_window(rec: Record, per_chunk: float, t0: float, t1: float, mean_
     return total
 
 
-def _summarise(records: list[Record], t0: float, t1: float, *, concurrency: int, api: str, model: str,
+def _summarise(records: list[RequestTrace], t0: float, t1: float, *, concurrency: int, api: str, model: str,
                input_len: int, output_len: int, output_range: float, warmup: int, cpu: float, wall: float, keepalive: bool,
                keep_records: bool, requests: int | None, duration: float | None) -> dict[str, Any]:
     window = max(t1 - t0, 1e-9)

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from knobkeeper.errors import UserError
 
-ROLES_DEFAULT = ("prefill", "decode", "router")
-
 
 @dataclass(frozen=True)
 class Project:

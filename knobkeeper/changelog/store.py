@@ -9,7 +9,8 @@ write) finds the journal and rolls the files back before doing anything.
 
 The lock is an flock on .git/knobkeeper/lock. Every git child started under it inherits the
 locked descriptor, so a `git commit` whose parent was killed keeps the lock until it exits: the
-next command's recovery never runs beside a commit still landing.
+next command's recovery never runs beside a commit still landing. `lock_file`/`unlock_file` are the
+one flock helper (the deploy's lock on .knobkeeper-state/deploy.lock is taken with them too).
 """
 
 from __future__ import annotations
@@ -94,25 +95,45 @@ def git_author(project: Project) -> str:
     return f"{name} <{email}>"
 
 
+def lock_file(path: Path, *, wait: bool = True, busy: str | None = None):
+    """An exclusive flock on `path` (created if missing); returns the open handle holding it.
+
+    wait=False: a lock held elsewhere raises UserError(`busy`) at once instead of waiting."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot open the lock ({exc.strerror})") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError:
+        handle.close()
+        raise UserError(busy or f"{path}: locked by another process") from None
+    return handle
+
+
+def unlock_file(handle) -> None:
+    """Release a lock_file lock (a second release is harmless)."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+    except (OSError, ValueError):
+        pass
+
+
 @contextmanager
 def _flock(project: Project) -> Iterator[int]:
     held = _held.get(project.root)
     if held is not None:  # re-entered by the same process (a library call inside a command)
         yield held
         return
+    handle = lock_file(project.private_dir / "lock")
+    _held[project.root] = handle.fileno()
     try:
-        project.private_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(project.private_dir / "lock", "a")
-    except OSError as exc:
-        raise UserError(f"{project.private_dir}/lock: cannot open the repo lock ({exc.strerror})") from None
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        _held[project.root] = handle.fileno()
-        try:
-            yield handle.fileno()
-        finally:
-            _held.pop(project.root, None)
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield handle.fileno()
+    finally:
+        _held.pop(project.root, None)
+        unlock_file(handle)
 
 
 @contextmanager

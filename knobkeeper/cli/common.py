@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import sys
@@ -76,17 +75,3 @@ def example(text: str) -> Callable:
         return fn
 
     return decorate
-
-
-def exit_on_user_error(fn: Callable) -> Callable:
-    """For commands invoked outside KKGroup (kept for library-style entry points)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except UserError as exc:
-            click.echo(f"error: {fmt.safe(exc)}", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper

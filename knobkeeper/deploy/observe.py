@@ -15,8 +15,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from knobkeeper import fmt
 from knobkeeper.deploy.model import Service
 from knobkeeper.deploy.render import parse_meta, strip_header
-
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from knobkeeper.knobs.catalog import ENV_NAME
 STARTED_MARKER = "--knobkeeper-started--"
 STARTED_MANAGER_MARKER = "--knobkeeper-started-manager--"
 LAUNCH_MARKER = "--knobkeeper-launch--"
@@ -113,7 +112,7 @@ def script_knobs(text: str, names: Iterable[str] | None = None) -> dict[str, str
         if line.startswith("export "):
             line = line[len("export "):]
         name, sep, rest = line.partition("=")
-        if not sep or not _NAME.match(name) or (wanted is not None and name not in wanted):
+        if not sep or not ENV_NAME.fullmatch(name) or (wanted is not None and name not in wanted):
             continue
         if rest.startswith('"$(cat ') or rest.startswith("$(cat "):
             out[name] = "(secret)"

@@ -55,7 +55,7 @@ def _get(data: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _int(host: str, key: str, value: Any) -> int:
+def _port(host: str, key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
         raise UserError(f"host {host}: data {key} = {value!r}: expected a port number (1-65535)")
     return value
@@ -105,13 +105,13 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
         if engine not in ROUTERS and role_name not in WORKER_MODES:
             raise UserError(f"host {name}: role {role_name!r} runs engine {engine!r}, which needs the role to be "
                             f"prefill or decode (its --disaggregation-mode)")
-        base = _int(name, f"{role_name}_port", data.get(f"{role_name}_port"))
+        base = _port(name, f"{role_name}_port", data.get(f"{role_name}_port"))
         for index, svc in enumerate(service_names(role, data, where)):
             bootstrap = metrics = None
             if role_name == "prefill":
-                bootstrap = _int(name, "prefill_bootstrap_port", data.get("prefill_bootstrap_port")) + index
+                bootstrap = _port(name, "prefill_bootstrap_port", data.get("prefill_bootstrap_port")) + index
             if engine in ROUTERS:
-                metrics = _int(name, f"{role_name}_metrics_port", data.get(f"{role_name}_metrics_port")) + index
+                metrics = _port(name, f"{role_name}_metrics_port", data.get(f"{role_name}_metrics_port")) + index
             timeout = float(timeout_override) if timeout_override else role.health_timeout
             plan.services.append(Service(
                 host=name, role=role_name, name=svc, index=index, prefix=prefix, manager=manager,

@@ -42,9 +42,6 @@ def fingerprint(secret: str | bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
 
 
-# Kept while knobkeeper/audit.py (the review helper's file) imports it; new code calls fmt.value.
-show_value = fmt.value
-
 _FINGERPRINT = re.compile(r"sha256:[0-9a-f]{16}")
 
 # What the catalog documents for int and float values typed by people: plain ASCII decimal,
