@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from tests.infra import make_infra_repo
 
 
 @pytest.fixture
-def project(tmp_path):
-    """A fresh infra repo per test: committed, clean, on main, with its own git identity."""
-    return make_infra_repo(tmp_path)
+def project():
+    """A fresh infra repo per test: committed, clean, on main, with its own git identity. Under a
+    short path: inventory/local.py puts supervisord's unix socket under the repo (< 100 chars)."""
+    with tempfile.TemporaryDirectory(prefix="kk") as tmp:
+        yield make_infra_repo(Path(tmp))
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,16 @@
 deploy.py under its own `git init`, with a local git identity (a new machine may have none).
 
     project = make_infra_repo(tmp_path)      # committed, clean, on branch main
+    kk(project, "log") / cli(project, "log")  # the CLI in this process / in its own (bytes, exit codes)
+    snapshot(project)                        # HEAD, status, knobs.toml: what "nothing written" keeps
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from knobkeeper.project import Project
@@ -57,3 +61,26 @@ def kk(project: Project, *args: str, input: str | None = None):
     from knobkeeper.cli import main
 
     return CliRunner().invoke(main, [*args, "--repo", str(project.root)], input=input, catch_exceptions=False)
+
+
+def head(project: Project) -> str:
+    return git(project.root, "rev-parse", "HEAD")
+
+
+def snapshot(project: Project) -> tuple[str, str, str]:
+    """HEAD, porcelain status (ignored files too) and knobs.toml: 'nothing written' keeps all three."""
+    status = git(project.root, "status", "--porcelain", "--untracked-files=all", "--ignored")
+    return head(project), status, project.knobs_path.read_text()
+
+
+def cli(project: Project, *args: str, input: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real CLI in its own process (argv bytes, stdin bytes, crashes and exit codes as users see them)."""
+    return subprocess.run([sys.executable, "-m", "knobkeeper.cli", *args, "--repo", str(project.root)], input=input,
+                          capture_output=True, env={**os.environ, **(env or {})})
+
+
+def one_line_exit_2(done, needle: str) -> None:
+    """A refused command: exit 2, one line on stderr naming `needle`, no traceback."""
+    err = done.stderr.decode() if isinstance(done.stderr, bytes) else done.stderr
+    assert done.returncode == 2, (done.returncode, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and needle in err, err

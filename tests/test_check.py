@@ -4,26 +4,17 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from knobkeeper import lint
-
 from knobkeeper.cli import main
 from knobkeeper.knobs.catalog import fingerprint
 from knobkeeper.timeutil import file_stem, parse_time
-from tests.infra import git, make_infra_repo
+from tests.infra import git
 from tests.review_fixtures import KNOB, commit_all, write_entry, write_evidence, write_incident
-
-
-@pytest.fixture
-def project():
-    # inventory/local.py puts a unix socket under the repo: keep the path short.
-    with tempfile.TemporaryDirectory(prefix="kkc") as tmp:
-        yield make_infra_repo(Path(tmp))
 
 
 def kk(project, *args):

@@ -8,14 +8,9 @@ import pytest
 
 from knobkeeper.engine import contract
 from knobkeeper.engine.contract import Parsed, pd_pairing_problems
-from tests.infra import git, make_infra_repo
+from tests.infra import git
 
 PROD = "inventory/example_prod.py"
-
-
-@pytest.fixture
-def project(tmp_path):
-    return make_infra_repo(tmp_path)
 
 
 def _edit_prod(project, old: str, new: str) -> None:

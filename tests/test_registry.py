@@ -30,11 +30,6 @@ def fresh_023() -> dict:
 
 
 @pytest.fixture
-def project(tmp_path):
-    return make_infra_repo(tmp_path)
-
-
-@pytest.fixture
 def bare(tmp_path):
     """An infra repo without any imported registry."""
     project = make_infra_repo(tmp_path, name="bare")

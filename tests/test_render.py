@@ -29,8 +29,6 @@ from knobkeeper.deploy.stack import load_stack
 from knobkeeper.deploy.topology import Role, deploy_order, downstream, role_from_data
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import load_catalog
-from knobkeeper.project import Project
-from tests.infra import make_infra_repo
 
 ROOT = Path(__file__).resolve().parent.parent
 NASTY = "a 'single' \"double\" $(touch /tmp/kk-pwned) `id` $HOME \\ ; | & * ?\nsecond line\ttab !x"
@@ -39,13 +37,8 @@ LOCAL = "inventory/local.py"
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Project:
-    return make_infra_repo(tmp_path_factory.mktemp("render"))
-
-
-@pytest.fixture(scope="module")
-def catalog(project):
-    return load_catalog(project.catalog_path)
+def catalog(shared):
+    return load_catalog(shared.catalog_path)
 
 
 def _rendered(project, inventory, data=None, overrides=None):
@@ -95,11 +88,11 @@ def test_role_data_is_validated():
         role_from_data("decode", {"services": ["x"], "health": "/health", "afterr": []})
 
 
-def test_inventories_give_order_from_group_data(project):
+def test_inventories_give_order_from_group_data(shared):
     for inventory in (LOCAL, PROD):
-        stack = load_stack(project.root, inventory)
+        stack = load_stack(shared.root, inventory)
         assert stack.order == ["prefill", "decode", "router"]
-    prod = load_stack(project.root, PROD)
+    prod = load_stack(shared.root, PROD)
     assert [h for h in prod.hosts] == ["prefill-1", "prefill-2", "decode-1", "decode-2", "router-1"]
     router = prod.service("router-1", "knobkeeper-router")
     cmd = prod.command(router)
@@ -109,27 +102,27 @@ def test_inventories_give_order_from_group_data(project):
     assert decode_cmd[decode_cmd.index("--disaggregation-mode") + 1] == "decode"
 
 
-def test_local_ports_come_from_the_environment(project, monkeypatch):
+def test_local_ports_come_from_the_environment(shared, monkeypatch):
     monkeypatch.setenv("KNOBKEEPER_LOCAL_PORTS", "prefill=41000,bootstrap:41998,decode=41001,router=41080,router_metrics=41081")
-    stack = load_stack(project.root, LOCAL)
+    stack = load_stack(shared.root, LOCAL)
     ports = {s.role: s.port for s in stack.services}
     assert ports == {"prefill": 41000, "decode": 41001, "router": 41080}
     assert stack.service("@local", "knobkeeper-prefill").bootstrap_port == 41998
-    assert stack.hosts["@local"].prefix == str(project.root / ".knobkeeper-state" / "local")
+    assert stack.hosts["@local"].prefix == str(shared.root / ".knobkeeper-state" / "local")
     # --data beats the environment
-    assert load_stack(project.root, LOCAL, {"decode_port": 42001}).service("@local", "knobkeeper-decode").port == 42001
+    assert load_stack(shared.root, LOCAL, {"decode_port": 42001}).service("@local", "knobkeeper-decode").port == 42001
     monkeypatch.setenv("KNOBKEEPER_LOCAL_PORTS", "decod=1")
     with pytest.raises(UserError, match="KNOBKEEPER_LOCAL_PORTS"):
-        load_stack(project.root, LOCAL)
+        load_stack(shared.root, LOCAL)
 
 
-def test_decode_workers_datum_makes_more_services_each_with_its_port_behind_the_router(project, monkeypatch):
-    """Issue 14 item 3: decode_workers=N (--data, or KNOBKEEPER_LOCAL_WORKERS for every command)
+def test_decode_workers_datum_makes_more_services_each_with_its_port_behind_the_router(shared, monkeypatch):
+    """decode_workers=N (--data, or KNOBKEEPER_LOCAL_WORKERS for every command)
     runs N decode services, named after the role's one, ports base+n, every one behind the router."""
-    one = load_stack(project.root, LOCAL)
+    one = load_stack(shared.root, LOCAL)
     assert [s.name for s in one.services] == ["knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router"]
     monkeypatch.setenv("KNOBKEEPER_LOCAL_WORKERS", "decode=2")
-    for stack in (load_stack(project.root, LOCAL), load_stack(project.root, LOCAL, {"decode_workers": 2})):
+    for stack in (load_stack(shared.root, LOCAL), load_stack(shared.root, LOCAL, {"decode_workers": 2})):
         decodes = [s for s in stack.services if s.role == "decode"]
         assert [(s.name, s.port, s.index) for s in decodes] == [("knobkeeper-decode", 30001, 0),
                                                                  ("knobkeeper-decode-2", 30002, 1)]
@@ -137,35 +130,35 @@ def test_decode_workers_datum_makes_more_services_each_with_its_port_behind_the_
         assert [router[i + 1] for i, a in enumerate(router) if a == "--decode"] == [s.url for s in decodes]
         assert stack.command(decodes[1])[stack.command(decodes[1]).index("--port") + 1] == "30002"
     # --data wins over the environment; the default is the role's own service list
-    assert len(load_stack(project.root, LOCAL, {"decode_workers": 1}).hosts["@local"].role_services("decode")) == 1
+    assert len(load_stack(shared.root, LOCAL, {"decode_workers": 1}).hosts["@local"].role_services("decode")) == 1
     monkeypatch.delenv("KNOBKEEPER_LOCAL_WORKERS")
     for bad, needle in ((0, "data decode_workers = 0: expected a whole number of at least 1"),
                         ("two", "data decode_workers = 'two'"), (True, "data decode_workers = True")):
         with pytest.raises(UserError, match=re.escape(needle)):
-            load_stack(project.root, LOCAL, {"decode_workers": bad})
+            load_stack(shared.root, LOCAL, {"decode_workers": bad})
     # a second prefill worker would take the decode port: refused, naming both
     with pytest.raises(UserError, match="port 30001 on 127.0.0.1: used by both @local/knobkeeper-prefill-2 and "
                                         "@local/knobkeeper-decode"):
-        load_stack(project.root, LOCAL, {"prefill_workers": 2})
+        load_stack(shared.root, LOCAL, {"prefill_workers": 2})
     monkeypatch.setenv("KNOBKEEPER_LOCAL_WORKERS", "decode=x")
     with pytest.raises(UserError, match="KNOBKEEPER_LOCAL_WORKERS: 'decode=x': expected NAME=COUNT"):
-        load_stack(project.root, LOCAL)
+        load_stack(shared.root, LOCAL)
 
 
-def test_a_service_keyed_override_renders_that_service_only(project, catalog):
-    """Issue 14: {"HOST/SERVICE": {KNOB: value}} changes one worker's launch script (a canary on a
+def test_a_service_keyed_override_renders_that_service_only(shared, catalog):
+    """{"HOST/SERVICE": {KNOB: value}} changes one worker's launch script (a canary on a
     host that also runs baseline workers); its sibling renders byte for byte as without it."""
     data = {"decode_workers": 2}
     knob = "SGLANG_SM120_MMA_TARGET_CTAS"
-    _, plain = _rendered(project, LOCAL, data)
-    _, canary = _rendered(project, LOCAL, data, {"@local/knobkeeper-decode-2": {knob: "256"}})
+    _, plain = _rendered(shared, LOCAL, data)
+    _, canary = _rendered(shared, LOCAL, data, {"@local/knobkeeper-decode-2": {knob: "256"}})
     second = canary[("@local", "knobkeeper-decode-2")]
     assert second.knobs == {knob: "256"} and f"# knob {knob}: {OVERRIDE}" in second.launch
     assert second.digest != plain[("@local", "knobkeeper-decode-2")].digest
     for key in (("@local", "knobkeeper-decode"), ("@local", "knobkeeper-prefill"), ("@local", "knobkeeper-router")):
         assert canary[key].files == plain[key].files and canary[key].digest == plain[key].digest
     # a service's override wins over its role's
-    _, both = _rendered(project, LOCAL, data, {"decode": {knob: 128}, "@local/knobkeeper-decode-2": {knob: 512}})
+    _, both = _rendered(shared, LOCAL, data, {"decode": {knob: 128}, "@local/knobkeeper-decode-2": {knob: 512}})
     assert both[("@local", "knobkeeper-decode")].knobs == {knob: "128"}
     assert both[("@local", "knobkeeper-decode-2")].knobs == {knob: "512"}
     services = {"@local/knobkeeper-decode": "decode", "@local/knobkeeper-prefill": "prefill"}
@@ -182,9 +175,9 @@ def test_a_service_keyed_override_renders_that_service_only(project, catalog):
 # --- render ------------------------------------------------------------------------------------------
 
 
-def test_every_file_has_a_header_naming_the_commit(project):
+def test_every_file_has_a_header_naming_the_commit(shared):
     for inventory in (LOCAL, PROD):
-        stack, rendered = _rendered(project, inventory)
+        stack, rendered = _rendered(shared, inventory)
         assert len(rendered) == len(stack.services)
         for item in rendered.values():
             for path, text in item.files.items():
@@ -196,14 +189,14 @@ def test_every_file_has_a_header_naming_the_commit(project):
             assert parse_meta(launch)["digest"] == item.digest
 
 
-def test_knob_values_are_quoted_and_named_with_their_entry(project, catalog):
-    stack = load_stack(project.root, LOCAL)
+def test_knob_values_are_quoted_and_named_with_their_entry(shared, catalog):
+    stack = load_stack(shared.root, LOCAL)
     svc = stack.service("@local", "knobkeeper-decode")
     item = render_service(
         svc, stack.command(svc), knobs={"SGLANG_SM120_MMA_TARGET_CTAS": 512, "KNOBKEEPER_SIM_EXTRA_ARGS": NASTY,
                                         "NCCL_IB_DISABLE": True},
         catalog=catalog, provenance={"SGLANG_SM120_MMA_TARGET_CTAS": "entry 1a2b3c4d (set 2026-11-29T00:00:00Z by A)"},
-        source=Source("feedface", True), templates_dir=project.templates_dir,
+        source=Source("feedface", True), templates_dir=shared.templates_dir,
     )
     text = item.launch
     assert "# source: feedface (dirty)" in text
@@ -215,13 +208,13 @@ def test_knob_values_are_quoted_and_named_with_their_entry(project, catalog):
     assert item.knobs["NCCL_IB_DISABLE"] == "true"
 
 
-def test_quoted_value_reaches_the_process_byte_for_byte(project, catalog, tmp_path):
+def test_quoted_value_reaches_the_process_byte_for_byte(shared, catalog, tmp_path):
     """Run the rendered script with a command that prints the variable: same bytes, nothing executed."""
-    stack = load_stack(project.root, LOCAL, {"prefix": str(tmp_path / "p")})
+    stack = load_stack(shared.root, LOCAL, {"prefix": str(tmp_path / "p")})
     svc = stack.service("@local", "knobkeeper-decode")
     printer = [sys.executable, "-c", "import os,sys; sys.stdout.buffer.write(os.environb[b'KNOBKEEPER_SIM_EXTRA_ARGS'])"]
     item = render_service(svc, printer, knobs={"KNOBKEEPER_SIM_EXTRA_ARGS": NASTY}, catalog=catalog, provenance={},
-                          source=Source("x"), templates_dir=project.templates_dir)
+                          source=Source("x"), templates_dir=shared.templates_dir)
     script = tmp_path / "launch.sh"
     script.write_text(item.launch)
     Path(svc.service_dir).mkdir(parents=True)
@@ -233,12 +226,12 @@ def test_quoted_value_reaches_the_process_byte_for_byte(project, catalog, tmp_pa
     assert not marker.exists()
 
 
-def test_undeclared_catalog_knobs_are_unset_not_inherited(project, catalog, tmp_path):
-    stack = load_stack(project.root, LOCAL, {"prefix": str(tmp_path / "p")})
+def test_undeclared_catalog_knobs_are_unset_not_inherited(shared, catalog, tmp_path):
+    stack = load_stack(shared.root, LOCAL, {"prefix": str(tmp_path / "p")})
     svc = stack.service("@local", "knobkeeper-prefill")
     printer = [sys.executable, "-c", "import os; print(os.environ.get('NCCL_DEBUG', 'absent'))"]
     item = render_service(svc, printer, knobs={}, catalog=catalog, provenance={}, source=Source("x"),
-                          templates_dir=project.templates_dir)
+                          templates_dir=shared.templates_dir)
     (tmp_path / "l.sh").write_text(item.launch)
     Path(svc.service_dir).mkdir(parents=True)
     done = subprocess.run(["bash", str(tmp_path / "l.sh")], capture_output=True, text=True,
@@ -246,25 +239,25 @@ def test_undeclared_catalog_knobs_are_unset_not_inherited(project, catalog, tmp_
     assert done.stdout.strip() == "absent"
 
 
-def test_secret_is_never_inlined(project, catalog):
-    stack = load_stack(project.root, PROD)
+def test_secret_is_never_inlined(shared, catalog):
+    stack = load_stack(shared.root, PROD)
     svc = stack.service("prefill-1", "knobkeeper-prefill")
     fp = "sha256:0123456789abcdef"
     item = render_service(svc, stack.command(svc), knobs={"HF_TOKEN": fp}, catalog=catalog, provenance={},
-                          source=Source("x"), templates_dir=project.templates_dir)
+                          source=Source("x"), templates_dir=shared.templates_dir)
     path = "/opt/knobkeeper/secrets/prefill/HF_TOKEN"
     assert item.secrets == {path: ("prefill", "HF_TOKEN")}
     assert f"HF_TOKEN=\"$(cat {path})\"\nexport HF_TOKEN" in item.launch
     assert item.knobs["HF_TOKEN"] == fp
 
 
-def test_digest_ignores_the_commit_but_not_the_values(project, catalog):
-    stack = load_stack(project.root, LOCAL)
+def test_digest_ignores_the_commit_but_not_the_values(shared, catalog):
+    stack = load_stack(shared.root, LOCAL)
     svc = stack.service("@local", "knobkeeper-decode")
 
     def digest(source, knobs):
         return render_service(svc, stack.command(svc), knobs=knobs, catalog=catalog, provenance={}, source=source,
-                              templates_dir=project.templates_dir).digest
+                              templates_dir=shared.templates_dir).digest
 
     assert digest(Source("aaaa"), {}) == digest(Source("bbbb", True), {})
     assert digest(Source("aaaa"), {}) != digest(Source("aaaa"), {"SGLANG_SM120_MMA_TARGET_CTAS": 512})
@@ -272,8 +265,8 @@ def test_digest_ignores_the_commit_but_not_the_values(project, catalog):
         digest(Source("aaaa"), {"KNOBKEEPER_SIM_EXTRA_ARGS": "a\n# c"})
 
 
-def test_overrides_are_marked_and_checked(project, catalog):
-    _, rendered = _rendered(project, LOCAL, overrides={"decode": {"SGLANG_SM120_MMA_TARGET_CTAS": "256"}})
+def test_overrides_are_marked_and_checked(shared, catalog):
+    _, rendered = _rendered(shared, LOCAL, overrides={"decode": {"SGLANG_SM120_MMA_TARGET_CTAS": "256"}})
     decode = rendered[("@local", "knobkeeper-decode")]
     assert f"# knob SGLANG_SM120_MMA_TARGET_CTAS: {OVERRIDE}" in decode.launch
     assert decode.knobs == {"SGLANG_SM120_MMA_TARGET_CTAS": "256"}
@@ -286,11 +279,11 @@ def test_overrides_are_marked_and_checked(project, catalog):
         normalize_overrides(catalog, {"prefill": {"HF_TOKEN": "x"}}, ["prefill"])
 
 
-def test_undefined_template_variable_is_an_error(project, catalog, tmp_path):
+def test_undefined_template_variable_is_an_error(shared, catalog, tmp_path):
     templates = tmp_path / "templates"
-    shutil.copytree(project.templates_dir, templates)
+    shutil.copytree(shared.templates_dir, templates)
     (templates / "launch.sh.j2").write_text((templates / "launch.sh.j2").read_text() + "{{ no_such_variable }}\n")
-    stack = load_stack(project.root, LOCAL)
+    stack = load_stack(shared.root, LOCAL)
     svc = stack.service("@local", "knobkeeper-decode")
     with pytest.raises(UserError, match="no_such_variable"):
         render_service(svc, stack.command(svc), knobs={}, catalog=catalog, provenance={}, source=Source("x"),
@@ -309,10 +302,10 @@ def _all_launch_scripts(project, tmp_path):
             yield f"{inventory}:{host}/{name}", item
 
 
-def test_launch_scripts_pass_bash_n_and_shellcheck(project, tmp_path):
+def test_launch_scripts_pass_bash_n_and_shellcheck(shared, tmp_path):
     _need("shellcheck")
     count = 0
-    for label, item in _all_launch_scripts(project, tmp_path):
+    for label, item in _all_launch_scripts(shared, tmp_path):
         script = tmp_path / f"launch-{count}.sh"
         script.write_text(item.launch)
         count += 1
@@ -323,12 +316,12 @@ def test_launch_scripts_pass_bash_n_and_shellcheck(project, tmp_path):
     assert count == 3 + 5
 
 
-def test_systemd_units_verify_without_warnings(project, tmp_path):
+def test_systemd_units_verify_without_warnings(shared, tmp_path):
     """Render the production units with the prefix in a temp dir where the launch script exists."""
     _need("systemd-analyze")
     prefix = tmp_path / "opt"
     units = tmp_path / "units"
-    stack, rendered = _rendered(project, PROD, data={"prefix": str(prefix), "systemd_unit_dir": str(units)})
+    stack, rendered = _rendered(shared, PROD, data={"prefix": str(prefix), "systemd_unit_dir": str(units)})
     for (host, name), item in rendered.items():
         for path, text in item.files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -342,12 +335,12 @@ def test_systemd_units_verify_without_warnings(project, tmp_path):
         os.remove(unit)  # each unit verified alone (same name on every host)
 
 
-def test_supervisor_sections_parse(project, tmp_path):
+def test_supervisor_sections_parse(shared, tmp_path):
     from supervisor.options import ServerOptions
 
-    stack, rendered = _rendered(project, LOCAL, data={"prefix": str(tmp_path / "p")})
+    stack, rendered = _rendered(shared, LOCAL, data={"prefix": str(tmp_path / "p")})
     plan = stack.hosts["@local"]
-    for path, text in render_supervisord(plan, Source("x"), project.templates_dir).items():
+    for path, text in render_supervisord(plan, Source("x"), shared.templates_dir).items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text)
     for item in rendered.values():
@@ -365,8 +358,8 @@ def test_supervisor_sections_parse(project, tmp_path):
         assert proc.command.endswith("/launch.sh")
 
 
-def test_launch_script_mode_and_paths(project):
-    stack, rendered = _rendered(project, PROD)
+def test_launch_script_mode_and_paths(shared):
+    stack, rendered = _rendered(shared, PROD)
     item = rendered[("decode-1", "knobkeeper-decode")]
     assert item.modes == {"/opt/knobkeeper/services/knobkeeper-decode/launch.sh": "0755",
                           "/etc/systemd/system/knobkeeper-decode.service": "0644"}
@@ -376,17 +369,12 @@ def test_launch_script_mode_and_paths(project):
     assert stat.S_IMODE(0o755) == 0o755
 
 
-def test_deploy_refuses_bad_only_and_overrides_before_pyinfra_starts():
-    import tempfile
-
+def test_deploy_refuses_bad_only_and_overrides_before_pyinfra_starts(project):
     from click.testing import CliRunner
 
     from knobkeeper.cli import main
-    from tests.infra import git, make_infra_repo
+    from tests.infra import git
 
-    # A short path: the local stack's supervisord socket must stay under 100 characters.
-    tmp = Path(tempfile.mkdtemp(prefix="kk-"))
-    project = make_infra_repo(tmp)
     head = git(project.root, "rev-parse", "HEAD")
     for args, needle in (
         (["--only", "nope"], "--only 'nope': not a role of inventory/local.py"),
@@ -401,16 +389,15 @@ def test_deploy_refuses_bad_only_and_overrides_before_pyinfra_starts():
     assert git(project.root, "rev-parse", "HEAD") == head
     assert git(project.root, "status", "--porcelain") == ""
     assert not (project.state_dir / "local").exists()
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --- one header rule, one options parser -------------------------------------------------------------
 
 
-def test_strip_header_is_the_digest_rule_and_keeps_the_shebang(project, catalog):
+def test_strip_header_is_the_digest_rule_and_keeps_the_shebang(shared, catalog):
     from knobkeeper.deploy.render import strip_header
 
-    stack, rendered = _rendered(project, LOCAL)
+    stack, rendered = _rendered(shared, LOCAL)
     for item in rendered.values():
         for path, text in item.files.items():
             body = strip_header(text)
@@ -420,7 +407,7 @@ def test_strip_header_is_the_digest_rule_and_keeps_the_shebang(project, catalog)
                 # the template's own comments are body, not header
                 assert "# Knob values are literals" in body and "# shellcheck disable=SC2016" in body
     # Another source commit changes every header, never a body or a digest.
-    _, again = _rendered_with(project, LOCAL, Source("feedbeef", True))
+    _, again = _rendered_with(shared, LOCAL, Source("feedbeef", True))
     for key, item in rendered.items():
         assert item.digest == again[key].digest
         assert {p: strip_header(t) for p, t in item.files.items()} == {p: strip_header(t) for p, t in again[key].files.items()}
@@ -450,17 +437,17 @@ def test_deploy_options_are_validated_once_with_one_line_errors():
         DeployOptions(only="nope").check_roles(["prefill", "decode"], "inventory/local.py")
 
 
-# --- what changed, in words (issue 17 item 2) -----------------------------------------------------------
+# --- what changed, in words (the reasons a restart names) ---------------------------------------------
 
 
-def test_change_reasons_name_knob_flag_interpreter_and_template(project, catalog, tmp_path):
+def test_change_reasons_name_knob_flag_interpreter_and_template(shared, catalog, tmp_path):
     from knobkeeper.deploy.plan import change_reasons
 
-    stack, before = _rendered(project, LOCAL)
+    stack, before = _rendered(shared, LOCAL)
     data = {"python": "/opt/other/bin/python",
             "engine_args": {"prefill": ["--time-scale", "0.1"], "decode": ["--time-scale", "0.05", "--seed", "7"],
                             "router": []}}
-    _, after = _rendered(project, LOCAL, data=data, overrides={"decode": {"SGLANG_SM120_MMA_TARGET_CTAS": 512}})
+    _, after = _rendered(shared, LOCAL, data=data, overrides={"decode": {"SGLANG_SM120_MMA_TARGET_CTAS": 512}})
     key = ("@local", "knobkeeper-decode")
     reasons = change_reasons(before[key].files, after[key].files)
     assert "knob SGLANG_SM120_MMA_TARGET_CTAS: set to 512 (was unset)" in reasons
@@ -477,18 +464,15 @@ def test_change_reasons_name_knob_flag_interpreter_and_template(project, catalog
     assert change_reasons(before[key].files, before[key].files) == []
 
 
-# --- secrets: the value shipped is the value declared (issue 18 item 1) ----------------------------------
+# --- secrets: the value shipped is the value declared ----------------------------------------------------
 
 
-def test_deploy_and_status_refuse_a_secret_whose_stored_value_is_not_the_declared_one(tmp_path):
-    import tempfile
-
+def test_deploy_and_status_refuse_a_secret_whose_stored_value_is_not_the_declared_one(project):
     from knobkeeper.changelog.ops import revert_knob, set_knob
     from knobkeeper.deploy.api import run_deploy
     from knobkeeper.deploy.status import stack_status
     from tests.infra import git
 
-    project = make_infra_repo(Path(tempfile.mkdtemp(prefix="kk-")))
     set_knob(project, "HF_TOKEN", "token-a", "decode", "first token")
     set_knob(project, "HF_TOKEN", "token-b", "decode", "rotated")
     revert_knob(project, "HF_TOKEN", "decode", "back to a")
@@ -515,122 +499,13 @@ def test_deploy_and_status_refuse_a_secret_whose_stored_value_is_not_the_declare
     assert "token-a" not in str(rows) and "token-b" not in str(rows)
 
 
-# --- names that reach the launch script (issue 18 item 6) -------------------------------------------------
+# --- names that reach the launch script --------------------------------------------------------------------
 
 
-def test_host_environment_names_are_checked_where_they_enter(project):
+def test_host_environment_names_are_checked_where_they_enter(shared):
     marker = "/tmp/kk-env-name-pwned"
     with pytest.raises(UserError) as err:
-        load_stack(project.root, LOCAL, {"environment": {f"X;touch {marker};Y": "1"}})
+        load_stack(shared.root, LOCAL, {"environment": {f"X;touch {marker};Y": "1"}})
     text = str(err.value)
     assert "inventory local, host @local: data environment" in text and "touch" in text and "\n" not in text
-    assert load_stack(project.root, LOCAL, {"environment": {"GOOD_NAME_1": "x"}}).hosts["@local"]
-
-
-# --- gates tie the answer to the supervised process (issue 18 item 7) -------------------------------------
-
-
-def _fake_service(port: int):
-    from knobkeeper.deploy.model import Service
-
-    return Service(host="@local", role="decode", name="fake-decode", index=0, prefix="/tmp/kk-fake",
-                   manager="supervisord", engine="sim", listen_host="127.0.0.1", address="127.0.0.1", port=port,
-                   bootstrap_port=None, metrics_port=None, health_path="/health", workers_path=None,
-                   health_timeout=1.0, settle=0.0, user=None, stop_timeout=5, unit_dir="/tmp")
-
-
-def _local_shell(command: str) -> list[str]:
-    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
-    return (done.stdout + done.stderr).splitlines()
-
-
-@pytest.fixture
-def answering_server():
-    """A server in THIS process answering 200 (a stray, unless this process is the service)."""
-    from tests.procs import answering_server
-
-    with answering_server() as port:
-        yield port
-
-
-def _age_of_this_process() -> float:
-    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-    return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
-
-
-def test_gate_fails_when_another_process_answers_on_the_port(answering_server):
-    from knobkeeper.deploy.health import wait_gate
-
-    svc = _fake_service(answering_server)
-    # `ctl pid NAME` stands for the service manager's answer. The "supervised" pid is 1 (init): it does not hold the port, this test process does.
-    outcome = wait_gate(svc, 0, 30.0, _local_shell, "echo 1; :", say=lambda _: None)
-    assert not outcome.ok
-    assert outcome.status == (f"port {answering_server} answers, but not from fake-decode (pid 1): another process "
-                              f"holds the port (stop it)")
-    # The same answer from the supervised process passes, and stays the same PID over the settle time.
-    settle = _age_of_this_process() + 0.3  # so that the gate waits out the rest, then looks again
-    outcome = wait_gate(svc, 0, 30.0, _local_shell, f"echo {os.getpid()}; :", settle=settle, say=lambda _: None)
-    assert outcome.ok and outcome.pid == os.getpid()
-
-
-def test_gate_reports_a_pid_that_changes_while_settling(answering_server, tmp_path):
-    from knobkeeper.deploy.health import wait_gate
-
-    counter = tmp_path / "n"
-    counter.write_text("0")
-    # Each look reports a new pid, as a crash loop does (only the first one holds the port).
-    ctl = (f"n=$(cat {counter}); echo $((n+1)) > {counter}; "
-           f"if [ $n = 0 ]; then echo {os.getpid()}; else echo 1; fi; :")
-    outcome = wait_gate(_fake_service(answering_server), 0, 30.0, _local_shell, ctl,
-                        settle=_age_of_this_process() + 0.3, say=lambda _: None)
-    assert not outcome.ok and outcome.status.startswith(f"restart loop: pid {os.getpid()} -> 1")
-
-
-def test_a_long_wait_says_what_it_waits_for(monkeypatch):
-    from knobkeeper.deploy import health
-    from tests.procs import free_port
-
-    monkeypatch.setattr(health, "QUIET_S", 0.2)
-    monkeypatch.setattr(health, "PROGRESS_EVERY_S", 0.3)
-    said: list[str] = []
-    port = free_port()
-    outcome = health.wait_gate(_fake_service(port), 0, 1.0, _local_shell, "true", say=said.append)
-    assert not outcome.ok and outcome.status.startswith("no answer")
-    assert said and said[0].startswith(f"waiting for decode 127.0.0.1:{port} /health (")
-    assert " s of 1 s): last status no answer" in said[0]
-
-
-def test_status_calls_a_changing_pid_a_restart_loop(monkeypatch):
-    from knobkeeper.deploy import status
-
-    monkeypatch.setattr(status, "LOOP_CHECK_S", 0.0)
-    svc = _fake_service(1)
-
-    class Shell:
-        def run(self, host, command):
-            return ["fake-decode                      RUNNING   pid 222, uptime 0:00:01"]
-
-    class Plan:
-        ctl = "supervisorctl"
-
-    seen = {svc.key: {"running": True, "pid": 111, "state": "RUNNING"}}
-    status._mark_restart_loops(Shell(), type("S", (), {"hosts": {"@local": Plan()}})(), [svc], seen)
-    assert seen[svc.key]["running"] is False and seen[svc.key]["state"] == "RESTART-LOOP (pid 111 -> 222)"
-
-
-def test_partial_deploy_check_names_the_role_that_is_not_up_and_what_to_run(project):
-    from knobkeeper.deploy.health import require_up
-    from tests.procs import answering_server, free_port
-
-    with answering_server() as prefill:
-        ports = {"prefill_port": prefill, "prefill_bootstrap_port": free_port(), "decode_port": free_port(),
-                 "router_port": free_port(), "router_metrics_port": free_port()}
-        stack = load_stack(project.root, LOCAL, ports)
-        with pytest.raises(UserError) as err:
-            require_up(stack, ["decode"], "inventory/local.py")
-        assert str(err.value).startswith("the router is not running (@local/knobkeeper-router, http://127.0.0.1:")
-        assert str(err.value).endswith(": run `knobkeeper deploy inventory/local.py` first")
-        with answering_server(ports["router_port"]):
-            require_up(stack, ["decode"], "inventory/local.py")  # prefill healthy, router running: go
-    with pytest.raises(UserError, match="^the prefill is not running"):
-        require_up(stack, ["decode"], "inventory/local.py")
+    assert load_stack(shared.root, LOCAL, {"environment": {"GOOD_NAME_1": "x"}}).hosts["@local"]

@@ -1,0 +1,125 @@
+"""Health gates (knobkeeper/deploy/health.py): the answer on the port must come from the supervised
+process, a (re)started one must stay the same PID for its settle time, a long wait says what it waits
+for, and a partial deploy first checks the roles it does not restart. No deploy runs here: the
+service manager is stood in for by shell commands, the service by a server in this process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from knobkeeper.deploy.stack import load_stack
+from knobkeeper.errors import UserError
+
+LOCAL = "inventory/local.py"
+
+# --- a gate ties the answer to the supervised process --------------------------------------------------
+
+
+def _fake_service(port: int):
+    from knobkeeper.deploy.model import Service
+
+    return Service(host="@local", role="decode", name="fake-decode", index=0, prefix="/tmp/kk-fake",
+                   manager="supervisord", engine="sim", listen_host="127.0.0.1", address="127.0.0.1", port=port,
+                   bootstrap_port=None, metrics_port=None, health_path="/health", workers_path=None,
+                   health_timeout=1.0, settle=0.0, user=None, stop_timeout=5, unit_dir="/tmp")
+
+
+def _local_shell(command: str) -> list[str]:
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    return (done.stdout + done.stderr).splitlines()
+
+
+@pytest.fixture
+def answering_server():
+    """A server in THIS process answering 200 (a stray, unless this process is the service)."""
+    from tests.procs import answering_server
+
+    with answering_server() as port:
+        yield port
+
+
+def _age_of_this_process() -> float:
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_gate_fails_when_another_process_answers_on_the_port(answering_server):
+    from knobkeeper.deploy.health import wait_gate
+
+    svc = _fake_service(answering_server)
+    # `ctl pid NAME` stands for the service manager's answer. The "supervised" pid is 1 (init): it does not hold the port, this test process does.
+    outcome = wait_gate(svc, 0, 30.0, _local_shell, "echo 1; :", say=lambda _: None)
+    assert not outcome.ok
+    assert outcome.status == (f"port {answering_server} answers, but not from fake-decode (pid 1): another process "
+                              f"holds the port (stop it)")
+    # The same answer from the supervised process passes, and stays the same PID over the settle time.
+    settle = _age_of_this_process() + 0.3  # so that the gate waits out the rest, then looks again
+    outcome = wait_gate(svc, 0, 30.0, _local_shell, f"echo {os.getpid()}; :", settle=settle, say=lambda _: None)
+    assert outcome.ok and outcome.pid == os.getpid()
+
+
+def test_gate_reports_a_pid_that_changes_while_settling(answering_server, tmp_path):
+    from knobkeeper.deploy.health import wait_gate
+
+    counter = tmp_path / "n"
+    counter.write_text("0")
+    # Each look reports a new pid, as a crash loop does (only the first one holds the port).
+    ctl = (f"n=$(cat {counter}); echo $((n+1)) > {counter}; "
+           f"if [ $n = 0 ]; then echo {os.getpid()}; else echo 1; fi; :")
+    outcome = wait_gate(_fake_service(answering_server), 0, 30.0, _local_shell, ctl,
+                        settle=_age_of_this_process() + 0.3, say=lambda _: None)
+    assert not outcome.ok and outcome.status.startswith(f"restart loop: pid {os.getpid()} -> 1")
+
+
+def test_a_long_wait_says_what_it_waits_for(monkeypatch):
+    from knobkeeper.deploy import health
+    from tests.procs import free_port
+
+    monkeypatch.setattr(health, "QUIET_S", 0.2)
+    monkeypatch.setattr(health, "PROGRESS_EVERY_S", 0.3)
+    said: list[str] = []
+    port = free_port()
+    outcome = health.wait_gate(_fake_service(port), 0, 1.0, _local_shell, "true", say=said.append)
+    assert not outcome.ok and outcome.status.startswith("no answer")
+    assert said and said[0].startswith(f"waiting for decode 127.0.0.1:{port} /health (")
+    assert " s of 1 s): last status no answer" in said[0]
+
+
+def test_status_calls_a_changing_pid_a_restart_loop(monkeypatch):
+    from knobkeeper.deploy import status
+
+    monkeypatch.setattr(status, "LOOP_CHECK_S", 0.0)
+    svc = _fake_service(1)
+
+    class Shell:
+        def run(self, host, command):
+            return ["fake-decode                      RUNNING   pid 222, uptime 0:00:01"]
+
+    class Plan:
+        ctl = "supervisorctl"
+
+    seen = {svc.key: {"running": True, "pid": 111, "state": "RUNNING"}}
+    status._mark_restart_loops(Shell(), type("S", (), {"hosts": {"@local": Plan()}})(), [svc], seen)
+    assert seen[svc.key]["running"] is False and seen[svc.key]["state"] == "RESTART-LOOP (pid 111 -> 222)"
+
+
+def test_partial_deploy_check_names_the_role_that_is_not_up_and_what_to_run(shared):
+    from knobkeeper.deploy.health import require_up
+    from tests.procs import answering_server, free_port
+
+    with answering_server() as prefill:
+        ports = {"prefill_port": prefill, "prefill_bootstrap_port": free_port(), "decode_port": free_port(),
+                 "router_port": free_port(), "router_metrics_port": free_port()}
+        stack = load_stack(shared.root, LOCAL, ports)
+        with pytest.raises(UserError) as err:
+            require_up(stack, ["decode"], "inventory/local.py")
+        assert str(err.value).startswith("the router is not running (@local/knobkeeper-router, http://127.0.0.1:")
+        assert str(err.value).endswith(": run `knobkeeper deploy inventory/local.py` first")
+        with answering_server(ports["router_port"]):
+            require_up(stack, ["decode"], "inventory/local.py")  # prefill healthy, router running: go
+    with pytest.raises(UserError, match="^the prefill is not running"):
+        require_up(stack, ["decode"], "inventory/local.py")
