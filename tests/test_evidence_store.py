@@ -96,6 +96,16 @@ def _check_png(path: Path) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 2_000_000
     width, height = struct.unpack(">II", data[16:24])
     assert width >= 600 and height >= 400
+    # every chunk's CRC holds and the file ends with IEND: the PNG was written whole
+    at, kinds = 8, []
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at:at + 4])
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        assert zlib.crc32(kind + body) == crc, (kind, at)
+        kinds.append(kind)
+        at += 12 + length
+    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and at == len(data), kinds
     import matplotlib.image as mpimg
 
     pixels = mpimg.imread(path)
@@ -107,7 +117,6 @@ def _check_png(path: Path) -> None:
     assert any(abs(r - 31) < 20 and abs(g - 119) < 20 and abs(b - 180) < 20 for r, g, b in colours)   # A blue
     assert any(abs(r - 214) < 20 and abs(g - 39) < 20 and abs(b - 40) < 20 for r, g, b in colours)    # B red
     assert any(r > 230 and 140 < g < 190 and b < 40 for r, g, b in colours)                            # anomaly
-    zlib.crc32(data)
 
 
 def test_plot_library_call(tmp_path):
