@@ -103,6 +103,15 @@ def _print_doc(doc, *, header: bool = True) -> None:
     con.print(safe(f"summary: {doc.summary_line()}"))
 
 
+def _print_new(doc, as_json: bool) -> None:
+    """What `ab import` and `ab run` print of the evidence they wrote: its JSON, or its id and table."""
+    if as_json:
+        emit_json(doc.to_json())
+        return
+    click.echo(f"evidence {doc.id}")
+    _print_doc(doc, header=False)
+
+
 @ab.command("import", cls=_MultiValueCommand)
 @click.option("--baseline", "baseline", multiple=True, required=True, metavar="FILE...",
               help="Result files of the baseline arm (A).")
@@ -138,11 +147,7 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
     doc = import_files(project, baseline=list(baseline), candidate=list(candidate), role=role, knob=knob,
                        baseline_value=baseline_value, fmt=fmt, inventory=inventory, engine=engine,
                        no_commit=no_commit, keep_invalid=keep_invalid)
-    if as_json:
-        emit_json(doc.to_json())
-        return
-    click.echo(f"evidence {doc.id}")
-    _print_doc(doc, header=False)
+    _print_new(doc, as_json)
 
 
 @ab.command("run")
@@ -191,11 +196,7 @@ def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, r
                     api=api, input_len=input_len, output_len=output_len, keep_invalid=keep_invalid)
     doc = ab_run(project, inventory=inventory, role=role, set_spec=set_spec, baseline=baseline, design=design,
                  endpoint=endpoint, no_commit=no_commit, progress=not as_json)
-    if as_json:
-        emit_json(doc.to_json())
-        return
-    click.echo(f"evidence {doc.id}")
-    _print_doc(doc, header=False)
+    _print_new(doc, as_json)
 
 
 @ab.command("show")
