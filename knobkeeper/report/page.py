@@ -251,9 +251,9 @@ def _reclaim_now(src: Sources, opt: Options) -> str:
 
 
 def _reclaim_item(item, confirmed: bool) -> str:
-    gains = sorted(item.gains, key=lambda g: g["concurrency"])
-    cells = "".join(f'<tr><td>{esc(g["concurrency"])}</td><td class="gain">{fmt.pct(g["effect"])}</td>'
-                    f'<td>{fmt.pct(g["ci_low"])}..{fmt.pct(g["ci_high"])}</td></tr>' for g in gains)
+    gains = sorted(item.gains, key=lambda g: g.concurrency)
+    cells = "".join(f'<tr><td>{esc(g.concurrency)}</td><td class="gain">{fmt.pct(g.effect)}</td>'
+                    f'<td>{g.ci_text()}</td></tr>' for g in gains)
     inc = item.status.incident
     inc_text = ""
     if inc is not None:
