@@ -63,6 +63,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _absent(value: Any) -> bool:
+    """What an OMIT field leaves out of the JSON: None, an empty list, an empty object."""
+    return value is None or (isinstance(value, (list, dict)) and not value)
+
+
 def _is_typed(hint: Any) -> bool:
     return isinstance(hint, type) and issubclass(hint, Typed)
 
@@ -126,7 +131,7 @@ class Typed:
         out = {}
         for name, _ in self._fields():
             value = getattr(self, name)
-            if name in self.OMIT and (value is None or value == [] or value == {}):
+            if name in self.OMIT and _absent(value):
                 continue
             out[name] = _plain(value)
         out.update(_plain(self.extra))
@@ -134,8 +139,7 @@ class Typed:
 
     # Read and written by JSON key, like deploy/record.py's rows.
     def keys(self) -> list[str]:
-        names = [n for n, _ in self._fields()
-                 if not (n in self.OMIT and getattr(self, n) in (None, [], {}))]
+        names = [n for n, _ in self._fields() if not (n in self.OMIT and _absent(getattr(self, n)))]
         return names + [k for k in self.extra if k not in names]
 
     def __iter__(self) -> Iterator[str]:
@@ -143,6 +147,9 @@ class Typed:
 
     def __len__(self) -> int:
         return len(self.keys())
+
+    def __bool__(self) -> bool:   # a part that is there is true, whatever it holds (test None for absence)
+        return True
 
     def __contains__(self, key: object) -> bool:
         return key in self.keys()
