@@ -123,3 +123,47 @@ def test_partial_deploy_check_names_the_role_that_is_not_up_and_what_to_run(shar
             require_up(stack, ["decode"], "inventory/local.py")  # prefill healthy, router running: go
     with pytest.raises(UserError, match="^the prefill is not running"):
         require_up(stack, ["decode"], "inventory/local.py")
+
+
+# --- the settle, waited out later; a service manager that gave up ---------------------------------------
+
+
+def test_a_deferred_settle_returns_at_once_and_is_checked_later(answering_server, tmp_path):
+    """defer=True: healthy as the supervised PID, some settle left: a Settling comes back without
+    waiting; settled() waits out the rest and looks again (a new PID by then is a restart loop)."""
+    import time
+
+    from knobkeeper.deploy.health import Settling, settled, wait_gate
+
+    svc = _fake_service(answering_server)
+    me = f"echo {os.getpid()}; :"
+    began = time.monotonic()
+    pending = wait_gate(svc, 0, 30.0, _local_shell, me, settle=_age_of_this_process() + 0.6, say=lambda _: None,
+                        restarted=True, defer=True)
+    assert isinstance(pending, Settling) and pending.pid == os.getpid()
+    assert time.monotonic() - began < pending.due - began          # it did not wait the settle out
+    outcome = settled(pending, 0, _local_shell, me)
+    assert outcome.ok and outcome.pid == os.getpid() and time.monotonic() >= pending.due
+    pending = wait_gate(svc, 0, 30.0, _local_shell, me, settle=_age_of_this_process() + 0.3, say=lambda _: None,
+                        defer=True)
+    outcome = settled(pending, 0, _local_shell, "echo 1; :")      # another process by then
+    assert not outcome.ok and outcome.status.startswith(f"restart loop: pid {os.getpid()} -> 1")
+
+
+def test_a_restarted_service_its_manager_gave_up_on_fails_at_once_with_its_log(tmp_path):
+    """supervisord FATAL (it exited within startsecs, startretries times): the gate says so within a
+    second or two, not at its timeout, naming the log."""
+    import time
+
+    from knobkeeper.deploy.health import wait_gate
+    from tests.procs import free_port
+
+    svc = _fake_service(free_port())                              # nothing answers
+    fatal = "echo 'fake-decode                      FATAL     Exited too quickly (process log may have details)'; :"
+    began = time.monotonic()
+    outcome = wait_gate(svc, 0, 60.0, _local_shell, fatal, restarted=True, say=lambda _: None)
+    assert not outcome.ok and time.monotonic() - began < 10
+    assert outcome.status.startswith("fake-decode did not stay up (fatal); /tmp/kk-fake/supervisor/logs/fake-decode.log ends:")
+    # not restarted by this run: a down service is waited for (a deploy that did not start it)
+    outcome = wait_gate(svc, 0, 0.5, _local_shell, fatal, say=lambda _: None)
+    assert not outcome.ok and outcome.status.startswith("no answer")

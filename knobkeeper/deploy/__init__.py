@@ -8,7 +8,8 @@ health-gated, recorded. Owns the facts of how a stack is laid out and started:
     engines    the engine command of each service and the interpreter it runs with
     render     THE file texts (launch script, unit / program section), the header rule, the digest
     plan       restart decisions and their reasons in words (deploy, `plan`, review)
-    health     gates: healthy, the supervised process answers, it stays up; the partial-deploy check
+    health     gates: healthy, the supervised process answers, it stays up (its settle waited out
+               at once or while independent work goes on); the partial-deploy check
     observe    what a host runs (service state, started files), shell on any host of an inventory
     status     declared vs running per service
     record     deploy records (typed rows), written and read here only

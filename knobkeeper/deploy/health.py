@@ -6,9 +6,16 @@ while the new process crash-loops on "address already in use". So a gate passes 
     1. the health URL answers 200 (a router: /readiness, and /workers lists every worker healthy),
     2. the process listening on the port is the supervised PID (or one of its children), read from
        /proc on the host (`identity_command`), and
-    3. for a process this run (re)started: it has been up for `settle` seconds (its age from /proc;
-       the gate waits out the rest) and is then still the same PID, listening, healthy (a restart
-       loop changes the PID).
+    3. for a process this run (re)started: it has been up for `settle` seconds (its age from /proc)
+       and is then still the same PID, listening, healthy (a restart loop changes the PID). While it
+       is not up yet, a service manager that gave up on it (supervisord FATAL, a failed unit) fails
+       the gate at once, with the program log's last lines.
+
+The settle can be waited out at once (`wait_gate`) or later (`wait_gate(..., defer=True)` returns a
+`Settling` to hand to `settled()`): the deploy lets the next independent work (the gates of roles
+downstream that it does not restart, the record's preparation) proceed meanwhile, and settles every
+pending process before it restarts anything else and before it writes the record, so nothing
+downstream is restarted and no run reports success before each new process stayed up.
 
 Waits say what they wait for: a line on stderr every few seconds ("knobkeeper: waiting for decode
 127.0.0.1:30001 /health (12 s of 900 s): last status no answer").
@@ -139,21 +146,59 @@ class GateOutcome:
     pid: int | None = None
 
 
+@dataclass
+class Settling:
+    """A (re)started process that answered healthy as the supervised PID, but has not been up for
+    its settle time yet: `settled()` waits out the rest and looks again."""
+
+    svc: Service
+    pid: int
+    due: float            # time.monotonic() when it has been up `settle` seconds
+    deadline: float       # the gate's timeout, as time.monotonic()
+    settle: float
+    status: str           # the health answer seen
+
+
 def _say(text: str) -> None:
     print(f"knobkeeper: {text}", file=sys.stderr, flush=True)
 
 
+# What a service manager says once it has given up starting a program (supervisord after its
+# startretries; systemd after its restart limit).
+GAVE_UP = ("FATAL", "FAILED")
+
+
+def gave_up(svc: Service, ctl: str, run_on_host: RunOnHost) -> str | None:
+    """Words for a service its manager gave up starting, with the program log's last lines; None
+    while it is still starting (or running)."""
+    from knobkeeper.deploy.observe import manager_status_command, parse_manager_status
+
+    state, _ = parse_manager_status(run_on_host(manager_status_command(svc, ctl)))
+    if state not in GAVE_UP:
+        return None
+    log = (f"tail -n 5 {shlex.quote(svc.log_path)}" if svc.manager == "supervisord"
+           else f"journalctl -u {shlex.quote(svc.name)}.service -n 5 --no-pager")
+    tail = " ".join(line.strip() for line in run_on_host(f"{log} 2>&1")[-5:])
+    where = svc.log_path if svc.manager == "supervisord" else f"journalctl -u {svc.name}.service"
+    return f"{svc.name} did not stay up ({state.lower()}); {where} ends: {tail}"
+
+
 def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: RunOnHost, ctl: str, *,
-              settle: float = 0.0, say: Callable[[str], None] = _say) -> GateOutcome:
+              settle: float = 0.0, say: Callable[[str], None] = _say, restarted: bool = False,
+              defer: bool = False) -> GateOutcome | Settling:
     """Wait (up to `timeout` s) until `svc` is healthy and it is the supervised process that answers;
-    with `settle`, also until it stayed so (same PID) for that long."""
+    with `settle`, also until it stayed so (same PID) for that long: waited out here, or with `defer`
+    returned as a Settling for `settled()` (when some of it is left). `restarted`: this run started
+    the process (its manager giving up on it fails the gate at once, not at the timeout)."""
     started = time.monotonic()
     deadline = started + timeout
     next_say = started + QUIET_S
+    next_start_check = started
     what = f"{svc.role} {svc.url.split('//', 1)[1]} {svc.health_path}"
     last = "not checked"
     while True:
         ok, last = healthy_now(svc, expected_workers)
+        now = time.monotonic()
         if ok:
             ident = parse_identity(run_on_host(identity_command(svc, ctl)))
             problem = ident.problem(svc)
@@ -163,28 +208,44 @@ def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: 
                 if ident.age >= settle:
                     return GateOutcome(True, last, ident.pid)
                 rest = settle - ident.age
+                pending = Settling(svc, ident.pid, time.monotonic() + rest, deadline, settle, last)
+                if defer:
+                    return pending
                 if rest >= QUIET_S:
                     say(f"{what}: healthy (pid {ident.pid}); settling {rest:.0f} s")
-                time.sleep(rest)
-                again = parse_identity(run_on_host(identity_command(svc, ctl)))
-                still, status = healthy_now(svc, expected_workers)
-                if again.pid != ident.pid:
-                    return GateOutcome(False, f"restart loop: pid {ident.pid} -> {again.pid} within {settle:g} s",
-                                       again.pid)
-                later = again.problem(svc)
-                if later:
-                    return GateOutcome(False, later, again.pid)
-                if still:
-                    return GateOutcome(True, status, again.pid)
-                last = status
-            else:
-                last = problem
-        now = time.monotonic()
+                return settled(pending, expected_workers, run_on_host, ctl)
+            last = problem
+        elif restarted and now >= next_start_check:   # not up yet: has its manager given up on it?
+            next_start_check = now + 1.0
+            failed = gave_up(svc, ctl, run_on_host)
+            if failed:
+                return GateOutcome(False, failed)
         if now >= deadline:
             return GateOutcome(False, last)
         if now >= next_say:
             say(f"waiting for {what} ({now - started:.0f} s of {timeout:g} s): last status {last}")
             next_say = now + PROGRESS_EVERY_S
+        time.sleep(POLL_S)
+
+
+def settled(pending: Settling, expected_workers: int, run_on_host: RunOnHost, ctl: str) -> GateOutcome:
+    """Wait until the pending process has been up its settle time, then look again: still the same
+    PID and listening (else it failed), and healthy (polled up to the gate's timeout)."""
+    svc = pending.svc
+    time.sleep(max(0.0, pending.due - time.monotonic()))
+    while True:
+        again = parse_identity(run_on_host(identity_command(svc, ctl)))
+        still, status = healthy_now(svc, expected_workers)
+        if again.pid != pending.pid:
+            return GateOutcome(False, f"restart loop: pid {pending.pid} -> {again.pid} within {pending.settle:g} s",
+                               again.pid)
+        later = again.problem(svc)
+        if later:
+            return GateOutcome(False, later, again.pid)
+        if still:
+            return GateOutcome(True, status, again.pid)
+        if time.monotonic() >= pending.deadline:
+            return GateOutcome(False, status, again.pid)
         time.sleep(POLL_S)
 
 

@@ -32,8 +32,13 @@ old and new value, the flag, the interpreter, the template), in the record's `re
 
 Gates (health.wait_gate): the health URL answers 200, the process listening on the port is the one
 the service manager supervises, and a process this run (re)started is still that PID after the
-role's `settle` seconds. A partial deploy (only=ROLE) first checks, in seconds, that every role it
-does not restart answers (health.require_up), and says which deploy to run when one does not.
+role's `settle` seconds. The settle runs while the deploy goes on with work that restarts nothing
+(the gates of the roles downstream, the record): every pending settle is waited out before the next
+restart of anything (`settle_pending`, the first command of every restart) and before the record is
+written, so the guarantee is the one a gate that slept would give, at the cost of the longest
+settle instead of their sum with everything after them. A partial deploy (only=ROLE) first
+checks, in seconds, that every role it does not restart answers (health.require_up), and says
+which deploy to run when one does not.
 
 One restart shell (`restart_shell`) serves the restart and the rollback; no private pyinfra API.
 """
@@ -41,7 +46,6 @@ One restart shell (`restart_shell`) serves the restart and the rollback; no priv
 from __future__ import annotations
 
 import atexit
-import fcntl
 import hashlib
 import io
 import json
@@ -56,16 +60,18 @@ from pyinfra import host as current_host
 from pyinfra import state as current_state
 from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback, StateStage
-from pyinfra.context import ctx_state
+from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, pip, python, server, systemd
 
+import gevent
 import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
+from knobkeeper.changelog.store import lock_file, unlock_file
 from knobkeeper.deploy.engines import (WORKER_ENGINES, engine_requirements, engine_venv, parse_versions,
                                       pinned_versions, version_drift, versions_command)
-from knobkeeper.deploy.health import GateOutcome, require_up, wait_gate
+from knobkeeper.deploy.health import GateOutcome, Settling, require_up, settled, wait_gate
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.plan import decide, role_batches
@@ -99,10 +105,14 @@ class ServiceState(FactBase):
 
 
 class SupervisordPid(FactBase):
-    """The pid of the host's supervisord when it answers on its socket, else None."""
+    """The pid of the host's supervisord when it runs (its pidfile names a live supervisord and its
+    socket is there), else None: `1234`. Read from /proc, not by asking supervisorctl: a Python
+    start per host on every deploy, for the answer the pidfile already holds."""
 
-    def command(self, ctl: str) -> str:
-        return f"{ctl} pid 2>/dev/null || true"
+    def command(self, pidfile: str, socket: str) -> str:
+        q = shlex.quote
+        return (f"pid=$(cat {q(pidfile)} 2>/dev/null); case \"$pid\" in ''|*[!0-9]*) exit 0;; esac; "
+                f"[ -S {q(socket)} ] && grep -qa supervisord /proc/$pid/cmdline 2>/dev/null && echo \"$pid\" || true")
 
     def process(self, output: list[str]) -> int | None:
         text = "".join(output).strip()
@@ -137,7 +147,8 @@ class Run:
         if self.options.only and self.options.restart != "none":
             # Seconds, not a role's full gate: a partial deploy stands on roles it does not restart.
             require_up(self.stack, self.scope, self.inventory_path)
-        self.lock = _lock(self.project.state_dir / "deploy.lock")
+        lock = self.project.state_dir / "deploy.lock"
+        self.lock = lock_file(lock, wait=False, busy=f"another deploy of this repo is running (lock {lock})")
         self.source = source_of(self.project.root)
         self.rendered = render_stack(self.project, self.stack, knob_overrides=self.options.knob_overrides,
                                      source=self.source, check_secrets=True)
@@ -157,6 +168,10 @@ class Run:
                 gate=Gate(url=svc.health_url),
             ))
         self.host_launch: dict[tuple[str, str], str | None] = {}
+        # (re)started services healthy as their supervised PID whose settle is not over yet
+        self.settling: dict[str, tuple[Any, HostPlan, Service, Settling, float, str]] = {}
+        self._settle_lock = gevent.lock.Semaphore()
+        self._settle_failure: GateFailed | None = None
         current_state.add_callback_handler(_ErrorWatch(self))
         atexit.register(self.finish)
 
@@ -197,7 +212,7 @@ class Run:
 
     def note_versions(self, host_name: str, venv: str, pinned: dict[str, str]) -> None:
         """Record what the venv has of every pinned distribution; a pin pip did not meet fails the run."""
-        installed = parse_versions(_on_this_host(versions_command(venv, pinned)), pinned)
+        installed = parse_versions(_on()(versions_command(venv, pinned)), pinned)
         self.record.engine_versions[host_name] = installed
         drift = version_drift(pinned, installed)
         if drift:
@@ -209,12 +224,15 @@ class Run:
 
     # gates ----------------------------------------------------------------------------------------
 
-    def wait(self, plan: HostPlan, svc: Service, settle: float) -> GateOutcome:
-        return wait_gate(svc, self.expected_workers(), svc.health_timeout, _on_this_host, plan.ctl, settle=settle)
+    def wait(self, plan: HostPlan, svc: Service, settle: float, host: Any = None, restarted: bool = False,
+             defer: bool = False) -> GateOutcome | Settling:
+        return wait_gate(svc, self.expected_workers(), svc.health_timeout, _on(host), plan.ctl, settle=settle,
+                         restarted=restarted, defer=defer)
 
     def gate(self, host_name: str, role: str, batch: int = 0) -> None:
         """Wait until every service of `role` on this host is healthy (when the host is in `batch`);
-        raise GateFailed on timeout, after a rollback when rollback=true."""
+        raise GateFailed on timeout, after a rollback when rollback=true. A service this run
+        (re)started that is healthy before its settle is over is left settling (see settle_pending)."""
         plan = self.stack.hosts[host_name]
         if self.batch_of(host_name, role) != batch:
             return
@@ -224,38 +242,73 @@ class Run:
                 row.gate.result = "skipped"
                 continue
             started = time.monotonic()
-            outcome = self.wait(plan, svc, settle=svc.settle if row.acted else 0.0)
-            seconds = round(time.monotonic() - started, 3)
-            row.gate.status, row.gate.seconds, row.gate.checked_at = outcome.status, seconds, iso(utcnow())
-            if not outcome.ok:
-                row.gate.result = "failed"
-                url = svc.health_url if not outcome.status.startswith("workers") else svc.workers_url
-                error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {outcome.status} "
-                         f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
-                if self.options.rollback and row.acted:
-                    error += "; " + self.roll_back(plan, svc)
-                self.error = self.error or error
-                raise GateFailed(error)
-            row.gate.result = "passed"
-            row.pid = outcome.pid
-            if row.acted:
-                row.healthy_at = row.gate.checked_at
+            outcome = self.wait(plan, svc, svc.settle if row.acted else 0.0, restarted=row.acted, defer=row.acted)
+            if isinstance(outcome, Settling):
+                # healthy_at: when the new process first answered healthy as the supervised PID; the
+                # gate's checked_at comes when its settle is over (settle_pending)
+                self.settling[svc.key] = (ctx_host.get(), plan, svc, outcome, started, iso(utcnow()))
+                row.gate.status, row.pid = f"{outcome.status}; settling", outcome.pid
+                continue
+            self.gated_outcome(plan, svc, outcome, started)
 
-    def roll_back(self, plan: HostPlan, svc: Service) -> str:
+    def gated_outcome(self, plan: HostPlan, svc: Service, outcome: GateOutcome, started: float,
+                      host: Any = None, healthy_at: str | None = None) -> None:
+        """Record a gate's outcome in the service's row; on failure roll back (rollback=true) and raise."""
+        row = self.row(svc)
+        seconds = round(time.monotonic() - started, 3)
+        row.gate.status, row.gate.seconds, row.gate.checked_at = outcome.status, seconds, iso(utcnow())
+        if not outcome.ok:
+            row.gate.result = "failed"
+            url = svc.health_url if not outcome.status.startswith("workers") else svc.workers_url
+            error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {outcome.status} "
+                     f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
+            if self.options.rollback and row.acted:
+                error += "; " + self.roll_back(plan, svc, host)
+            self.error = self.error or error
+            raise GateFailed(error)
+        row.gate.result = "passed"
+        row.pid = outcome.pid
+        if row.acted:
+            row.healthy_at = healthy_at or row.gate.checked_at
+
+    def settle_pending(self) -> None:
+        """Wait out every pending settle, all at once (each on its own host), and record each gate;
+        GateFailed (the first failure, also for every later caller) when a process did not stay up.
+        Runs before any restart and before the record: nothing is restarted, and no run reports
+        success, before every process this run started stayed up its settle time."""
+        with self._settle_lock:
+            if self._settle_failure is not None:
+                raise self._settle_failure
+            pending, self.settling = list(self.settling.values()), {}
+            looks = [gevent.spawn(settled, p, self.expected_workers(), _on(host), plan.ctl)
+                     for host, plan, _, p, _, _ in pending]
+            gevent.joinall(looks)
+            for (host, plan, svc, _, started, healthy_at), look in zip(pending, looks):
+                outcome = look.value if look.successful() else GateOutcome(False, f"settle check failed: {look.exception}")
+                try:
+                    self.gated_outcome(plan, svc, outcome, started, host, healthy_at)
+                except GateFailed as exc:
+                    self._settle_failure = self._settle_failure or exc
+            if self._settle_failure is not None:
+                raise self._settle_failure
+
+    def roll_back(self, plan: HostPlan, svc: Service, host: Any = None) -> str:
         """Put back the launch script and program/unit `svc` ran before this run restarted it, restart
-        it and gate it again. Returns the words for the run's error; the row gets a Rollback."""
+        it and gate it again (on `host`, default the host whose operation runs). Returns the words for
+        the run's error; the row gets a Rollback."""
         row = self.row(svc)
         rollback = row.rollback = Rollback(digest=row.previous_digest)
         if not row.previous_digest:
             rollback.status = "nothing to roll back to (no previous started.sh)"
             return f"no rollback of {svc.key}: it had no previous launch script"
         rollback.restart_issued_at = iso(utcnow())
-        ok, output = current_host.run_shell_command(StringCommand(f"{restore_shell(svc)} && {restart_shell(plan, svc)}"))
+        ok, output = (host or current_host).run_shell_command(
+            StringCommand(f"{restore_shell(svc)} && {restart_shell(plan, svc)}"))
         if not ok:
             text = " ".join((list(output.stdout_lines) + list(output.stderr_lines))[-3:])
             rollback.status = f"restore failed: {text}"
             return f"rollback of {svc.key} to {row.previous_digest} FAILED ({text})"
-        outcome = self.wait(plan, svc, settle=svc.settle)
+        outcome = self.wait(plan, svc, svc.settle, host, restarted=True)
         rollback.status = outcome.status
         if not outcome.ok:
             return f"rolled back {svc.key} to {row.previous_digest}, but it is not healthy either ({outcome.status})"
@@ -274,8 +327,14 @@ class Run:
         if self.state.current_stage < StateStage.Execute:
             # --dry (or stopped before executing anything): nothing ran, so nothing to record.
             self.saved = Path("/dev/null")
-            _unlock(self.lock)
+            unlock_file(self.lock)
             return
+        failure = None
+        if self.error is None:
+            try:
+                self.settle_pending()
+            except GateFailed as exc:   # recorded in its row and self.error; raised once the record is saved
+                failure = exc
         self.record.finished_at = iso(utcnow())
         ok = self.error is None and all(r.gate.result != "failed" for r in self.record.services)
         if ok and any(r.reason == "not run" for r in self.record.services):
@@ -290,10 +349,12 @@ class Run:
             print(f"knobkeeper: could not save deploy record {self.record.id}: {exc}", file=sys.stderr)
             return
         finally:
-            _unlock(self.lock)
+            unlock_file(self.lock)
         verdict = "ok" if ok else f"FAILED: {self.error}"
         print(f"knobkeeper: deploy {self.record.id} {verdict}; record {self.project.rel(self.saved)}"
               + ("" if self.options.record else " (not committed: record=false)"), file=sys.stderr, flush=True)
+        if failure is not None:
+            raise failure
 
 
 class _ErrorWatch(BaseStateCallback):
@@ -437,7 +498,7 @@ def supervisord(run: Run, plan: HostPlan) -> None:
 def supervisord_running(plan: HostPlan):
     """Start supervisord (with a clean environment) unless it answers on its socket."""
     sup = plan.supervisor
-    if current_host.get_fact(SupervisordPid, ctl=sup.ctl()):
+    if current_host.get_fact(SupervisordPid, pidfile=sup.pidfile, socket=sup.socket):
         return
     q = shlex.quote
     yield (
@@ -492,6 +553,7 @@ def service_state(run: Run, plan: HostPlan, svc: Service):
         run.note_decision(svc, observed, action, reason, changes)
     if action == "unchanged":
         return
+    yield FunctionCommand(run.settle_pending, (), {})   # nothing restarts before every new process stayed up
     yield FunctionCommand(run.mark_issued, (svc,), {})
     yield rotate_shell(svc)
     yield restart_shell(plan, svc)
@@ -517,18 +579,37 @@ def restore_shell(svc: Service) -> str:
             f"cp -f {q(svc.previous_manager_path)} {q(svc.started_manager_path)}; }}; }}")
 
 
+# supervisorctl's own controller in one process: `update NAME` (applies a changed program section),
+# `stop NAME` (any state: a program STARTING or in BACKOFF refuses a plain start), then start without
+# waiting out startsecs (supervisorctl's `start` would, one second tick at a time): the gate waits
+# out the settle itself and fails at once if supervisord gives up on the program.
+_SUPERVISOR_RESTART = """\
+import sys, xmlrpc.client
+from supervisor.supervisorctl import ClientOptions, Controller
+conf, name = sys.argv[1:3]
+options = ClientOptions()
+options.realize(["-c", conf])
+ctl = Controller(options)
+ctl.onecmd("update " + name)
+if ctl.exitstatus:
+    sys.exit(ctl.exitstatus)
+ctl.onecmd("stop " + name)
+try:
+    ctl.get_supervisor().startProcess(name, False)
+except xmlrpc.client.Fault as exc:
+    sys.exit(f"{name}: start failed: {exc.faultString}")
+"""
+
+
 def restart_shell(plan: HostPlan, svc: Service) -> str:
     """THE restart of one service (deploy and rollback): apply its program/unit file, stop it, start
-    it. supervisord: `start` returns once the program stayed up for its startsecs, and fails (spawn
-    error, naming the log) when it could not."""
+    it, in one command. supervisord: through supervisorctl's own controller in one process, run by
+    supervisorctl's interpreter (its shebang line), the start not waiting out startsecs (above)."""
     q = shlex.quote
     if svc.manager == "supervisord":
-        ctl = plan.supervisor.ctl
-        # Stopped first whatever its state: a program STARTING or in BACKOFF refuses a plain start.
-        stop = f"{{ {ctl('stop', svc.name)} >/dev/null 2>&1 || true; }} && "
-        return (f"{ctl('update', svc.name)} >/dev/null && {stop}"
-                f"{{ {ctl('start', svc.name)} || {{ echo 'knobkeeper: {svc.name} did not stay up; its log "
-                f"{svc.log_path} ends:' >&2; tail -n 5 {q(svc.log_path)} >&2; exit 1; }}; }}")
+        sup = plan.supervisor
+        return (f"$(sed -n '1s/^#!//p' {q(sup.supervisorctl)}) -c {q(_SUPERVISOR_RESTART)} {q(sup.conf)} "
+                f"{q(svc.name)} >/dev/null")
     unit = q(f"{svc.name}.service")
     return f"systemctl daemon-reload && systemctl enable --quiet {unit} && systemctl restart {unit}"
 
@@ -546,10 +627,16 @@ def finish(run: Run) -> None:
 # --- helpers -------------------------------------------------------------------------------------------
 
 
-def _on_this_host(command: str) -> list[str]:
-    """Output lines of `command` on the host whose python.call is running (health identity checks)."""
-    _, output = current_host.run_shell_command(StringCommand(command))
-    return list(output.stdout_lines) + list(output.stderr_lines)
+def _on(host: Any = None):
+    """`run(command) -> output lines` on `host` (a pyinfra Host), default the host whose operation
+    runs (health identity checks; a pending settle is checked on its own host from any operation)."""
+    target = host or current_host
+
+    def run(command: str) -> list[str]:
+        _, output = target.run_shell_command(StringCommand(command))
+        return list(output.stdout_lines) + list(output.stderr_lines)
+
+    return run
 
 
 def _sha256(path: Path) -> str:
@@ -566,22 +653,3 @@ def _inventory_arg() -> str | None:
         if arg.endswith(".py") and Path(arg).is_file() and Path(arg).name != "deploy.py":
             return arg
     return None
-
-
-def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise UserError(f"another deploy of this repo is running (lock {path})") from None
-    return handle
-
-
-def _unlock(handle) -> None:
-    try:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
-    except (OSError, ValueError):
-        pass
