@@ -22,8 +22,12 @@ Cases, alternating ours / Ansible each repeat so that load on a shared machine h
     one-knob SGLANG_SM120_MMA_TARGET_CTAS of decode changes (512 <-> 256): every decode host
              restarts and is gated, then the router is gated
 
-Prints medians (and every sample) per size and case, the ratio ours/Ansible, how ours grows with N,
-and where ours spends a no-op run at the largest size (pyinfra's phases, timed from its output).
+    floor    a bare pyinfra run on the same hosts, the same inventory: connect, read one fact
+             (server.Hostname), nothing else; what no deploy through pyinfra can undercut
+
+Prints medians (and every sample) per size and case, the ratio ours/Ansible, ours' no-op over the
+floor, how ours grows with N, and where ours spends a no-op run at the largest size (pyinfra's
+phases, timed from its output).
 Whole-process wall time. Ours runs as a user runs it (the record committed to git each time); the
 one-knob change for ours is `knobkeeper set` (its commit is not timed), for Ansible a changed extra var.
 """
@@ -68,6 +72,12 @@ PHASES = (("--> Loading inventory", "start-up: python, pyinfra, config"),
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 VALUES = ("512", "256")
+# The floor: pyinfra connects to every host and reads one fact.
+FLOOR_DEPLOY = """from pyinfra import host
+from pyinfra.facts.server import Hostname
+
+host.get_fact(Hostname)
+"""
 
 
 class Ours:
@@ -79,6 +89,7 @@ class Ours:
         self.project = make_infra_repo(work)
         write_inventory(self.project.root / "inventory" / "fleet.py", fleet, self.hosts_root,
                         lambda host, root: stack_data(host, root, wheels=[str(wheel)]), hosts=hosts)
+        (self.project.root / "floor.py").write_text(FLOOR_DEPLOY)
         git(self.project.root, "add", "-A")
         git(self.project.root, "commit", "-qm", "fleet inventory")
 
@@ -90,6 +101,16 @@ class Ours:
 
     def set(self, value: str) -> None:
         set_knob(self.project, KNOB, value, "decode", f"bench: one-knob deploy ({value})")
+
+    def floor(self) -> float:
+        """One bare pyinfra run over the same inventory that only reads a fact (whole process)."""
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "inventory/fleet.py", "floor.py"],
+                              cwd=self.project.root, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            raise RuntimeError(f"bare pyinfra run failed: {(done.stdout + done.stderr)[-2000:]}")
+        return seconds
 
     def phases(self) -> list[tuple[str, float]]:
         """One no-op deploy run directly, every output line timestamped: (phase, seconds)."""
@@ -135,6 +156,7 @@ def bench_size(count: int, repeats: int, work: Path, wheel: Path, deps: Path, pr
         ours.deploy()
         ansible.deploy()  # both warmed: files in place, every service running
         for i in range(repeats):
+            samples.setdefault(("floor", "ours"), []).append(ours.floor())
             samples.setdefault(("no-op", "ours"), []).append(ours.deploy())
             samples.setdefault(("no-op", "ansible"), []).append(ansible.deploy(knobs=_knobs(i - 1)))
             value = VALUES[i % 2]
@@ -184,6 +206,10 @@ def main(argv: list[str]) -> int:
             medians[(count, case)] = mo
             print(f"{count:>5} {case:<9} {mo:7.2f} {ma:8.2f} {mo / ma:13.2f}   "
                   + " ".join(f"{x:.1f}" for x in o) + " | " + " ".join(f"{x:.1f}" for x in a))
+    for count, result in results.items():
+        floor, noop = (statistics.median(result["samples"][(case, "ours")]) for case in ("floor", "no-op"))
+        print(f"ours no-op at {count} hosts over the bare pyinfra floor (connect + one fact, {floor:.2f} s): "
+              f"{noop / floor:.2f}x, {noop - floor:+.2f} s")
     first = min(sizes)
     for count in sizes:
         if count != first:
