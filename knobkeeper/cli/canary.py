@@ -7,8 +7,9 @@ import sys
 import click
 
 from knobkeeper.cli.common import emit_json, example, json_option, repo_option
+from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import canary as C
+from knobkeeper.evidence import defaults as D
 from knobkeeper.project import find_project
 from knobkeeper.timeutil import duration_words
 
@@ -25,24 +26,24 @@ def _seconds(text: str, option: str) -> float:
 @click.command("canary")
 @click.argument("spec", metavar="KNOB=VALUE", required=False)
 @click.option("--role", required=True, help="The role whose hosts are split into canary and baseline, e.g. decode.")
-@click.option("--inventory", default=C.DEFAULT_INVENTORY, show_default=True, help="The inventory to deploy.")
+@click.option("--inventory", default=DEFAULT_INVENTORY, show_default=True, help="The inventory to deploy.")
 @click.option("--hosts", "hosts", type=int, default=None, help="How many of the role's workers get the candidate (default 1).")
 @click.option("--host", "host_names", multiple=True, metavar="HOST", help="A canary host by name (repeatable).")
-@click.option("--duration", default=duration_words(C.DURATION_S), show_default=True, help="How long to compare (30s, 10m, 1h).")
-@click.option("--interval", default=duration_words(C.INTERVAL_S), show_default=True,
+@click.option("--duration", default=duration_words(D.CANARY_DURATION_S), show_default=True, help="How long to compare (30s, 10m, 1h).")
+@click.option("--interval", default=duration_words(D.CANARY_INTERVAL_S), show_default=True,
               help="Window length: one sample per host per window.")
 @click.option("--calibrate", default=None, metavar="DURATION",
               help="Windows before the deploy, every host at the declared value: they measure the hosts' "
                    "lasting differences (default: as long as --duration; 0: none, hosts assumed alike).")
-@click.option("--restart-noise", type=float, default=C.RESTART_NOISE, show_default=True,
+@click.option("--restart-noise", type=float, default=D.RESTART_NOISE, show_default=True,
               help=f"Log-sd of a restart's own speed offset, which no window averages out "
-                   f"({C.RESTART_NOISE:g}: {C.RESTART_NOISE:.0%}).")
-@click.option("--alpha", type=float, default=C.ALPHA, show_default=True,
+                   f"({D.RESTART_NOISE:g}: {D.RESTART_NOISE:.0%}).")
+@click.option("--alpha", type=float, default=D.ALPHA, show_default=True,
               help="Family-wise error rate of the judgement: how sure before it promotes or rolls back.")
 @click.option("--source", "source", nargs=2, default=None, metavar="prometheus URL",
               help="Read the metrics from a Prometheus scraping the workers (default: --scrape).")
 @click.option("--scrape", is_flag=True, help="knobkeeper scrapes every worker's /metrics itself (the default).")
-@click.option("--scrape-interval", default=duration_words(C.SCRAPE_INTERVAL_S), show_default=True,
+@click.option("--scrape-interval", default=duration_words(D.SCRAPE_INTERVAL_S), show_default=True,
               help="How often the scrape path samples.")
 @click.option("--promote", is_flag=True, help="On 'better': `set` the value with the evidence and deploy the whole role.")
 @click.option("--reason", default=None, help="The reason of the entry --promote writes.")
@@ -66,6 +67,8 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
     SIGTERM puts them back too. The evidence is written either way (changelog/evidence/, source
     "knobkeeper canary").
     """
+    from knobkeeper.evidence import canary as C
+
     project = find_project(repo)
     if print_scrape_config:
         from knobkeeper.deploy.stack import load_stack

@@ -9,8 +9,9 @@ and writer of changelog/evidence/ (store.py: `find`, `load`, `list_all`, `summar
 over every level x judged metric, guard metrics, the sequential design; it returns a Judgement),
 the validity gates (validity.py), importers of the benchmark tools people already use
 (importers.py), `ab run` through the deploy (ab.py: `measure(harness, design)`, `ab_run`), the
-canary (canary.py: `canary` the one call, `run` and `measure` beneath it, `Options` with every
-default), the engines' own metrics (metrics.py), plots (plot.py).
+canary (canary.py: `canary` the one call, `run` and `measure` beneath it, `Options`), the
+defaults of both, which the CLI shows (defaults.py, importing nothing), the engines' own metrics
+(metrics.py), plots (plot.py).
 
 May import: knobkeeper.deploy (ab.py and canary.py switch arms through the deploy API), changelog,
 knobs, loadgen, fmt, gitio, errors. Not review, audit, report or cli, which read evidence through

@@ -6,7 +6,7 @@ rolled back by itself when worse, promoted with the evidence attached when bette
     run(project, plan, source, switch, options)                 the same on a stack of your own
     measure(plan, source, switch, options)                      the windows and the judgement only
 
-`Options` holds every default once (the CLI shows them); `Switch` is how the candidate goes on and
+`Options` takes every default from knobkeeper.evidence.defaults (the CLI shows them); `Switch` is how the candidate goes on and
 comes off the canary hosts (the deploy, or a test's restart).
 
 The design: windows, a calibration, and a difference of differences
@@ -74,39 +74,35 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Callable
 
+from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
-from knobkeeper.evidence.judge import ALPHA
+from knobkeeper.evidence.defaults import ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, RESTART_NOISE, SCRAPE_INTERVAL_S
 from knobkeeper.evidence.metrics import Target, WindowStats, queries
 from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
 
 METRIC = "output_tokens_per_s"
 IMBALANCE = 2.0
-RESTART_NOISE = 0.02
-DURATION_S = 600.0          # --duration: ten minutes of canary windows
-INTERVAL_S = 30.0           # --interval: one sample per host per window
-SCRAPE_INTERVAL_S = 1.0     # --scrape-interval: how often knobkeeper's own scrape samples
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
 SETTLE_MIN_S = 10.0
 GUARD_FIELDS = ("ttft_ms", "tpot_ms")
 GUARD_KEYS = ("p50", "p99")
 CALIBRATION, CANARY = "calibration", "canary"
-DEFAULT_INVENTORY = "inventory/local.py"
 
 Apply = Callable[[list[Target], dict], None]
 
 
 @dataclass
 class Options:
-    """How a canary runs; every default of the command is here (and `knobkeeper canary --help`
-    shows these). `calibrate`: seconds of windows before the deploy (None: as long as `duration`,
+    """How a canary runs; its defaults are knobkeeper.evidence.defaults (`knobkeeper canary --help`
+    shows those). `calibrate`: seconds of windows before the deploy (None: as long as `duration`,
     the most power for the time; 0: none, the uncalibrated design). `settle`: seconds after the
     deploy before the first window (None: one interval, at least SETTLE_MIN_S). `alpha`: the
     family-wise error rate of the judgement (a stricter one asks more of a canary before it promotes
     or rolls back). `promote`: on "better", `set` the value with the evidence and deploy the role."""
 
-    duration: float = DURATION_S
-    interval: float = INTERVAL_S
+    duration: float = CANARY_DURATION_S
+    interval: float = CANARY_INTERVAL_S
     calibrate: float | None = None
     settle: float | None = None
     restart_noise: float = RESTART_NOISE

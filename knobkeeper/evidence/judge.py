@@ -115,10 +115,10 @@ from functools import lru_cache
 from statistics import median
 from typing import Any, Iterable, Mapping
 
-from knobkeeper.evidence.model import (GUARDS, METRIC, Anomaly, Dropped, Family, Judgement, Level, Look, Run, Sequential,
-                                       Guard)
+from knobkeeper.evidence.defaults import ALPHA
+from knobkeeper.evidence.model import (GUARDS, METRIC, Anomaly, Dropped, Family, Guard, Judgement, Level, Run,
+                                       Sequential)
 
-ALPHA = 0.05
 MDE = 0.05
 POWER = 0.80
 DEFAULT_NOISE = 0.03          # log-sd assumed when an arm has < 2 runs (typical run-to-run noise)
