@@ -231,9 +231,10 @@ async def run_load_async(endpoint: str, concurrency: int, *, requests: int | Non
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     t0, t1 = state["t0"], state.get("t1") or time.perf_counter()
-    return _summarise(records, t0, t1, concurrency=concurrency, api=api, model=model, input_len=input_len,
-                      output_len=output_len, output_range=output_range, warmup=warmup, cpu=cpu, wall=wall, keepalive=keepalive,
-                      keep_records=keep_records, requests=requests, duration=duration)
+    asked = {"concurrency": concurrency, "api": api, "model": model, "input_len": input_len, "output_len": output_len,
+             "output_range": output_range, "warmup_requests": warmup, "keepalive": keepalive,
+             "requests_target": requests, "duration_target_s": duration}
+    return {**asked, **_summarise(records, t0, t1, cpu=cpu, wall=wall, keep_records=keep_records)}
 
 
 async def _discover_model(session, endpoint: str) -> str:
@@ -277,9 +278,9 @@ def _tokens_in_window(rec: RequestTrace, per_chunk: float, t0: float, t1: float,
     return total
 
 
-def _summarise(records: list[RequestTrace], t0: float, t1: float, *, concurrency: int, api: str, model: str,
-               input_len: int, output_len: int, output_range: float, warmup: int, cpu: float, wall: float, keepalive: bool,
-               keep_records: bool, requests: int | None, duration: float | None) -> dict[str, Any]:
+def _summarise(records: list[RequestTrace], t0: float, t1: float, *, cpu: float, wall: float,
+               keep_records: bool) -> dict[str, Any]:
+    """What the requests measured over the window (t0, t1]: throughput, latencies, errors, the client's CPU."""
     window = max(t1 - t0, 1e-9)
     tokens_in_window = 0.0
     completed_in_window = 0
@@ -318,21 +319,17 @@ def _summarise(records: list[RequestTrace], t0: float, t1: float, *, concurrency
                 # TPOT as sglang/vllm bench define it: (latency - TTFT) / (output tokens - 1).
                 tpots.append((rec.end - rec.start - rec.ttft) * 1000 / (rec.tokens - 1))
     out: dict[str, Any] = {
-        "concurrency": concurrency, "api": api, "model": model, "input_len": input_len, "output_len": output_len,
-        "output_range": output_range,
         "output_tokens_per_s": tokens_in_window / window,
         "requests_per_s": completed_in_window / window,
         "window_s": window,
         "completed": len(ttfts),
         "errors": sum(errors.values()),
         "errors_by_kind": errors,
-        "warmup_requests": warmup,
         "warmup_errors": sum(warmup_errors.values()),
         "warmup_errors_by_kind": warmup_errors,
         "ttft_ms": _percentiles(ttfts), "itl_ms": _percentiles(itls), "e2e_ms": _percentiles(e2es),
         "tpot_ms": _percentiles(tpots),
         "client_cpu_s": cpu, "client_wall_s": wall, "client_cpu_util": cpu / wall if wall else None,
-        "keepalive": keepalive, "requests_target": requests, "duration_target_s": duration,
         "measured_requests": n_measured,
     }
     if keep_records:
