@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -183,6 +184,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", type=Path, help="work dir to use and keep (default: a temp dir, removed)")
     args = parser.parse_args(argv)
+    # A timeout's SIGTERM unwinds like Ctrl-C: every side's supervisords and the sshd are stopped by
+    # the `finally`s below (killed outright they would hold the fleet's addresses and ports).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     work = args.keep or Path(tempfile.mkdtemp(prefix="kk-bench-fleet-"))
     work.mkdir(parents=True, exist_ok=True)
