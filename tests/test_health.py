@@ -151,8 +151,8 @@ def test_a_deferred_settle_returns_at_once_and_is_checked_later(answering_server
 
 
 def test_a_restarted_service_its_manager_gave_up_on_fails_at_once_with_its_log(tmp_path):
-    """supervisord FATAL (it exited within startsecs, startretries times): the gate says so within a
-    second or two, not at its timeout, naming the log."""
+    """supervisord FATAL (it exited within startsecs, startretries times): the gate says so within
+    seconds (its first look at GAVE_UP_FIRST_S), not at its timeout, naming the log."""
     import time
 
     from knobkeeper.deploy.health import wait_gate

@@ -40,6 +40,12 @@ from knobkeeper.deploy.topology import downstream
 from knobkeeper.errors import UserError
 
 POLL_S = 0.1
+# While a restarted service is not up yet, how soon and how often the gate asks its manager whether
+# it gave up on it: each look starts a supervisorctl (a Python process), too dear to make ten times a
+# second on every host of a role at once while their engines start; a start that fails is told
+# within seconds all the same (supervisord itself needs about as long to give up).
+GAVE_UP_FIRST_S = 3.0
+GAVE_UP_EVERY_S = 3.0
 QUIET_S = 5.0  # a wait shorter than this prints nothing
 PROGRESS_EVERY_S = 10.0
 IDENTITY_MARKER = "knobkeeper-identity"
@@ -193,7 +199,7 @@ def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: 
     started = time.monotonic()
     deadline = started + timeout
     next_say = started + QUIET_S
-    next_start_check = started
+    next_start_check = started + GAVE_UP_FIRST_S
     what = f"{svc.role} {svc.url.split('//', 1)[1]} {svc.health_path}"
     last = "not checked"
     while True:
@@ -216,7 +222,7 @@ def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: 
                 return settled(pending, expected_workers, run_on_host, ctl)
             last = problem
         elif restarted and now >= next_start_check:   # not up yet: has its manager given up on it?
-            next_start_check = now + 1.0
+            next_start_check = now + GAVE_UP_EVERY_S
             failed = gave_up(svc, ctl, run_on_host)
             if failed:
                 return GateOutcome(False, failed)
