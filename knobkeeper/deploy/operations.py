@@ -63,8 +63,8 @@ from pyinfra.operations import files, pip, python, server, systemd
 import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
-from knobkeeper.deploy.engines import (WORKER_ENGINES, engine_requirements, engine_venv, parse_versions,
-                                      pinned_versions, version_drift, versions_command)
+from knobkeeper.deploy.engines import (engine_requirements, engine_venv, parse_versions, pinned_versions,
+                                      version_drift, versions_command)
 from knobkeeper.deploy.health import GateOutcome, require_up, wait_gate
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
@@ -79,6 +79,11 @@ from knobkeeper.project import find_project
 from knobkeeper.timeutil import iso, new_id, utcnow
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _engine_label(svc: Service) -> str:
+    """The engine and version the service's role pins, e.g. "vllm 0.32.0" (knobkeeper.engine.role_engine)."""
+    return f"{svc.engine} {svc.engine_version}" if svc.engine_version else svc.engine
 
 
 class GateFailed(Exception):
@@ -151,7 +156,7 @@ class Run:
         for svc in self.stack.services:
             rendered = self.rendered[(svc.host, svc.name)]
             self.record.services.append(ServiceRow(
-                host=svc.host, service=svc.name, role=svc.role,
+                host=svc.host, service=svc.name, role=svc.role, engine=_engine_label(svc),
                 reason=f"not in only={self.options.only}" if svc.role not in self.scope else "not run",
                 digest=rendered.digest, knobs=rendered.knobs, batch=self.batch_of(svc.host, svc.role) + 1,
                 gate=Gate(url=svc.health_url),
@@ -263,7 +268,7 @@ class Run:
         return f"rolled back {svc.key} to {row.previous_digest} (healthy again)"
 
     def expected_workers(self) -> int:
-        return sum(1 for s in self.stack.services if s.engine in WORKER_ENGINES)
+        return sum(1 for s in self.stack.services if s.family.kind == "worker")
 
     # the end --------------------------------------------------------------------------------------
 
@@ -349,7 +354,6 @@ def engine(run: Run, plan: HostPlan) -> None:
     venv = engine_venv(plan)
     if venv is None:
         return
-    engines = {s.engine for s in plan.services}
     pip.virtualenv(name="knobkeeper: engine venv", path=venv, python=str(data.get("base_python") or "python3"),
                    venv=True)
     pip_args = data.get("pip_install_args") or []
@@ -378,7 +382,7 @@ def engine(run: Run, plan: HostPlan) -> None:
         dest = f"{plan.prefix}/wheels/{local.name}"
         files.put(name=f"knobkeeper: wheel {local.name}", src=str(local), dest=dest, create_remote_dir=True)
         wheel_installed(venv, dest, _sha256(local), pip_args, name=f"knobkeeper: install {local.name}")
-    if "sglang" in engines:
+    if any(s.family.runs_kernels for s in plan.services):
         kernels = run.project.root / "kernels"
         synced = files.sync(name="knobkeeper: kernels source", src=str(kernels), dest=f"{plan.prefix}/src/kernels",
                             exclude=["__pycache__", "*.pyc", "*.egg-info"], delete=True)
