@@ -252,12 +252,13 @@ def deploy_switcher(project, inventory: str, role: str) -> tuple[Switch, Callabl
     return switch_arm, restore, router.url if router else None
 
 
-def engine_of(project, inventory: str, role: str) -> str:
-    """The engine the role runs in this inventory (sim, sglang, ...), for the evidence's setup."""
+def engine_of(project, inventory: str, role: str) -> dict:
+    """The evidence's setup.engine / engine_version (and stack) of the role in this inventory, as its
+    pin says (knobkeeper.engine.role_engine, through the stack)."""
     from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.engine.pins import evidence_setup
 
-    engines = {s.engine for s in load_stack(project.root, inventory).services if s.role == role}
-    return ", ".join(sorted(engines)) or "unknown"
+    return evidence_setup(load_stack(project.root, inventory), role)
 
 
 def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
@@ -351,8 +352,8 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, baseline: str =
     endpoint = endpoint or default_endpoint
     if not endpoint:
         raise UserError("--endpoint: required (the inventory names no router endpoint)")
-    engine = engine_of(project, inventory, role) if switcher is None else "custom switcher"
-    setup = {"inventory": inventory, "git_sha": git_sha(project), "engine": engine}
+    engine = engine_of(project, inventory, role) if switcher is None else {"engine": "custom switcher"}
+    setup = {"inventory": inventory, "git_sha": git_sha(project), **engine}
     from knobkeeper.deploy.api import terminate_as_interrupt
 
     with terminate_as_interrupt():  # a CI job's SIGTERM restores the declared state, as Ctrl-C does

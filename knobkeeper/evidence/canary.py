@@ -624,13 +624,14 @@ def canary_command(project, spec: str, *, role: str, inventory: str, hosts: int 
     if role not in stack.roles:
         raise UserError(f"--role {role}: not a role of {inventory} (roles: {', '.join(stack.order)})")
     canary_t, baseline_t = choose(targets_of(stack, [role]), role, hosts, host_names)
-    declared = value_of(read_declared(project.knobs_path), role, knob) if project.knobs_path.exists() else None
+    declared = value_of(read_declared(project.knobs_path), stack.scope(role), knob) if project.knobs_path.exists() else None
     plan = Plan(knob, value, declared, role, canary_t, baseline_t)
     apply, restore, promote_rest = deploy_switch(project, inventory, plan)
     source = (PrometheusSource(prometheus, plan.targets, scrape_interval) if prometheus
               else ScrapeSource(plan.targets, scrape_interval))
-    setup = {"inventory": inventory, "git_sha": git_sha(project),
-             "engine": ", ".join(sorted({s.engine for s in stack.services if s.role == role}))}
+    from knobkeeper.engine.pins import evidence_setup
+
+    setup = {"inventory": inventory, "git_sha": git_sha(project), **evidence_setup(stack, role)}
     return canary(project, plan, source, apply, restore, duration=duration, interval=interval, promote=promote,
                   promote_rest=promote_rest, reason=reason, setup=setup, calibrate=calibrate,
                   restart_noise=restart_noise, alpha=alpha, on_window=on_window)

@@ -218,7 +218,7 @@ def collect(project: Project, base: str | None = None, head: str | None = None) 
                                 f"run `knobkeeper record --reason ...`")
         except UserError as exc:
             warnings.append(f"knobs.toml unreadable at head: {relative(str(exc), tree.root)}")
-        warnings += _engine_warnings(tree, {(e.role, e.knob) for e in new})
+        warnings += _engine_warnings(tree, {(e.scope, e.knob) for e in new})
 
     for c in changes:
         warnings += _change_warnings(c, catalog)
@@ -229,7 +229,7 @@ def collect(project: Project, base: str | None = None, head: str | None = None) 
 def _engine_warnings(tree: Project, changed: set[tuple[str, str]]) -> list[str]:
     """For each knob this range changes: what the engine version its role pins would make of it (not
     declared: the engine ignores it; or declared with another type), forks included."""
-    from knobkeeper.knobs.registry import ignored_knobs
+    from knobkeeper.knobs.pinned import ignored_knobs
 
     try:
         lines = ignored_knobs(tree, include_other_origin=True)
