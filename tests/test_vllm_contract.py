@@ -507,3 +507,30 @@ def test_ab_and_canary_evidence_record_the_pinned_engine_and_reclaim_flags_a_cha
     (item,) = audit.reclaimable(project).reclaimable
     assert item.evidence[0].stale_why == ["measured on engine 0.32.0, current is 0.33.0"]
     assert "STALE" in kk(project, "reclaimable").output
+
+
+def test_the_rendered_router_command_is_what_vllm_router_0_1_17_parses(project, tmp_path):
+    """vllm-router's own argument parser (vllm_router/router_args.py of the 0.1.17 wheel, stdlib only)
+    reads the command the vllm-router family renders."""
+    import importlib.util
+
+    wheel = cached_wheel(("vllm-router",), "0.1.17")
+    with zipfile.ZipFile(wheel) as zf:
+        (tmp_path / "router_args.py").write_bytes(zf.read("vllm_router/router_args.py"))
+    spec = importlib.util.spec_from_file_location("vllm_router_args_0_1_17", tmp_path / "router_args.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    stack = load_stack(project.root, PROD)
+    (router,) = [s for s in stack.services if s.role == "router"]
+    argv = stack.command(router)
+    assert argv[0] == "/opt/knobkeeper/venv/bin/vllm-router"
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    module.RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    args = module.RouterArgs.from_cli_args(parser.parse_args(argv[1:]), use_router_prefix=False)
+    assert args.vllm_pd_disaggregation and args.kv_connector == "nixl"
+    assert args.prefill_urls == [("http://10.0.1.11:30000", None), ("http://10.0.1.12:30000", None)]
+    assert args.decode_urls == ["http://10.0.1.21:30001", "http://10.0.1.22:30001"]
+    assert (args.host, args.port, args.prometheus_port, args.policy) == ("0.0.0.0", 30080, 29080, "round_robin")
+    assert VLLM_ROUTER.named_workers(argv) == {"prefill": args.prefill_urls, "decode": args.decode_urls}

@@ -235,7 +235,7 @@ def _engine_warnings(tree: Project, changed: set[tuple[str, str]]) -> list[str]:
         lines = ignored_knobs(tree, include_other_origin=True)
     except UserError as exc:
         return [f"engine registry: {relative(str(exc), tree.root)}"]
-    return [line for line in lines if any(f"[{role}] {knob}:" in line for role, knob in changed)]
+    return [fmt.safe(line) for line in lines if any(f"[{role}] {knob}:" in line for role, knob in changed)]
 
 
 def _change_warnings(c: ChangeView, catalog: Any) -> list[str]:
