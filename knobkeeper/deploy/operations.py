@@ -151,7 +151,7 @@ class Run:
         self.record = DeployRecord(
             id=self.options.deploy_id or new_id(), inventory=name, inventory_path=self.inventory_path,
             commit=head_commit(self.project.root), dirty=self.source.dirty, allow_dirty=self.options.allow_dirty,
-            options=self.options.to_record(), order=self.order, started_at=iso(utcnow()),
+            options=self.options.to_record(), order=self.order, started_at=iso(utcnow()), stack=self.stack.stack,
         )
         for svc in self.stack.services:
             rendered = self.rendered[(svc.host, svc.name)]
@@ -338,11 +338,11 @@ def current_run(inventory: Any) -> Run:
 
 
 def engine(run: Run, plan: HostPlan) -> None:
-    """a. Production: a venv under the prefix with a pinned sglang (and router) and this repo's
-    kernels. The local stack uses this repo's own environment (the sim and sglang-router).
+    """a. Production: a venv under the prefix with each of the host's engines at the version its role
+    pins (knobkeeper.engine.role_engine: sglang[all]==V, vllm==V, a router) and, where an engine runs
+    them, this repo's kernels. The local stack uses this repo's own environment (the sim and the router).
 
-    Data: `engine_packages` (pip requirements; default: sglang[all]==`sglang_version` and/or
-    sglang-router==`sglang_router_version` for the host's engines), `engine_wheelhouse` (a folder of
+    Data: `engine_packages` (pip requirements instead of the pinned engines), `engine_wheelhouse` (a folder of
     wheels on the controller, synced to {prefix}/wheelhouse/ and installed from there with --no-index)
     or `engine_index` (the package index URL to install from), `engine_wheels` (wheel files on the
     controller, uploaded to {prefix}/wheels/ and installed with --no-deps whenever the wheel installed

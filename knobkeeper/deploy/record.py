@@ -3,7 +3,7 @@
 A record says what a run did to every (host, service) and when, so that a restart can serve as a
 reference point for later incidents:
 
-    {"id", "inventory", "inventory_path", "commit", "dirty", "allow_dirty", "options",
+    {"id", "inventory", "inventory_path", "stack" ("" when the inventory names none), "commit", "dirty", "allow_dirty", "options",
      "order", "started_at", "finished_at", "result": "ok" | "failed", "error",
      "engine_versions": {host: {distribution: installed version}} (hosts with a pinned engine venv),
      "services": [{"host", "service", "role", "engine" (e.g. "vllm 0.32.0"), "action": "restarted" | "started" | "unchanged",
@@ -132,6 +132,7 @@ class DeployRecord:
     error: str | None = None
     services: list[ServiceRow] = field(default_factory=list)
     engine_versions: dict[str, dict[str, str | None]] = field(default_factory=dict)  # host -> {dist: version}
+    stack: str = ""  # the inventory's data `stack` ("" : none); its knobs are knobs.toml's [stack.role]
 
     def __post_init__(self) -> None:
         self.services = [r if isinstance(r, ServiceRow) else ServiceRow.from_json(r) for r in self.services]
