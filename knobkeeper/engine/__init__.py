@@ -6,7 +6,7 @@
     sim.py       the SIMULATED SGLang worker (knobkeeper/sim/), where a real engine cannot run
     routers.py   smg, sglang-router, vllm-router: their commands, /readiness and /workers
     source.py    reading an engine's own files from a wheel or the installed package, ast helpers
-                 (nothing of the engine is ever imported or executed)
+                 (nothing of the engine is ever imported or executed); versions.py: release versions, the cache dir
     pins.py      which engine and version each role runs, read from the inventories without pyinfra
     sideenv.py   a cached side environment per (engine, version) to run its own flag parser
     contract.py  `check`'s engine contract: every rendered command through its parser, PD pairing
@@ -35,14 +35,13 @@ callers pass in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from knobkeeper.engine.family import Family
 from knobkeeper.engine.routers import ROUTERS
 from knobkeeper.engine.sglang import FAMILY as SGLANG
 from knobkeeper.engine.sim import FAMILY as SIM
-from knobkeeper.engine.source import check_version
+from knobkeeper.engine.versions import check_version
 from knobkeeper.engine.vllm import FAMILY as VLLM
 from knobkeeper.errors import UserError
 
@@ -62,8 +61,7 @@ def with_registry() -> list[Family]:
     return [f for f in FAMILIES.values() if f.registry is not None]
 
 
-@dataclass(frozen=True)
-class EnginePin:
+class EnginePin(NamedTuple):
     family: Family
     version: str | None  # None: the inventory runs the engine without pinning a version
 

@@ -13,7 +13,6 @@ The caller (review/check.py) loads the stack; this module imports nothing of the
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +81,7 @@ def pairing(label: str, stack: Any, parsed: list[Parsed]) -> tuple[list[str], li
     by_family: dict[str, list[Parsed]] = {}
     families = {s.key: s.family for s in stack.services}
     for p in parsed:
-        by_family.setdefault(families[p.key].name, []).append(replace(p, args=dict(p.args)))
+        by_family.setdefault(families[p.key].name, []).append(p._replace(args=dict(p.args)))
     for name, group in sorted(by_family.items()):
         fam = families[group[0].key]
         good = {p.url for p in group if p.ok}

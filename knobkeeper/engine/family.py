@@ -1,4 +1,5 @@
-"""What every engine family answers, and the small value types it answers with.
+"""What every engine family answers, and the small value types it answers with (NamedTuples: `set`
+imports every family, and a frozen dataclass costs seven times as much to define).
 
 A family is one class (one module: sglang.py, vllm.py, sim.py, routers.py) whose instance the
 lookup in knobkeeper.engine returns. The rest of the tool asks it:
@@ -23,8 +24,7 @@ deploy, which ask them.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from knobkeeper.errors import UserError
 
@@ -32,8 +32,7 @@ Workers = dict[str, list[tuple[str, int | None]]]  # {"prefill": [(url, bootstra
 VENV_PYTHON = "{prefix}/venv/bin/python"
 
 
-@dataclass(frozen=True)
-class Series:
+class Series(NamedTuple):
     """A Prometheus series: a name as exposed, optionally only the samples whose `label` is one of
     `values` (vLLM counts aborted requests as request_success{finished_reason="abort"})."""
 
@@ -47,8 +46,7 @@ class Series:
         return f'{self.name}{{{self.label}=~"{"|".join(self.values)}"}}'
 
 
-@dataclass(frozen=True)
-class Metrics:
+class Metrics(NamedTuple):
     """The names one engine exports its serving metrics under (counters with their _total)."""
 
     tokens: str  # output tokens generated (counter)
@@ -62,15 +60,13 @@ class Metrics:
     prompt_tokens: str | None = None  # prompt tokens processed (counter): did prefill run
 
 
-@dataclass(frozen=True)
-class Endpoints:
+class Endpoints(NamedTuple):
     health: str  # 200 while the process serves
     readiness: str  # 200 only when it can take traffic: what a gate polls
     workers: str | None = None  # a router's list of its workers and their health
 
 
-@dataclass(frozen=True)
-class Parsed:
+class Parsed(NamedTuple):
     """One service's command as its engine version's own parser read it."""
 
     key: str  # host/service
@@ -81,11 +77,10 @@ class Parsed:
     ok: bool
     args: dict[str, Any]
     message: str = ""
-    environment: Mapping[str, str] = field(default_factory=dict)  # what its launch script exports
+    environment: Mapping[str, str] = {}  # what its launch script exports (never mutated)
 
 
-@dataclass(frozen=True)
-class RegistryReader:
+class RegistryReader(NamedTuple):
     """Where a family declares the variables it reads, and the function that reads them (ast only):
     `read(source)` returns {"knobs": {NAME: entry}, "deprecated": {NAME: {"replacement", "note"}}},
     entries in the catalog's vocabulary (type, kind, default | default_computed, doc, secret, alias,
@@ -97,8 +92,7 @@ class RegistryReader:
     read: Any  # Callable[[EngineSource], dict]
 
 
-@dataclass(frozen=True)
-class ParserSpec:
+class ParserSpec(NamedTuple):
     """How to run a family's own argument parser in a side environment (engine/sideenv.py)."""
 
     wheels: tuple[str, ...]  # distributions whose wheel holds the parser, preferred first

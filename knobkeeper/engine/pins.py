@@ -10,11 +10,9 @@ knobkeeper.engine.role_engine; its stack is data `stack` ("" when the inventory 
 from __future__ import annotations
 
 import os
-import runpy
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from knobkeeper.engine import role_engine
 from knobkeeper.errors import UserError
@@ -22,8 +20,7 @@ from knobkeeper.errors import UserError
 STACK_KEY = "stack"
 
 
-@dataclass(frozen=True)
-class Pin:
+class Pin(NamedTuple):
     stack: str  # "" : the inventory names no stack
     role: str
     engine: str
@@ -43,6 +40,8 @@ def stack_of(data: dict[str, Any], where: str) -> str:
 
 
 def _module_data(path: Path) -> dict[str, Any]:
+    import runpy
+
     try:
         return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("_")}
     except Exception as exc:  # an inventory is user code; its error becomes one line

@@ -33,7 +33,8 @@ import zipfile
 from pathlib import Path
 
 from knobkeeper.engine import family
-from knobkeeper.engine.source import cache_dir, cached_wheel, normal_name, open_wheel
+from knobkeeper.engine.source import cached_wheel, normal_name, open_wheel
+from knobkeeper.engine.versions import cache_dir
 from knobkeeper.errors import UserError
 
 TORCH = "torch==2.13.0"

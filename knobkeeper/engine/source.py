@@ -10,48 +10,25 @@ without bound (an exponent over 4096, a result over MAX_LITERAL_DIGITS digits).
     EngineSource   the files of one engine version (from a wheel or the installed package)
     open_wheel / installed_source / cached_wheel   where a source comes from
     comments, doc_above, segment   comment text and source text, by line
+    literal        the bounded evaluator of literal expressions
 """
 
 from __future__ import annotations
 
 import ast
-import io
-import os
 import re
 import subprocess
 import sys
-import tokenize
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from knobkeeper.engine.versions import cache_dir, check_version
 from knobkeeper.errors import UserError
 
-VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_LITERAL_DIGITS = 80
 MAX_EXPONENT = 4096
-
-
-def check_version(version: Any) -> str:
-    if not isinstance(version, str) or not VERSION_RE.match(version):
-        raise UserError(f"version {version!r}: expected a release like 0.5.23")
-    return version
-
-
-def version_key(version: str) -> tuple:
-    """Release order for plain versions (0.5.6 < 0.5.23); enough to pick the newest registry."""
-    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.+_-]", version))
-
-
-def cache_dir() -> Path:
-    """The user's cache dir for wheels, side environments and generated registries."""
-    explicit = os.environ.get("KNOBKEEPER_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "knobkeeper"
 
 
 # --- one engine version's files -----------------------------------------------------------------
@@ -77,7 +54,7 @@ class EngineSource:
         return iter(sorted(n for n in self._names() if n.startswith(prefix) and n.endswith(".py")))
 
 
-def _wheel_meta(zf: zipfile.ZipFile, wheel: Path) -> tuple[str, str]:
+def _wheel_meta(zf: Any, wheel: Path) -> tuple[str, str]:
     meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
     if meta is None:
         raise UserError(f"{wheel}: not a wheel (no *.dist-info/METADATA)")
@@ -92,7 +69,7 @@ def _wheel_meta(zf: zipfile.ZipFile, wheel: Path) -> tuple[str, str]:
     return name, version
 
 
-def _bounded_read(zf: zipfile.ZipFile, name: str) -> bytes:
+def _bounded_read(zf: Any, name: str) -> bytes:
     info = zf.getinfo(name)
     if info.file_size > MAX_FILE_BYTES:
         raise UserError(f"{name}: {info.file_size} bytes; a registry file over {MAX_FILE_BYTES} bytes is not read")
@@ -105,6 +82,8 @@ def normal_name(name: str) -> str:
 
 def open_wheel(wheel: Path, accepted: tuple[str, ...], engine: str) -> EngineSource:
     """An EngineSource over a wheel file whose distribution is one of `accepted` (else one line why)."""
+    import zipfile
+
     if not wheel.is_file():
         raise UserError(f"--wheel {wheel}: no such file")
     try:
@@ -203,6 +182,9 @@ def parse_python(text: str, what: str) -> ast.Module:
 
 def comments(text: str) -> dict[int, str]:
     """{line number: comment text without '#'} of every comment in the file."""
+    import io
+    import tokenize
+
     found: dict[int, str] = {}
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):

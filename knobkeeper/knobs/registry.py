@@ -20,7 +20,6 @@ variable (knobs.catalog). Import order inside knobs/: values <- registry <- cata
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -29,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper.engine import family, with_registry
-from knobkeeper.engine.source import (cache_dir, cached_wheel, check_version, installed_source, open_wheel,
-                                      version_key)
+from knobkeeper.engine.versions import cache_dir, check_version, version_key
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.values import ENV_NAME, TYPES
 
@@ -79,6 +77,8 @@ def registry_path(inventory_dir: Path, engine: str, version: str) -> Path:
 def generate(engine: str, version: str | None = None, wheel: Path | None = None, from_installed: bool = False,
              wheelhouse: Path | None = None) -> dict[str, Any]:
     """The registry document of one engine version, from exactly one of the three sources."""
+    from knobkeeper.engine.source import cached_wheel, installed_source, open_wheel
+
     fam = registry_family(engine)
     reader = fam.registry
     chosen = [x for x in (version is not None, wheel is not None, from_installed) if x]
@@ -91,6 +91,8 @@ def generate(engine: str, version: str | None = None, wheel: Path | None = None,
         source = open_wheel(path, reader.wheels, engine)
         if version is not None and source.version != version:
             raise UserError(f"{path}: holds {engine} {source.version}, not {version}")
+    import hashlib
+
     read = reader.read(source)
     what = f"{source.where}: {reader.file}"
     for name in read["knobs"]:
