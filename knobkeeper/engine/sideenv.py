@@ -150,3 +150,33 @@ def parse_launch_args(engine: str, version: str, argvs: list[list[str]], wheel: 
         tmp_path.write_text(json.dumps(verdicts))
         os.replace(tmp_path, verdicts_path)
     return [verdicts[k] for k in keys]
+
+
+def prepare(inventory_dir: Path, wheelhouse: Path | None = None) -> list[tuple[str, str, float, str]]:
+    """Build the side environment of every (engine, version) the inventories pin whose family has a
+    parser; [(engine, version, seconds, "built" | "cached" | "skipped: why")]."""
+    import time
+
+    from knobkeeper.engine.pins import engine_pins
+
+    out = []
+    for engine, version in sorted({(p.engine, p.version) for p in engine_pins(inventory_dir) if p.version}):
+        if family(engine).parser is None:
+            continue
+        ready = (side_env_dir(engine, version) / READY).is_file()
+        started = time.monotonic()
+        try:
+            ensure_side_env(engine, version, wheelhouse=wheelhouse)
+            state = "cached" if ready else "built"
+        except UserError as exc:
+            state = f"skipped: {exc}"
+        out.append((engine, version, time.monotonic() - started, state))
+    return out
+
+
+if __name__ == "__main__":
+    # `python -m knobkeeper.engine.sideenv [INVENTORY_DIR]`: what `make test` runs before the suite, so
+    # that the first `check` of a new machine does not build them inside a test's time limit.
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "inventory")
+    for engine, version, seconds, state in prepare(folder):
+        print(f"side environment {engine} {version}: {state} ({seconds:.1f} s) in {side_env_dir(engine, version)}")

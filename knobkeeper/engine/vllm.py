@@ -51,6 +51,7 @@ _SCALARS = {"bool": "bool", "int": "int", "float": "float", "str": "string"}
 _REPLACEMENT = re.compile(r"\b(?:use|pass|see|set)\s+[`'\"]?(--[a-z0-9][\w.-]*[a-z0-9]|VLLM_[A-Z0-9_]+|[a-z_]+_config\b)",
                           re.I)
 _VAR = re.compile(r"\bVLLM_[A-Z0-9_]+\b")
+MAX_SCANNED = 20_000  # .py files of the package read for deprecation warnings
 
 
 # --- the registry ---------------------------------------------------------------------------------
@@ -223,7 +224,9 @@ def _package_deprecations(source: EngineSource) -> dict[str, dict[str, str]]:
     Please use --attention-config.%s ...", env_var_name, field_name)`) rendered for every call of
     its method with literal arguments (`self._set_from_env_if_set("backend", "VLLM_ATTENTION_BACKEND")`)."""
     out: dict[str, dict[str, str]] = {}
-    for path in source.python_files("vllm"):
+    for count, path in enumerate(source.python_files("vllm")):
+        if count >= MAX_SCANNED:
+            break  # vLLM 0.33 has ~2,100 files: a wheel of far more is not one to spend time on
         if path == REGISTRY_FILE:
             continue
         text = source.text(path) or ""
