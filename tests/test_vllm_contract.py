@@ -537,3 +537,39 @@ def test_the_rendered_router_command_is_what_vllm_router_0_1_17_parses(project, 
     assert args.decode_urls == ["http://10.0.1.21:30001", "http://10.0.1.22:30001"]
     assert (args.host, args.port, args.prometheus_port, args.policy) == ("0.0.0.0", 30080, 29080, "round_robin")
     assert VLLM_ROUTER.named_workers(argv) == {"prefill": args.prefill_urls, "decode": args.decode_urls}
+
+
+# --- metric names: the family's, for the scrape path and PromQL ----------------------------------
+
+VLLM_EXPOSITION = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{{engine="0",model_name="m"}} {tokens}
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="m"}} 1.0
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} {stop}
+vllm:request_success_total{{engine="0",finished_reason="length",model_name="m"}} 0.0
+vllm:request_success_total{{engine="0",finished_reason="abort",model_name="m"}} {abort}
+vllm:request_success_total{{engine="0",finished_reason="error",model_name="m"}} 0.0
+"""
+
+
+def test_the_scrape_path_reads_vllms_own_names():
+    from knobkeeper.evidence import metrics as M
+
+    before = M.parse(VLLM_EXPOSITION.format(tokens=100.0, stop=4.0, abort=1.0))
+    after = M.parse(VLLM_EXPOSITION.format(tokens=300.0, stop=9.0, abort=3.0))
+    stats = M.ScrapeSource._window([M._Sample(10.0, before), M._Sample(12.0, after)], 10.0, 12.0, VLLM.metrics)
+    assert stats.output_tokens_per_s == 100.0 and stats.running == 3.0
+    assert (stats.requests, stats.errors) == (7, 2)  # finished: 5 stop + 2 abort; aborted/failed: 2
+    promql = M.queries(2.0, VLLM.metrics)
+    assert promql["errors"] == ('sum by (kk_target) (increase(vllm:request_success_total{finished_reason=~"abort|error"}'
+                                '[2000ms]))')
+    assert "vllm:generation_tokens_total" in promql["output_tokens_per_s"]
+    stack = load_stack(Path(__file__).resolve().parent.parent, PROD)
+    assert {t.metrics for t in M.targets_of(stack)} == {VLLM.metrics}  # the router is not an engine target

@@ -290,7 +290,7 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     def prefill_tokens() -> float | None:
         total = 0.0
         for svc in prefills:
-            value = prompt_tokens_total(svc.url)
+            value = prompt_tokens_total(svc.url, svc.family.metrics.prompt_tokens)
             if value is None:
                 return None
             total += value
@@ -299,8 +299,8 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     return Probes(knob=knob_probe, prefill_tokens=prefill_tokens if prefills else None)
 
 
-def prompt_tokens_total(base_url: str, timeout: float = 5.0) -> float | None:
-    """The sum of sglang:prompt_tokens_total on `base_url`/metrics (None when unreadable)."""
+def prompt_tokens_total(base_url: str, name: str = "sglang:prompt_tokens_total", timeout: float = 5.0) -> float | None:
+    """The sum of the engine's prompt-token counter `name` on `base_url`/metrics (None when unreadable)."""
     try:
         with urllib.request.urlopen(f"{base_url.rstrip('/')}/metrics", timeout=timeout) as resp:
             text = resp.read().decode("utf-8", "replace")
@@ -308,7 +308,7 @@ def prompt_tokens_total(base_url: str, timeout: float = 5.0) -> float | None:
         return None
     total, found = 0.0, False
     for line in text.splitlines():
-        if line.startswith("sglang:prompt_tokens_total"):
+        if line.startswith(name + "{") or line.startswith(name + " "):
             try:
                 total += float(line.rsplit(None, 1)[-1])
                 found = True
