@@ -25,9 +25,9 @@ from common import ROOT, time_command
 from tests.infra import git, make_infra_repo
 
 KK = [str(Path(sys.executable).parent / "knobkeeper")]
-CHECK = ("import sys; from knobkeeper.project import Project; from knobkeeper.engine.contract import contract_problems; "
-         "p, s = contract_problems(Project(__import__('pathlib').Path(sys.argv[1])), 'inventory/example_prod.py'); "
-         "assert not p and not s, (p, s)")
+CHECK = ("import sys; from knobkeeper.deploy.stack import load_stack; from knobkeeper.engine.contract import contract_problems; "
+         "p, s, w = contract_problems(load_stack(__import__('pathlib').Path(sys.argv[1]), 'inventory/example_prod.py'), "
+         "'inventory/example_prod.py'); assert not p and not s, (p, s)")
 
 
 def _median_of(run, repeats: int) -> float:
@@ -57,9 +57,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kk-bench-registry-"))
     try:
         from knobkeeper.engine.sideenv import side_env_dir
-        from knobkeeper.knobs.registry import cached_wheel
+        from knobkeeper.engine.source import cached_wheel
 
-        cached_wheel("sglang", "0.5.23")
+        cached_wheel(("sglang",), "0.5.23")
         bare = make_infra_repo(tmp, name="bare")
         shutil.rmtree(bare.inventory_dir / "engines")
         git(bare.root, "commit", "-qam", "no registry")

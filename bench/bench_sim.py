@@ -40,7 +40,7 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from knobkeeper.deploy.routers import ROUTERS  # noqa: E402
+from knobkeeper.engine.routers import ROUTERS  # noqa: E402
 from knobkeeper.sim.model import expected_throughput, load_effects  # noqa: E402
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
@@ -98,11 +98,11 @@ def rss_mib(pid: int) -> float:
 def start_router(engine: str, tmp: Path, prefill: tuple[str, int], decode: str) -> tuple[subprocess.Popen, str, float]:
     """(process, URL, seconds from launch to /readiness 200)."""
     rp, mp = free_port(), free_port()
-    cmd = ROUTERS[engine].command(sys.executable, "127.0.0.1", rp, [prefill], [decode], "round_robin", "127.0.0.1", mp)
+    cmd = ROUTERS[engine].argv(sys.executable, "127.0.0.1", rp, [prefill], [decode], "round_robin", "127.0.0.1", mp)
     t0 = time.monotonic()
     proc = launch(cmd + ["--disable-circuit-breaker", "--shutdown-grace-period-secs", "1", "--log-level", "warn"],
                   tmp / f"{engine}.log")
-    wait_ok(f"http://127.0.0.1:{rp}{ROUTERS[engine].readiness_path}", proc, poll=0.02)
+    wait_ok(f"http://127.0.0.1:{rp}{ROUTERS[engine].endpoints.readiness}", proc, poll=0.02)
     return proc, f"http://127.0.0.1:{rp}", time.monotonic() - t0
 
 

@@ -41,7 +41,7 @@ def prometheus(project, stack) -> None:
     import urllib.request
 
     from knobkeeper.deploy.local import start_prometheus
-    from knobkeeper.evidence.metrics import LABEL, TOKENS, PrometheusSource, scrape_config, targets_of
+    from knobkeeper.evidence.metrics import LABEL, PrometheusSource, scrape_config, targets_of
 
     pid, url = start_prometheus(stack.hosts["@local"].prefix, scrape_config(stack, 1.0))
     targets = targets_of(stack)
@@ -54,9 +54,10 @@ def prometheus(project, stack) -> None:
             break
         time.sleep(0.5)
     print(f"\nPrometheus {url} (pid {pid}) scrapes {len(up)} targets; its PromQL, per engine:")
-    for row in sorted(PrometheusSource(url, targets).query(f"sum by ({LABEL}) ({TOKENS})"),
-                      key=lambda r: r["metric"].get(LABEL, "")):
-        print(f"  {TOKENS}{{{LABEL}=\"{row['metric'].get(LABEL)}\"}} = {float(row['value'][1]):g}")
+    for tokens in dict.fromkeys(t.metrics.tokens for t in targets):  # the engine family's counter name
+        for row in sorted(PrometheusSource(url, targets).query(f"sum by ({LABEL}) ({tokens})"),
+                          key=lambda r: r["metric"].get(LABEL, "")):
+            print(f"  {tokens}{{{LABEL}=\"{row['metric'].get(LABEL)}\"}} = {float(row['value'][1]):g}")
     print(f"a canary that reads it: knobkeeper canary KNOB=VALUE --role decode --source prometheus {url}")
 
 

@@ -288,9 +288,9 @@ def test_sorted_by_gain_and_stale_evidence_flagged(project):
     assert not audit.reclaimable(project, stale_days=60).reclaimable[1].evidence[0].stale
     text = kk(project, "reclaimable", "--engine-version", "0.5.5").output
     assert text.index(KNOB) < text.index("KNOBKEEPER_SPLITKV_TARGET_CTAS") and text.count("STALE") == 2
-    # the inventory can name the current engine version
-    (project.inventory_dir / "group_data").mkdir(exist_ok=True)
-    (project.inventory_dir / "group_data" / "all.py").write_text('engine_version = "0.5.5"\n')
+    # the current engine version is what the evidence's inventory pins for its role today
+    local = project.inventory_dir / "local.py"
+    local.write_text(local.read_text().replace('"decode": "sim"', '"decode": "sim==0.5.5"'))
     assert audit.reclaimable(project).reclaimable[0].evidence[0].stale
 
 

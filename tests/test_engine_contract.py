@@ -1,13 +1,17 @@
 """The rendered sglang launch commands through sglang's own parser (prepare_server_args of the version
 the inventory pins, in a side environment cached under the user's cache dir: the first run on a new
-machine installs it, later runs reuse it), and the prefill/decode pairing invariants."""
+machine installs it, later runs reuse it), and the prefill/decode pairing invariants. vLLM's side is
+tests/test_vllm_contract.py."""
 
 from __future__ import annotations
 
 import pytest
 
+from knobkeeper.deploy.stack import load_stack
 from knobkeeper.engine import contract
-from knobkeeper.engine.contract import Parsed, pd_pairing_problems
+from knobkeeper.engine.family import Parsed
+from knobkeeper.engine.routers import SGLANG_ROUTER
+from knobkeeper.engine.sglang import FAMILY as SGLANG
 from tests.infra import git
 
 PROD = "inventory/example_prod.py"
@@ -21,17 +25,21 @@ def _edit_prod(project, old: str, new: str) -> None:
     git(project.root, "commit", "-q", "-am", "edit example_prod")
 
 
+def _contract(project):
+    return contract.contract_problems(load_stack(project.root, PROD), PROD)
+
+
 def test_the_fixed_example_inventory_passes_the_real_parser(project):
-    assert contract.contract_problems(project, PROD) == ([], [])
+    assert _contract(project) == ([], [], [])
 
 
 def test_the_real_parser_rejects_bad_flags_naming_host_service_flag_and_message(project):
     # The flag as example_prod had it for sglang 0.5.6: 0.5.23 has two flags it could be short for.
     _edit_prod(project, '"--cuda-graph-max-bs-decode", "128"]', '"--cuda-graph-max-bs", "128"]')
     _edit_prod(project, '"prefill": ["--trust-remote-code",', '"prefill": ["--page-sz", "64", "--trust-remote-code",')
-    problems, skipped = contract.launch_flag_problems(project, PROD)
+    problems, skipped, _ = _contract(project)
     assert skipped == []
-    assert problems == [
+    assert [p for p in problems if "rejected by" in p] == [
         f"{PROD}: prefill-1/knobkeeper-prefill: --page-sz: rejected by sglang 0.5.23's parser: unrecognized arguments: --page-sz 64",
         f"{PROD}: prefill-2/knobkeeper-prefill: --page-sz: rejected by sglang 0.5.23's parser: unrecognized arguments: --page-sz 64",
         f"{PROD}: decode-1/knobkeeper-decode: --cuda-graph-max-bs: rejected by sglang 0.5.23's parser: ambiguous option: "
@@ -44,7 +52,7 @@ def test_the_real_parser_rejects_bad_flags_naming_host_service_flag_and_message(
 def test_pairing_mismatches_from_the_real_parser(project):
     _edit_prod(project, '"decode": ["--trust-remote-code",',
                '"decode": ["--page-size", "64", "--kv-cache-dtype", "fp8_e4m3", "--trust-remote-code",')
-    problems, skipped = contract.pairing_problems(project, PROD)
+    problems, skipped, _ = _contract(project)
     assert skipped == []
     assert f"{PROD}: PD pairing: page size differs: prefill-1/knobkeeper-prefill has None, decode-1/knobkeeper-decode has 64" in problems
     assert (f"{PROD}: PD pairing: KV cache dtype differs: prefill-1/knobkeeper-prefill has 'auto', "
@@ -55,7 +63,7 @@ def test_pairing_mismatches_from_the_real_parser(project):
 def test_no_parser_means_skipped_never_a_silent_pass(project, tmp_path, monkeypatch):
     monkeypatch.setenv("KNOBKEEPER_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # no network, no wheelhouse
-    problems, skipped = contract.contract_problems(project, PROD)
+    problems, skipped, _ = _contract(project)
     assert problems == []
     (line,) = skipped
     assert line.startswith(f"skipped: {PROD}: sglang 0.5.23's parser: sglang==0.5.23: not found in the package index")
@@ -63,9 +71,10 @@ def test_no_parser_means_skipped_never_a_silent_pass(project, tmp_path, monkeypa
 
 def test_an_unpinned_sglang_host_is_skipped_by_name(project):
     _edit_prod(project, '    "sglang_version": "0.5.23",\n', "")
-    problems, skipped = contract.launch_flag_problems(project, PROD)
+    problems, skipped, _ = _contract(project)
     assert problems == [] and len(skipped) == 4
-    assert skipped[0] == f"skipped: {PROD}: prefill-1/knobkeeper-prefill: no sglang_version pinned, so no parser to check it with"
+    assert skipped[0] == (f"skipped: {PROD}: prefill-1/knobkeeper-prefill: no sglang version pinned (sglang_version or "
+                          f"engines['prefill'] = 'sglang==V'), so no parser to check it with")
 
 
 # --- the pairing rules, each mismatch on its own ------------------------------------------------
@@ -77,8 +86,14 @@ ROUTER = {"router-1/knobkeeper-router": ["python", "-m", "sglang_router.launch_r
 
 
 def _pair(**decode_args) -> list[Parsed]:
-    return [Parsed("prefill-1/p", "prefill", "http://10.0.0.11:30000", "0.5.23", True, dict(BASE)),
-            Parsed("decode-1/d", "decode", "http://10.0.0.21:30001", "0.5.23", True, {**BASE, **decode_args})]
+    return [Parsed("prefill-1/p", "prefill", "http://10.0.0.11:30000", "10.0.0.11", "0.5.23", True, dict(BASE)),
+            Parsed("decode-1/d", "decode", "http://10.0.0.21:30001", "10.0.0.21", "0.5.23", True, {**BASE, **decode_args})]
+
+
+def pd_pairing_problems(label, parsed, routers):
+    problems, warnings = SGLANG.pairing_problems(label, parsed, {k: (SGLANG_ROUTER, v) for k, v in routers.items()})
+    assert warnings == []
+    return problems
 
 
 def test_a_matching_pair_has_no_problems():

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from knobkeeper.changelog import ops
+from knobkeeper.engine import pins as engine_pins
+from knobkeeper.engine.source import cached_wheel
 from knobkeeper.errors import UserError
-from knobkeeper.knobs import registry
+from knobkeeper.knobs import pinned, registry
 from knobkeeper.knobs.catalog import load_catalog
 from tests.infra import git, kk, make_infra_repo
 
@@ -132,7 +134,7 @@ def test_import_is_one_commit_then_idempotent(bare):
 
 
 def test_import_from_a_wheel_file_offline(bare, tmp_path):
-    wheel = registry.cached_wheel("sglang", "0.5.23")
+    wheel = cached_wheel(("sglang",), "0.5.23")
     result = kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel))
     assert result.exit_code == 0, result.output
     assert (bare.inventory_dir / "engines" / "sglang-0.5.23.json").read_text() == SHIPPED.read_text()
@@ -214,10 +216,10 @@ def test_library_set_leaves_the_decision_to_the_catalog_source(project):
 
 
 def test_ignored_knobs_lists_what_the_pinned_version_would_ignore(project):
-    assert registry.ignored_knobs(project) == []
+    assert pinned.ignored_knobs(project) == []
     ops.set_knob(project, STORY, "512", "decode", "A/B", allow_undeclared=True)
-    assert registry.ignored_knobs(project) == []  # its catalog source says where it comes from
-    lines = registry.ignored_knobs(project, include_other_origin=True)
+    assert pinned.ignored_knobs(project) == []  # its catalog source says where it comes from
+    lines = pinned.ignored_knobs(project, include_other_origin=True)
     assert lines == [f"inventory/knobs.toml: [decode] {STORY}: sglang 0.5.23 (pinned in inventory/example_prod.py) "
                      f"does not declare it; the engine would ignore it (close names it declares: "
                      f"{', '.join(registry.load_registry(project.inventory_dir, 'sglang', '0.5.23').close(STORY))})"]
@@ -226,7 +228,7 @@ def test_ignored_knobs_lists_what_the_pinned_version_would_ignore(project):
         fh.write('\n[knobs.SGLANG_GRAMMAR_TIMEOUT]\ntype = "float"\nroles = ["decode"]\nrisk = "behaviour"\n'
                  'source = "sglang"\nunset = "300 s"\ndoc = "Grammar compile timeout (removed after 0.5.6)."\n')
     project.knobs_path.write_text(project.knobs_path.read_text().replace("[decode]\n", "[decode]\nSGLANG_GRAMMAR_TIMEOUT = 30.0\n", 1))
-    (line,) = registry.ignored_knobs(project)
+    (line,) = pinned.ignored_knobs(project)
     assert line.startswith("inventory/knobs.toml: [decode] SGLANG_GRAMMAR_TIMEOUT: sglang 0.5.23") and "would ignore it" in line
 
 
@@ -235,7 +237,8 @@ def test_ignored_knobs_lists_what_the_pinned_version_would_ignore(project):
 
 def test_unknown_engine_and_unknown_version(bare, tmp_path):
     before = _state(bare)
-    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--version", "0.9.0"), "engine 'vllm'", "known: sglang")
+    _one_line_exit_2(kk(bare, "catalog", "import", "tensorrt-llm", "--version", "0.9.0"), "engine 'tensorrt-llm'",
+                     "known: sglang, vllm")
     empty = tmp_path / "wheelhouse"
     empty.mkdir()
     _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--version", "0.0.1", "--wheelhouse", str(empty)),
@@ -270,13 +273,8 @@ def test_a_wheel_that_is_not_sglang(bare, tmp_path):
     assert _state(bare) == before
 
 
-def test_environ_that_needs_more_than_the_stdlib_or_has_a_bad_name(bare, tmp_path):
+def test_environ_is_read_not_run_and_a_bad_name_is_refused(bare, tmp_path):
     before = _state(bare)
-    needs = tmp_path / "a"
-    needs.mkdir()
-    wheel = _wheel(needs, "sglang", "9.9.1", "import torch\n" + TINY_ENVIRON.format(extra=""))
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel)),
-                     "does not load stand-alone (stdlib only)", "No module named 'torch'")
     odd = tmp_path / "b"
     odd.mkdir()
     wheel = _wheel(odd, "sglang", "9.9.2", TINY_ENVIRON.format(extra="SGLANG_Ü = EnvInt(1)"))
@@ -285,7 +283,9 @@ def test_environ_that_needs_more_than_the_stdlib_or_has_a_bad_name(bare, tmp_pat
     assert _state(bare) == before
     good = tmp_path / "c"
     good.mkdir()
-    wheel = _wheel(good, "sglang", "9.9.3", TINY_ENVIRON.format(extra="SGLANG_TINY_NAME = EnvStr(lambda: 'x')  # computed"))
+    # An import the file needs (torch) does not matter: nothing of it runs.
+    wheel = _wheel(good, "sglang", "9.9.3", "import torch\n" + TINY_ENVIRON.format(
+        extra="SGLANG_TINY_NAME = EnvStr(lambda: 'x')  # computed"))
     assert kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel)).exit_code == 0
     tiny = json.loads((bare.inventory_dir / "engines" / "sglang-9.9.3.json").read_text())["knobs"]
     assert tiny["SGLANG_TINY_QUEUES"] == {"type": "int", "kind": "EnvInt", "default": 4, "doc": "Queues between prefill and decode."}
@@ -334,17 +334,18 @@ def test_a_role_pinned_to_a_version_without_registry(project):
 
 
 def test_pins_come_from_host_and_group_data(project):
-    pins = registry.engine_pins(project.inventory_dir)
-    assert sorted(pins) == ["decode", "prefill"]  # the local stack runs the sim: nothing pinned there
-    (pin,) = pins["decode"]
-    assert (pin.engine, pin.version, pin.inventory, pin.hosts) == ("sglang", "0.5.23", "inventory/example_prod.py",
-                                                                   ("decode-1", "decode-2"))
+    def of(role, stack=""):
+        return sorted((p.inventory, p.engine, p.version) for p in engine_pins.pins_for(project.inventory_dir, stack, role))
+
+    assert of("decode") == [("inventory/example_prod.py", "sglang", "0.5.23"), ("inventory/local.py", "sim", None)]
+    assert of("decode", "vllm") == [("inventory/example_prod_vllm.py", "vllm", "0.32.0")]
+    assert of("router", "vllm") == [("inventory/example_prod_vllm.py", "vllm-router", "0.1.17")]
+    (pin,) = [p for p in engine_pins.pins_for(project.inventory_dir, "", "decode") if p.engine == "sglang"]
+    assert pin.hosts == ("decode-1", "decode-2")
     group = project.inventory_dir / "group_data" / "decode.py"
     group.write_text(group.read_text() + '\nengines = {"decode": "sglang"}\nsglang_version = "0.5.6"\n')
-    pins = registry.engine_pins(project.inventory_dir)
-    versions = sorted((p.inventory, p.version) for p in pins["decode"])
-    # Host data wins over group data (example_prod pins in host data); local.py's host now runs sglang 0.5.6.
-    assert ("inventory/example_prod.py", "0.5.23") in versions and ("inventory/local.py", "0.5.6") not in versions
+    # Host data wins over group data (every inventory here sets engines in host data).
+    assert of("decode") == [("inventory/example_prod.py", "sglang", "0.5.23"), ("inventory/local.py", "sim", None)]
 
 
 def test_launch_script_unsets_only_hand_written_catalog_knobs(project):

@@ -1,4 +1,4 @@
-"""The router engines (knobkeeper.deploy.routers): smg 1.13.0 and sglang-router 0.3.2, for real.
+"""The router engines (knobkeeper.engine.routers): smg 1.13.0 and sglang-router 0.3.2, for real.
 
 The commands the table builds are parsed by each router's own argument parser; the gate's judgement of
 /workers is checked on each router's real answers; smg sees a worker restarted on the same address
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from knobkeeper.deploy.routers import ROUTERS, SGLANG_ROUTER, SMG, workers_healthy
+from knobkeeper.engine.routers import ROUTERS, SGLANG_ROUTER, SMG, workers_healthy
 from tests.procs import free_port, start, stop, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,10 +43,10 @@ def gate(engine: str, url: str, expected: int, timeout: float) -> tuple[bool, st
     r = ROUTERS[engine]
     deadline = time.monotonic() + timeout
     while True:
-        code, _ = http(url + r.readiness_path, timeout=2)
+        code, _ = http(url + r.endpoints.readiness, timeout=2)
         last = f"readiness {code}"
         if code == 200:
-            wcode, body = http(url + r.workers_path, timeout=2)
+            wcode, body = http(url + r.endpoints.workers, timeout=2)
             ok, last = workers_healthy(body, expected, engine) if wcode == 200 else (False, f"workers {wcode}")
             if ok:
                 return True, last
@@ -65,7 +65,7 @@ class Stack:
             self.start_worker(role)
         rport, mport = free_port(), free_port()
         self.url = f"http://127.0.0.1:{rport}"
-        cmd = ROUTERS[engine].command(PY, "127.0.0.1", rport, [(self.worker_url("prefill"), self.bootstrap)],
+        cmd = ROUTERS[engine].argv(PY, "127.0.0.1", rport, [(self.worker_url("prefill"), self.bootstrap)],
                                       [self.worker_url("decode")], "round_robin", "127.0.0.1", mport)
         self.procs["router"] = start(cmd + ["--disable-circuit-breaker", "--shutdown-grace-period-secs", "1",
                                             "--log-level", "warn", *router_args], tmp / f"{engine}.log", cwd=str(ROOT))
@@ -92,7 +92,7 @@ class Stack:
 
 
 def test_commands_are_what_each_router_parser_accepts():
-    argv = SMG.command(PY, "127.0.0.1", 1, [("http://p:1", 8998), ("http://p:2", None)], ["http://d:3"],
+    argv = SMG.argv(PY, "127.0.0.1", 1, [("http://p:1", 8998), ("http://p:2", None)], ["http://d:3"],
                        "round_robin", "127.0.0.1", 4)
     assert argv[:3] == [PY, "-m", "smg.launch_router"]
     from smg.launch_router import parse_router_args as smg_parse
@@ -103,12 +103,12 @@ def test_commands_are_what_each_router_parser_accepts():
                                                                                    "127.0.0.1", 4)
     from sglang_router.launch_router import parse_router_args as sgr_parse
 
-    argv = SGLANG_ROUTER.command(PY, "127.0.0.1", 1, [("http://p:1", 8998)], ["http://d:3"], "round_robin",
+    argv = SGLANG_ROUTER.argv(PY, "127.0.0.1", 1, [("http://p:1", 8998)], ["http://d:3"], "round_robin",
                                  "127.0.0.1", 4)
     assert argv[:3] == [PY, "-m", "sglang_router.launch_router"]
     b = sgr_parse(argv[3:])
     assert b.pd_disaggregation and b.prefill_urls == [("http://p:1", 8998)] and b.prometheus_port == 4
-    assert SMG.requirement({"smg_version": "1.13.0"}) == "smg==1.13.0" and SMG.requirement({}) is None
+    assert SMG.requirement("1.13.0") == "smg==1.13.0"
 
 
 def test_workers_judgement_reads_each_routers_worker_states():

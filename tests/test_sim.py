@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from knobkeeper.deploy.routers import SMG
+from knobkeeper.engine.routers import SMG
 from knobkeeper.sim import model as M
 from knobkeeper.sim.__main__ import build_parser, parse_config
 from knobkeeper.sim.server import Engine, Req, SimConfig, filler_text
@@ -266,7 +266,7 @@ def stack(tmp_path_factory):
         pre.wait()
         dec.wait()
         rport, pport = free_port(), free_port()
-        cmd = SMG.command(PY, "127.0.0.1", rport, [(pre.url, pre.bootstrap)], [dec.url], "round_robin",
+        cmd = SMG.argv(PY, "127.0.0.1", rport, [(pre.url, pre.bootstrap)], [dec.url], "round_robin",
                           "127.0.0.1", pport)
         router = Proc("router", cmd + ["--disable-circuit-breaker", "--shutdown-grace-period-secs", "1",
                                        "--log-level", "warn"], tmp / "router.log", url=f"http://127.0.0.1:{rport}")

@@ -16,3 +16,8 @@ prefill_bootstrap_port = 8998
 decode_port = 30001
 router_port = 30080
 router_metrics_port = 29080
+
+# vLLM's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT), one per instance like the ports above:
+# prefill and decode on one host must not share one (knobkeeper/engine/vllm.py).
+prefill_side_channel_port = 5600
+decode_side_channel_port = 5700

@@ -8,8 +8,9 @@ of a "better" level (the gain we are confident of), then the largest effect.
 
 Evidence is stale when it is older than `stale_days` (default 30) or when its
 setup.engine_version differs from the current engine version. The current engine version is
-the `engine_version` argument (CLI --engine-version) or, when not given, an `engine_version = "..."`
-line in inventory/group_data/all.py if there is one; otherwise only age counts.
+the `engine_version` argument (CLI --engine-version) or, when not given, the version the evidence's
+inventory pins today for the evidence's role (knobkeeper.engine.role_engine, read through the
+inventories); where nothing is pinned, only age counts.
 
 Evidence is read only through knobkeeper.evidence.store (importing it costs ~40 ms: the judge
 imports scipy only inside the functions that compute).
@@ -17,7 +18,6 @@ imports scipy only inside the functions that compute).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -88,21 +88,24 @@ def view_evidence(project: Project, ident: str, now: datetime, stale_days: float
         view.stale_why.append(f"created {doc.created!r} is not a time")
     if view.age_days is not None and view.age_days > stale_days:
         view.stale_why.append(f"{view.age_days:.0f} days old (older than {stale_days:g})")
+    engine_version = engine_version or current_engine_version(project, setup.get("inventory"), doc.get("role"))
     if engine_version and view.engine_version and view.engine_version != engine_version:
         view.stale_why.append(f"measured on engine {view.engine_version}, current is {engine_version}")
     view.stale = bool(view.stale_why)
     return view
 
 
-def current_engine_version(project: Project) -> str | None:
-    """`engine_version = "..."` in inventory/group_data/all.py, when the inventory declares it."""
-    path = project.inventory_dir / "group_data" / "all.py"
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    match = re.search(r"""^engine_version\s*=\s*["']([^"']+)["']""", text, re.M)
-    return match.group(1) if match else None
+def current_engine_version(project: Project, inventory: str | None = None, role: str | None = None) -> str | None:
+    """The engine version pinned today (knobkeeper.engine.role_engine, through the inventories): of
+    `role` in `inventory` (e.g. "inventory/example_prod.py") when given, else the one version every
+    pinned worker role agrees on; None where none is pinned or they differ."""
+    from knobkeeper.engine import family
+    from knobkeeper.engine.pins import engine_pins
+
+    pins = [p for p in engine_pins(project.inventory_dir) if p.version and family(p.engine).kind == "worker"
+            and (inventory is None or p.inventory == inventory) and (role is None or p.role == role)]
+    versions = {p.version for p in pins}
+    return versions.pop() if len(versions) == 1 else None
 
 
 # --------------------------------------------------------------------------- reclaimable
@@ -167,6 +170,7 @@ def reclaimable(project: Project, stale_days: float = STALE_DAYS, engine_version
     from knobkeeper.knobs.state import read_declared
 
     now = now or utcnow()
+    explicit = engine_version  # else each evidence is compared with its own inventory's pin
     engine_version = engine_version or current_engine_version(project)
     catalog = load_catalog(project.catalog_path)
     declared = read_declared(project.knobs_path, catalog)
@@ -175,9 +179,9 @@ def reclaimable(project: Project, stale_days: float = STALE_DAYS, engine_version
     latest: dict[tuple[str, str], Entry] = {}
     latest_revert: dict[tuple[str, str], Entry] = {}
     for e in entries:
-        latest[(e.role, e.knob)] = e
+        latest[(e.scope, e.knob)] = e  # the scope: a knob of two stacks' decode is two knobs
         if e.action == "revert":
-            latest_revert[(e.role, e.knob)] = e
+            latest_revert[(e.scope, e.knob)] = e
     incidents = None
     found: list[Reclaim] = []
     confirmed: list[Reclaim] = []
@@ -189,20 +193,21 @@ def reclaimable(project: Project, stale_days: float = STALE_DAYS, engine_version
         current = declared.get(role, {}).get(knob)
         if _same(current, target.new):
             continue
-        views = [view_evidence(project, ev, now, stale_days, engine_version) for ev in target.evidence]
+        views = [view_evidence(project, ev, now, stale_days, explicit) for ev in target.evidence]
         gains = [g for v in views for g in v.gains]
         if not gains:
             continue
         if incidents is None:
             incidents = {i.id: i for i in load_incidents(project)}
         status = revert_status(revert, incidents.get(revert.incident) if revert.incident else None)
+        where = f"--role {revert.role}" + (f" --stack {revert.stack}" if revert.stack else "")
         if latest[key] is revert:
-            command = f"knobkeeper restore {knob} --role {role}"
+            command = f"knobkeeper restore {knob} {where}"
         else:
             # Changed again after the revert: restore no longer applies; set the value back with its evidence.
             shown = catalog.get(knob).display(target.new) if knob in catalog else fmt.value(target.new)
             evidence = "".join(f" --evidence {ev}" for ev in target.evidence)
-            command = (f"knobkeeper set {knob}={shown} --role {role} --reason \"reclaim: revert {revert.id} "
+            command = (f"knobkeeper set {knob}={shown} {where} --reason \"reclaim: revert {revert.id} "
                        f"was {status.status}\"{evidence}")
         gain = max((g.ci_low if g.ci_low is not None else g.effect) for g in gains)
         best = max(g.effect for g in gains)
@@ -351,7 +356,7 @@ def restore_guard(project: Project, force: bool):
         if original is not None:
             now = utcnow()
             for ident in original.evidence:
-                view = view_evidence(project, ident, now, STALE_DAYS, current_engine_version(project))
+                view = view_evidence(project, ident, now, STALE_DAYS, None)
                 if view.problem:
                     verdict.warnings.append(f"carried evidence {ident}: {view.problem}")
                 elif view.stale:

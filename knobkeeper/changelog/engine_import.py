@@ -13,9 +13,9 @@ from typing import Any
 from knobkeeper.changelog.store import Message, commit_change, repo_lock
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import load_catalog
-from knobkeeper.knobs.registry import (Registry, catalog_type_problems, diff_registries, dump, generate,
-                                       imported_versions, load_registry, parse_registry, registry_path,
-                                       version_key, _show)
+from knobkeeper.knobs.pinned import catalog_type_problems
+from knobkeeper.knobs.registry import (Registry, diff_registries, dump, generate, imported_versions, load_registry,
+                                       parse_registry, registry_path, show_default, version_key)
 
 
 @dataclass
@@ -47,7 +47,7 @@ def _message_lines(doc: dict[str, Any], previous: Registry | None) -> tuple[str,
     listing("Added", d.added)
     listing("No longer declared", d.removed)
     listing("Renamed", [f"{o} -> {n}" for o, n in d.renamed])
-    listing("Defaults changed", [f"{n} {_show(o)} -> {_show(v)}" for n, o, v in d.defaults])
+    listing("Defaults changed", [f"{n} {show_default(o)} -> {show_default(v)}" for n, o, v in d.defaults])
     return summary, body
 
 

@@ -1,8 +1,10 @@
 """Changelog entries (changelog/entries/<stamp>-<id>.toml): one TOML file per knob change.
 
 An entry is immutable once committed. Fields: id, time (UTC), author, action
-(set | unset | revert | restore | record), knob, role, old, new (absent = unset; a secret's
-values are fingerprints), reason, and links: reverts, restores, incident, hypothesis, evidence.
+(set | unset | revert | restore | record), knob, role, stack (absent: the unnamed stack, as in every
+one-stack repo), old, new (absent = unset; a secret's values are fingerprints), reason, and links:
+reverts, restores, incident, hypothesis, evidence. `scope` ("decode", "vllm.decode") is the
+knobs.toml table it changes: replay, provenance and history key on it.
 
 The ORDER of entries is the order of history (see order.py): the commit that brought each file
 into HEAD's first-parent line, a merged branch's entries where it was merged, in the branch's
@@ -16,6 +18,7 @@ and git stay the truth.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -28,6 +31,7 @@ from knobkeeper.changelog.order import commit_order
 from knobkeeper.changelog.store import settle
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Value
+from knobkeeper.knobs.values import scope
 from knobkeeper.project import Project
 from knobkeeper.tomlio import read_toml
 from knobkeeper.timeutil import file_stem, id_from_stem, iso, parse_time
@@ -52,6 +56,11 @@ class Entry:
     hypothesis: str | None = None
     evidence: list[str] = field(default_factory=list)
     refutes: str | None = None  # a restore that records the revert it restores was refuted
+    stack: str | None = None  # None: the unnamed stack
+
+    @property
+    def scope(self) -> str:
+        return scope(self.stack, self.role)
 
     @property
     def moment(self) -> datetime:
@@ -79,6 +88,7 @@ def entry_path(project: Project, entry: Entry) -> Path:
 
 _TEXT_FIELDS = ("id", "author", "action", "knob", "role", "reason")
 _LINK_FIELDS = ("reverts", "restores", "incident", "hypothesis", "refutes")
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _from_dict(path: Path, data: dict[str, Any]) -> Entry:
@@ -95,6 +105,10 @@ def _from_dict(path: Path, data: dict[str, Any]) -> Entry:
     for key in _LINK_FIELDS:
         if key in data and not isinstance(data[key], str):
             raise UserError(f"{path}: {key}: expected a string (an entry id or text)")
+    if "stack" in data and (not isinstance(data["stack"], str) or not _NAME.fullmatch(data["stack"])):
+        raise UserError(f"{path}: stack: expected a stack name ([A-Za-z0-9_-])")
+    if "." in data["role"]:
+        raise UserError(f"{path}: role = {data['role']!r}: a role name holds no '.' (the stack goes in `stack`)")
     if not isinstance(data["time"], str):
         raise UserError(f"{path}: time: expected an ISO 8601 UTC time string, e.g. 2026-11-29T16:47:37.123456Z")
     try:
@@ -144,15 +158,16 @@ def find_entry(project: Project, ident: str, entries: Iterable[Entry] | None = N
                     project.rel(project.entries_dir))
 
 
-def history(entries: Iterable[Entry], role: str, knob: str) -> list[Entry]:
-    return [e for e in entries if e.role == role and e.knob == knob]
+def history(entries: Iterable[Entry], key: str, knob: str) -> list[Entry]:
+    """The entries of `knob` in scope `key` ("decode", "vllm.decode"), in history order."""
+    return [e for e in entries if e.scope == key and e.knob == knob]
 
 
 def replay(entries: Iterable[Entry]) -> dict[str, dict[str, Value]]:
-    """The declared state the entries explain: each entry's `new` in time order."""
+    """The declared state the entries explain ({scope: {knob: value}}): each entry's `new` in order."""
     state: dict[str, dict[str, Value]] = {}
     for entry in entries:
-        role = state.setdefault(entry.role, {})
+        role = state.setdefault(entry.scope, {})
         if entry.new is None:
             role.pop(entry.knob, None)
         else:
@@ -161,10 +176,10 @@ def replay(entries: Iterable[Entry]) -> dict[str, dict[str, Value]]:
 
 
 def latest_by_knob(entries: Iterable[Entry]) -> dict[tuple[str, str], Entry]:
-    """(role, knob) -> the entry that last changed it: the provenance a rendered file names."""
+    """(scope, knob) -> the entry that last changed it: the provenance a rendered file names."""
     latest: dict[tuple[str, str], Entry] = {}
     for entry in entries:
-        latest[(entry.role, entry.knob)] = entry
+        latest[(entry.scope, entry.knob)] = entry
     return latest
 
 

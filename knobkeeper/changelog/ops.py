@@ -19,8 +19,9 @@ from knobkeeper.changelog.secrets import secret_path, secret_value, value_files
 from knobkeeper.changelog.store import Message, atomic_write, commit_change, git_author, repo_lock
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Knob, Value, fingerprint, load_catalog
-from knobkeeper.knobs.registry import settable
-from knobkeeper.knobs.state import load_document, read_declared, value_of, with_value
+from knobkeeper.knobs.pinned import settable
+from knobkeeper.knobs.state import declared_from, load_document, read_declared, value_of, with_value
+from knobkeeper.knobs.values import split_scope
 from knobkeeper.project import Project
 from knobkeeper.timeutil import new_id
 
@@ -92,8 +93,8 @@ def refuse_unexplained_edits(project: Project) -> None:
     rel = project.rel(project.knobs_path)
     shown = gitio.run(project.root, "show", f"HEAD:{rel}")
     try:
-        committed = tomllib.loads(shown.stdout) if shown.returncode == 0 else {}
-    except tomllib.TOMLDecodeError:
+        committed = declared_from(project.knobs_path, tomllib.loads(shown.stdout)) if shown.returncode == 0 else {}
+    except (tomllib.TOMLDecodeError, UserError):
         committed = None
     def values(declared: dict | None) -> dict | None:  # empty tables declare nothing
         return None if declared is None else {role: table for role, table in declared.items() if table}
@@ -114,8 +115,8 @@ def _reason(reason: str | None, what: str) -> str:
 
 def _summary(entry: Entry, knob: Knob) -> str:
     if entry.action in ("unset",) or (entry.action == "revert" and entry.new is None):
-        return f"{entry.role}: {entry.action} {entry.knob} (was {knob.display(entry.old)})"
-    return f"{entry.role}: {entry.action} {entry.knob}={knob.display(entry.new)}"
+        return f"{entry.scope}: {entry.action} {entry.knob} (was {knob.display(entry.old)})"
+    return f"{entry.scope}: {entry.action} {entry.knob}={knob.display(entry.new)}"
 
 
 def _trailers(entries: list[Entry], catalog: Catalog) -> list[tuple[str, str]]:
@@ -126,6 +127,8 @@ def _trailers(entries: list[Entry], catalog: Catalog) -> list[tuple[str, str]]:
             ("Knob", entry.knob), ("Role", entry.role), ("Action", entry.action),
             ("Old", knob.display(entry.old)), ("New", knob.display(entry.new)), ("Entry", entry.id),
         ]
+        if entry.stack:
+            trailers.append(("Stack", entry.stack))
         if entry.reverts:
             trailers.append(("Reverts", entry.reverts))
         if entry.restores:
@@ -151,7 +154,7 @@ def _write(project: Project, catalog: Catalog, entries: list[Entry], knobs_text:
     else:
         summary = f"record: {len(entries)} hand edits of knobs.toml"
         body = entries[0].reason + "\n\n" + "\n".join(
-            f"- {e.role}: {e.knob} {catalog.get(e.knob).display(e.old)} -> {catalog.get(e.knob).display(e.new)}" for e in entries
+            f"- {e.scope}: {e.knob} {catalog.get(e.knob).display(e.old)} -> {catalog.get(e.knob).display(e.new)}" for e in entries
         )
     if entries[0].hypothesis:
         body += f"\n\nHypothesis: {entries[0].hypothesis}"
@@ -160,6 +163,13 @@ def _write(project: Project, catalog: Catalog, entries: list[Entry], knobs_text:
     sha = commit_change(project, files, message, no_commit=options.no_commit, branch=options.branch, locked=True,
                         private_files=secret_files)
     return Change(entries=entries, commit=sha, branch=options.branch)
+
+
+def _where(key: str) -> dict[str, str | None]:
+    """An entry's role and stack from a scope ("decode", "vllm.decode"): the `role` every change
+    function takes is a scope, so a one-stack repo's calls read as they always did."""
+    stack, role = split_scope(key)
+    return {"role": role, "stack": stack or None}
 
 
 def _new_entry(project: Project, **fields) -> Entry:
@@ -184,7 +194,7 @@ def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str
             if knob.secret and secret_value(project, role, name, str(stored)) is None:
                 return _store_secret_only(project, role, name, str(value))
             raise UserError(f"{name} is already {knob.display(stored)} on {role}; nothing to change")
-        entry = _new_entry(project, action="set", knob=name, role=role, reason=reason,
+        entry = _new_entry(project, action="set", knob=name, **_where(role), reason=reason,
                            old=old, new=stored, evidence=evidence_ids)
         text = with_value(load_document(project.knobs_path), role, name, stored)
         secrets = value_files(project, role, name, str(value)) if knob.secret else None
@@ -214,7 +224,7 @@ def unset_knob(project: Project, name: str, role: str, reason: str | None,
         old = value_of(declared, role, name)
         if old is None:
             raise UserError(f"{name} is not set on {role}; nothing to unset")
-        entry = _new_entry(project, action="unset", knob=name, role=role, reason=reason, old=old, new=None)
+        entry = _new_entry(project, action="unset", knob=name, **_where(role), reason=reason, old=old, new=None)
         text = with_value(load_document(project.knobs_path), role, name, None)
         return _write(project, catalog, [entry], text, options)
 
@@ -253,7 +263,7 @@ def revert_knob(project: Project, name: str, role: str, reason: str | None, inci
         _require_secret_value(project, knob, role, target.old, "revert")
         incident_id = _check_incident(project, incident) if incident else None
         current = value_of(declared, role, name)
-        entry = _new_entry(project, action="revert", knob=name, role=role, reason=reason,
+        entry = _new_entry(project, action="revert", knob=name, **_where(role), reason=reason,
                            old=current, new=target.old, reverts=target.id, incident=incident_id,
                            hypothesis=hypothesis.strip() if hypothesis else None)
         text = with_value(load_document(project.knobs_path), role, name, target.old)
@@ -296,7 +306,7 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
         why = reason.strip() if reason and reason.strip() else f"restore {original.id}: revert {revert.id} did not hold"
         if verdict is not None and verdict.reason:
             why = f"{reason.strip()}; {verdict.reason}" if reason and reason.strip() else verdict.reason
-        entry = _new_entry(project, action="restore", knob=name, role=role, reason=why,
+        entry = _new_entry(project, action="restore", knob=name, **_where(role), reason=why,
                            old=value_of(declared, role, name), new=original.new, restores=revert.id,
                            evidence=carried, incident=revert.incident,
                            refutes=revert.id if refutes else None)
@@ -335,5 +345,5 @@ def record_edits(project: Project, reason: str | None, options: CommitOptions | 
             knob = catalog.for_role(name, role)
             if knob.secret and new is not None:
                 raise UserError(f"{project.rel(project.knobs_path)}: [{role}] {name} is a secret; use `knobkeeper set` so its value stays out of git")
-            entries.append(_new_entry(project, action="record", knob=name, role=role, reason=reason, old=old, new=new))
+            entries.append(_new_entry(project, action="record", knob=name, **_where(role), reason=reason, old=old, new=new))
         return _write(project, catalog, entries, project.knobs_path.read_text(), options)

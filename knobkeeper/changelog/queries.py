@@ -11,12 +11,13 @@ from knobkeeper.changelog.store import settle
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Value, load_catalog
 from knobkeeper.knobs.state import read_declared
+from knobkeeper.knobs.values import role_of
 from knobkeeper.project import Project
 
 
 @dataclass
 class DeclaredKnob:
-    role: str
+    role: str  # the scope: "decode", or "vllm.decode" for a named stack
     knob: str
     value: Value
     shown: str
@@ -34,7 +35,7 @@ def declared_knobs(project: Project, role: str | None = None) -> list[DeclaredKn
     settle(project)  # a crashed change's knobs.toml is rolled back before it is read
     catalog = load_catalog(project.catalog_path)
     declared = read_declared(project.knobs_path, catalog)
-    if role is not None and role not in declared and role not in catalog.roles():
+    if role is not None and role not in declared and role_of(role) not in catalog.roles():
         raise UserError(f"--role {role!r}: no such role (roles: {', '.join(sorted(set(declared) | set(catalog.roles())))})")
     latest = latest_by_knob(load_entries(project))
     rows = []
@@ -58,7 +59,7 @@ def filter_log(project: Project, knob: str | None = None, role: str | None = Non
     for entry in reversed(load_entries(project)):
         if knob is not None and entry.knob != knob:
             continue
-        if role is not None and entry.role != role:
+        if role is not None and entry.scope != role:
             continue
         if since is not None and entry.moment < since:
             continue

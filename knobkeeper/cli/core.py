@@ -19,6 +19,20 @@ def commit_options(fn: Callable) -> Callable:
     return repo_option(fn)
 
 
+def stack_option(fn: Callable) -> Callable:
+    return click.option("--stack", metavar="NAME", default=None,
+                        help="The stack whose role it is, where the repo holds more than one (the inventories' "
+                             "data `stack`; default: the stack that names none). Its knobs are [NAME.ROLE] in knobs.toml.")(fn)
+
+
+def _scope(role: str | None, stack: str | None) -> str | None:
+    from knobkeeper.knobs.values import scope
+
+    if role is not None and "." in role:
+        raise UserError(f"--role {role!r}: a role name holds no '.'; give the stack with --stack")
+    return None if role is None else scope(stack, role)
+
+
 def _options(no_commit: bool, branch: str | None):
     from knobkeeper.changelog.ops import CommitOptions
 
@@ -40,7 +54,7 @@ def _report(change, verb: str) -> None:
     where = f" on branch {change.branch}" if change.branch else ""
     committed = f"commit {change.commit[:10]}{where}" if change.commit else "staged, not committed"
     for extra in change.entries:
-        click.echo(fmt.safe(f"{extra.role}: {extra.action} {extra.knob}: {fmt.value(extra.old)} -> {fmt.value(extra.new)}")
+        click.echo(fmt.safe(f"{extra.scope}: {extra.action} {extra.knob}: {fmt.value(extra.old)} -> {fmt.value(extra.new)}")
                    + f"  (entry {extra.id})")
     click.echo(committed)
     for text in change.warnings:
@@ -51,14 +65,15 @@ def _report(change, verb: str) -> None:
 
 @click.command("knobs")
 @click.option("--role", default=None, help="Only this role.")
+@stack_option
 @repo_option
 @json_option
 @example("knobkeeper knobs --role decode")
-def knobs_cmd(role: str | None, repo: str | None, as_json: bool) -> None:
-    """Declared knob values, each with the entry that set it and when."""
+def knobs_cmd(role: str | None, stack: str | None, repo: str | None, as_json: bool) -> None:
+    """Declared knob values, each with the entry that set it and when (role: STACK.ROLE for a named stack)."""
     from knobkeeper.changelog.queries import declared_knobs
 
-    rows = declared_knobs(find_project(repo), role)
+    rows = declared_knobs(find_project(repo), _scope(role, stack))
     if as_json:
         emit_json([r.to_json() for r in rows])
         return
@@ -91,11 +106,13 @@ def knobs_cmd(role: str | None, repo: str | None, as_json: bool) -> None:
                    "secrets: a value on the command line shows in `ps` and the shell history.")
 @click.option("--allow-undeclared", is_flag=True,
               help="Set a knob the pinned engine version does not declare (its catalog source must name a fork, build or PR).")
+@stack_option
 @commit_options
 @example('knobkeeper set SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --reason "+12.8% @64" --evidence 1a2b3c4d --allow-undeclared\n'
-         '  knobkeeper set HF_TOKEN --role decode --reason "gated weights" --value-file - < token.txt')
+         '  knobkeeper set HF_TOKEN --role decode --reason "gated weights" --value-file - < token.txt\n'
+         '  knobkeeper set VLLM_CPU_OMP_THREADS_BIND=auto --stack vllm --role decode --reason "4x tok/s vs 0-1"')
 def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], value_file, allow_undeclared: bool,
-            repo, no_commit, branch) -> None:
+            stack, repo, no_commit, branch) -> None:
     """Declare KNOB=VALUE for a role: one entry, one commit.
 
     A secret knob's value is kept outside git (.knobkeeper-secrets/), and only its fingerprint in
@@ -112,8 +129,8 @@ def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], 
         name, value = assignment.strip(), _read_value_file(value_file)
     else:
         name, value = _split_assignment(assignment)
-    change = set_knob(find_project(repo), name, value, role, reason, list(evidence), _options(no_commit, branch),
-                      allow_undeclared=allow_undeclared)
+    change = set_knob(find_project(repo), name, value, _scope(role, stack), reason, list(evidence),
+                      _options(no_commit, branch), allow_undeclared=allow_undeclared)
     _report(change, "set")
 
 
@@ -145,13 +162,14 @@ def _read_value_file(path: str) -> str:
 @click.argument("knob")
 @click.option("--role", required=True, help="The role to remove it from.")
 @click.option("--reason", required=True, help="Why.")
+@stack_option
 @commit_options
 @example('knobkeeper unset NCCL_DEBUG --role decode --reason "debug output no longer needed"')
-def unset_cmd(knob: str, role: str, reason: str, repo, no_commit, branch) -> None:
+def unset_cmd(knob: str, role: str, reason: str, stack, repo, no_commit, branch) -> None:
     """Remove a knob from a role's declared state (the engine default applies)."""
     from knobkeeper.changelog.ops import unset_knob
 
-    _report(unset_knob(find_project(repo), knob, role, reason, _options(no_commit, branch)), "unset")
+    _report(unset_knob(find_project(repo), knob, _scope(role, stack), reason, _options(no_commit, branch)), "unset")
 
 
 @click.command("revert")
@@ -160,13 +178,15 @@ def unset_cmd(knob: str, role: str, reason: str, repo, no_commit, branch) -> Non
 @click.option("--reason", required=True, help="Why it is reverted.")
 @click.option("--incident", default=None, metavar="ID", help="The incident this revert is a suspect for.")
 @click.option("--hypothesis", default=None, help="What the revert is expected to show (e.g. 'the hang stops').")
+@stack_option
 @commit_options
 @example('knobkeeper revert SGLANG_SM120_MMA_TARGET_CTAS --role decode --reason "suspect for the hang" --incident 9f8e7d6c')
-def revert_cmd(knob: str, role: str, reason: str, incident, hypothesis, repo, no_commit, branch) -> None:
+def revert_cmd(knob: str, role: str, reason: str, incident, hypothesis, stack, repo, no_commit, branch) -> None:
     """Take back the latest set/restore of a knob; the entry records which one it reverts."""
     from knobkeeper import audit
 
-    change = audit.revert(find_project(repo), knob, role, reason, incident, hypothesis, _options(no_commit, branch))
+    change = audit.revert(find_project(repo), knob, _scope(role, stack), reason, incident, hypothesis,
+                          _options(no_commit, branch))
     _report(change, "revert")
 
 
@@ -176,13 +196,15 @@ def revert_cmd(knob: str, role: str, reason: str, incident, hypothesis, repo, no
 @click.option("--reason", default=None, help="Why (default: names the revert it takes back).")
 @click.option("--evidence", multiple=True, metavar="ID", help="More evidence, added to the original entry's.")
 @click.option("--force", is_flag=True, help="Restore even though the revert was confirmed as the cause.")
+@stack_option
 @commit_options
 @example("knobkeeper restore SGLANG_SM120_MMA_TARGET_CTAS --role decode")
-def restore_cmd(knob: str, role: str, reason, evidence, force: bool, repo, no_commit, branch) -> None:
+def restore_cmd(knob: str, role: str, reason, evidence, force: bool, stack, repo, no_commit, branch) -> None:
     """Re-apply the value a revert removed, carrying over the original evidence."""
     from knobkeeper import audit
 
-    change = audit.restore(find_project(repo), knob, role, reason, list(evidence), force, _options(no_commit, branch))
+    change = audit.restore(find_project(repo), knob, _scope(role, stack), reason, list(evidence), force,
+                           _options(no_commit, branch))
     _report(change, "restore")
 
 
@@ -201,10 +223,11 @@ def record_cmd(reason: str, repo, no_commit, branch) -> None:
 @click.argument("knob", required=False)
 @click.option("--role", default=None, help="Only this role.")
 @click.option("--since", default=None, metavar="DATE", help="Only entries at or after DATE (ISO 8601).")
+@stack_option
 @repo_option
 @json_option
 @example("knobkeeper log SGLANG_SM120_MMA_TARGET_CTAS --role decode --since 2026-11-01")
-def log_cmd(knob, role, since, repo, as_json: bool) -> None:
+def log_cmd(knob, role, since, stack, repo, as_json: bool) -> None:
     """The changelog, newest first, with each change's evidence judgement."""
     from knobkeeper.changelog.queries import filter_log
     from knobkeeper.timeutil import parse_time
@@ -214,13 +237,13 @@ def log_cmd(knob, role, since, repo, as_json: bool) -> None:
         moment = parse_time(since) if since else None
     except ValueError as exc:
         raise UserError(f"--since: {exc}") from None
-    rows = filter_log(project, knob, role, moment)
+    rows = filter_log(project, knob, _scope(role, stack), moment)
     if as_json:
         emit_json([e.to_json() | {"evidence_summary": _evidence_lines(project, e)} for e in rows])
         return
     for e in rows:
         links = "".join(f" {k}={v}" for k, v in (("reverts", e.reverts), ("restores", e.restores), ("incident", e.incident)) if v)
-        click.echo(fmt.safe(f"{e.time[:19]}Z {e.id} {e.role}: {e.action} {e.knob} {fmt.value(e.old)} -> {fmt.value(e.new)}{links}"))
+        click.echo(fmt.safe(f"{e.time[:19]}Z {e.id} {e.scope}: {e.action} {e.knob} {fmt.value(e.old)} -> {fmt.value(e.new)}{links}"))
         click.echo(f"    {fmt.safe(e.author)}: {fmt.safe(e.reason)}")
         for line in _evidence_lines(project, e):
             click.echo(f"    evidence {fmt.safe(line)}")

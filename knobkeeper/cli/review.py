@@ -75,10 +75,12 @@ def check(base: str | None, repo: str | None, as_json: bool) -> None:
     result = R.check(find_project(repo), base)
     if as_json:
         emit_json({"ok": result.ok, "problems": [p.__dict__ | {"line": p.line()} for p in result.problems],
-                   "ran": result.ran, "skipped": result.skipped, "counts": result.counts})
+                   "ran": result.ran, "skipped": result.skipped, "warnings": result.warnings, "counts": result.counts})
     else:
         for problem in result.problems:
             click.echo(problem.line())
+        for line in result.warnings:
+            click.echo(f"warning: {line}", err=True)
         if result.ok:
             click.echo(result.summary())
         else:

@@ -1,12 +1,8 @@
-"""The engine command of each service: the argv its launch script `exec`s, and the interpreter it
-runs with (decided here only).
+"""The engine command of each service and the engine venv of each host, from its engine family
+(knobkeeper.engine: the command, the interpreter, the per-instance environment live there).
 
-    sim            python -m knobkeeper.sim --role R --host H --port P [--bootstrap-port B] ...
-    sglang         {prefix}/venv/bin/python -m sglang.launch_server --disaggregation-mode R ...
-    smg            python -m smg.launch_router --pd-disaggregation --prefill URL B ... --decode URL ...
-    sglang-router  python -m sglang_router.launch_router ... (the same flags; see deploy/routers.py)
-
-`engine_args[role]` is appended last, so an inventory (or a test's --data) can add or override flags.
+`engine_args[role]` is appended last by every family, so an inventory (or a test's --data) can add or
+override flags.
 """
 
 from __future__ import annotations
@@ -14,68 +10,37 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from knobkeeper.deploy.model import HostPlan, Service
-from knobkeeper.deploy.routers import ROUTERS, router
+from knobkeeper.engine import family
+from knobkeeper.engine.family import Workers
 from knobkeeper.errors import UserError
-
-WORKER_ENGINES = ("sim", "sglang")
-VENV_PYTHON = "{prefix}/venv/bin/python"
-
-Workers = dict[str, list[tuple[str, int | None]]]
 
 
 def interpreter(data: Mapping[str, Any], prefix: str, engine: str) -> str:
-    """The Python a service of `engine` runs with: host data `python` ("{prefix}" expanded), else the
-    engine venv under the prefix for sglang, else the controller's own interpreter (sim, router)."""
-    chosen = data.get("python") or (VENV_PYTHON if engine == "sglang" else sys.executable)
-    return str(chosen).replace("{prefix}", prefix)
+    """The Python a service of `engine` runs with (its family decides; see Family.interpreter)."""
+    return family(engine).interpreter(data, prefix)
 
 
 def workers_of(services: Iterable[Service]) -> Workers:
     """{"prefill": [(url, bootstrap port)], "decode": [(url, None)]}: what a router fronts."""
     out: Workers = {"prefill": [], "decode": []}
     for svc in services:
-        if svc.engine in WORKER_ENGINES:
+        if svc.family.kind == "worker":
             out[svc.role].append((svc.url, svc.bootstrap_port))
     return out
 
 
 def engine_command(svc: Service, data: Mapping[str, Any], workers: Workers) -> list[str]:
     """The argv of `svc` from its host's data and, for a router, the workers it fronts."""
-    extra = (data.get("engine_args") or {}).get(svc.role, [])
-    if isinstance(extra, str) or not isinstance(extra, (list, tuple)):
-        raise UserError(f"host {svc.host}: data engine_args[{svc.role!r}]: expected a list of arguments")
-    python = interpreter(data, svc.prefix, svc.engine)
-    model_name = str(data.get("served_model_name") or "knobkeeper-sim")
-    if svc.engine == "sim":
-        cmd = [python, "-m", "knobkeeper.sim", "--role", svc.role, "--host", svc.listen_host,
-               "--port", str(svc.port), "--served-model-name", model_name]
-        if svc.bootstrap_port is not None:
-            cmd += ["--bootstrap-port", str(svc.bootstrap_port)]
-    elif svc.engine == "sglang":
-        model = data.get("model")
-        if not model:
-            raise UserError(f"host {svc.host}: data model: the sglang engine needs a model path")
-        cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model),
-               "--served-model-name", model_name, "--host", svc.listen_host, "--port", str(svc.port),
-               "--disaggregation-mode", svc.role,
-               "--disaggregation-transfer-backend", str(data.get("transfer_backend") or "mooncake")]
-        if svc.bootstrap_port is not None:
-            cmd += ["--disaggregation-bootstrap-port", str(svc.bootstrap_port)]
-        if data.get("tp_size"):
-            cmd += ["--tp-size", str(data["tp_size"])]
-    else:
-        if not workers["prefill"] or not workers["decode"]:
-            raise UserError(f"{svc.key}: the router needs at least one prefill and one decode service in the inventory")
-        cmd = router(svc.engine).command(python, svc.listen_host, svc.port, workers["prefill"],
-                                         [url for url, _ in workers["decode"]],
-                                         str(data.get("router_policy") or "round_robin"), svc.listen_host,
-                                         svc.metrics_port)
-    return cmd + [str(a) for a in extra]
+    return svc.family.command(svc, data, workers)
+
+
+def instance_environment(svc: Service, data: Mapping[str, Any]) -> dict[str, str]:
+    """What the family exports for this one instance (vLLM's NIXL side channel), before host data."""
+    return svc.family.instance_environment(svc, data)
 
 
 # --- the engine a host runs: its venv and the packages pinned in it -------------------------------------
@@ -88,31 +53,37 @@ def engine_venv(plan: HostPlan) -> str | None:
     """The venv under the host's prefix its services run from (the deploy makes it), or None when
     they run an interpreter the host already has (the local stack: this repo's environment)."""
     for svc in plan.services:
-        python = interpreter(plan.data, plan.prefix, svc.engine)
+        python = svc.family.interpreter(plan.data, plan.prefix)
         if python.startswith(plan.prefix + "/"):
             return str(Path(python).parent.parent)
     return None
 
 
 def engine_requirements(plan: HostPlan) -> list[str]:
-    """The pip requirements the deploy installs into the venv: data `engine_packages`, else the
-    pinned sglang (`sglang_version`) / router (`sglang_router_version`) of the host's engines."""
+    """The pip requirements the deploy installs into the venv: data `engine_packages`, else each of
+    the host's engines at the version its role pins (knobkeeper.engine.role_engine, read when the
+    stack was built: Service.engine_version)."""
     data = plan.data
     wanted = data.get("engine_packages")
     if wanted is not None:
         if isinstance(wanted, str) or not all(isinstance(w, str) for w in wanted):
             raise UserError(f"host {plan.name}: data engine_packages: expected a list of pip requirements")
         return list(wanted)
-    engines = {s.engine for s in plan.services}
-    pins = [("sglang", "sglang[all]", "sglang_version")]
-    pins += [(r.name, r.package, r.version_key) for r in ROUTERS.values()]
+    versions: dict[str, set[str]] = {}
+    for svc in plan.services:
+        if svc.family.package is None:
+            continue  # the sim: this repo's own code
+        if not svc.engine_version:
+            key = svc.family.version_key
+            raise UserError(f"host {plan.name}: data engines[{svc.role!r}] = {svc.engine!r}: needs a version to pin "
+                            f"the engine in its venv ('{svc.engine}==V', or data {key})")
+        versions.setdefault(svc.engine, set()).add(svc.engine_version)
     out = []
-    for engine, dist, key in pins:
-        if engine in engines:
-            version = data.get(key)
-            if not version:
-                raise UserError(f"host {plan.name}: data {key}: needed to pin the engine in its venv")
-            out.append(f"{dist}=={version}")
+    for engine, found in versions.items():
+        if len(found) > 1:
+            raise UserError(f"host {plan.name}: runs {engine} {' and '.join(sorted(found))} from one venv; "
+                            f"pin one version per host")
+        out.append(family(engine).requirement(found.pop()))
     return out
 
 

@@ -35,6 +35,15 @@ class Service:
     user: str | None
     stop_timeout: int
     unit_dir: str
+    engine_version: str | None = None  # as knobkeeper.engine.role_engine read the pin
+    ports: tuple[tuple[str, int], ...] = ()  # the family's per-instance ports, e.g. (("side_channel", 5600),)
+
+    @property
+    def family(self):
+        """The engine family that runs it (knobkeeper.engine)."""
+        from knobkeeper.engine import family
+
+        return family(self.engine)
 
     @property
     def key(self) -> str:
@@ -158,6 +167,13 @@ class Stack:
     order: list[str]
     hosts: dict[str, HostPlan]
     commands: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    stack: str = ""  # the stack its data names ("" : none); its knobs are knobs.toml's [stack.role] tables
+
+    def scope(self, role: str) -> str:
+        """The knobs.toml table of `role` in this stack ("decode", "vllm.decode")."""
+        from knobkeeper.knobs.values import scope
+
+        return scope(self.stack, role)
 
     @property
     def services(self) -> list[Service]:

@@ -69,8 +69,8 @@ import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
 from knobkeeper.changelog.store import lock_file, unlock_file
-from knobkeeper.deploy.engines import (WORKER_ENGINES, engine_requirements, engine_venv, parse_versions,
-                                      pinned_versions, version_drift, versions_command)
+from knobkeeper.deploy.engines import (engine_requirements, engine_venv, parse_versions, pinned_versions,
+                                      version_drift, versions_command)
 from knobkeeper.deploy.health import GateOutcome, Settling, require_up, settled, wait_gate
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
@@ -85,6 +85,11 @@ from knobkeeper.project import find_project
 from knobkeeper.timeutil import iso, new_id, utcnow
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _engine_label(svc: Service) -> str:
+    """The engine and version the service's role pins, e.g. "vllm 0.32.0" (knobkeeper.engine.role_engine)."""
+    return f"{svc.engine} {svc.engine_version}" if svc.engine_version else svc.engine
 
 
 class GateFailed(Exception):
@@ -157,12 +162,12 @@ class Run:
         self.record = DeployRecord(
             id=self.options.deploy_id or new_id(), inventory=name, inventory_path=self.inventory_path,
             commit=head_commit(self.project.root), dirty=self.source.dirty, allow_dirty=self.options.allow_dirty,
-            options=self.options.to_record(), order=self.order, started_at=iso(utcnow()),
+            options=self.options.to_record(), order=self.order, started_at=iso(utcnow()), stack=self.stack.stack,
         )
         for svc in self.stack.services:
             rendered = self.rendered[(svc.host, svc.name)]
             self.record.services.append(ServiceRow(
-                host=svc.host, service=svc.name, role=svc.role,
+                host=svc.host, service=svc.name, role=svc.role, engine=_engine_label(svc),
                 reason=f"not in only={self.options.only}" if svc.role not in self.scope else "not run",
                 digest=rendered.digest, knobs=rendered.knobs, batch=self.batch_of(svc.host, svc.role) + 1,
                 gate=Gate(url=svc.health_url),
@@ -316,7 +321,7 @@ class Run:
         return f"rolled back {svc.key} to {row.previous_digest} (healthy again)"
 
     def expected_workers(self) -> int:
-        return sum(1 for s in self.stack.services if s.engine in WORKER_ENGINES)
+        return sum(1 for s in self.stack.services if s.family.kind == "worker")
 
     # the end --------------------------------------------------------------------------------------
 
@@ -394,11 +399,11 @@ def current_run(inventory: Any) -> Run:
 
 
 def engine(run: Run, plan: HostPlan) -> None:
-    """a. Production: a venv under the prefix with a pinned sglang (and router) and this repo's
-    kernels. The local stack uses this repo's own environment (the sim and sglang-router).
+    """a. Production: a venv under the prefix with each of the host's engines at the version its role
+    pins (knobkeeper.engine.role_engine: sglang[all]==V, vllm==V, a router) and, where an engine runs
+    them, this repo's kernels. The local stack uses this repo's own environment (the sim and the router).
 
-    Data: `engine_packages` (pip requirements; default: sglang[all]==`sglang_version` and/or
-    sglang-router==`sglang_router_version` for the host's engines), `engine_wheelhouse` (a folder of
+    Data: `engine_packages` (pip requirements instead of the pinned engines), `engine_wheelhouse` (a folder of
     wheels on the controller, synced to {prefix}/wheelhouse/ and installed from there with --no-index)
     or `engine_index` (the package index URL to install from), `engine_wheels` (wheel files on the
     controller, uploaded to {prefix}/wheels/ and installed with --no-deps whenever the wheel installed
@@ -410,7 +415,6 @@ def engine(run: Run, plan: HostPlan) -> None:
     venv = engine_venv(plan)
     if venv is None:
         return
-    engines = {s.engine for s in plan.services}
     pip.virtualenv(name="knobkeeper: engine venv", path=venv, python=str(data.get("base_python") or "python3"),
                    venv=True)
     pip_args = data.get("pip_install_args") or []
@@ -439,7 +443,7 @@ def engine(run: Run, plan: HostPlan) -> None:
         dest = f"{plan.prefix}/wheels/{local.name}"
         files.put(name=f"knobkeeper: wheel {local.name}", src=str(local), dest=dest, create_remote_dir=True)
         wheel_installed(venv, dest, _sha256(local), pip_args, name=f"knobkeeper: install {local.name}")
-    if "sglang" in engines:
+    if any(s.family.runs_kernels for s in plan.services):
         kernels = run.project.root / "kernels"
         synced = files.sync(name="knobkeeper: kernels source", src=str(kernels), dest=f"{plan.prefix}/src/kernels",
                             exclude=["__pycache__", "*.pyc", "*.egg-info"], delete=True)

@@ -290,7 +290,7 @@ def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] 
 def engine_warnings(project: Project, inventory_path: str) -> list[str]:
     """Declared knobs that the engine version this inventory pins would ignore (forks included: a
     deploy should say what it ships that the engine may not read)."""
-    from knobkeeper.knobs.registry import ignored_knobs
+    from knobkeeper.knobs.pinned import ignored_knobs
 
     where = f"pinned in {Path(inventory_path).as_posix()}"
     return [line for line in ignored_knobs(project, include_other_origin=True) if where in line]

@@ -3,10 +3,10 @@
 A record says what a run did to every (host, service) and when, so that a restart can serve as a
 reference point for later incidents:
 
-    {"id", "inventory", "inventory_path", "commit", "dirty", "allow_dirty", "options",
+    {"id", "inventory", "inventory_path", "stack" ("" when the inventory names none), "commit", "dirty", "allow_dirty", "options",
      "order", "started_at", "finished_at", "result": "ok" | "failed", "error",
      "engine_versions": {host: {distribution: installed version}} (hosts with a pinned engine venv),
-     "services": [{"host", "service", "role", "action": "restarted" | "started" | "unchanged",
+     "services": [{"host", "service", "role", "engine" (e.g. "vllm 0.32.0"), "action": "restarted" | "started" | "unchanged",
                    "reason", "changes": [what changed, in words], "digest", "previous_digest",
                    "knobs", "restart_issued_at", "batch", "rollback": {...} | null,
                    "healthy_at", "pid", "gate": {"result": "passed" | "failed" | "skipped" | "not-run",
@@ -80,6 +80,7 @@ class ServiceRow(_ByField):
     host: str
     service: str
     role: str
+    engine: str = ""  # what the role pins, "vllm 0.32.0" (knobkeeper.engine.role_engine)
     action: str = "unchanged"  # one of ACTIONS
     reason: str = ""
     changes: list[str] = field(default_factory=list)  # what changed, in words (files-changed restarts)
@@ -131,6 +132,7 @@ class DeployRecord:
     error: str | None = None
     services: list[ServiceRow] = field(default_factory=list)
     engine_versions: dict[str, dict[str, str | None]] = field(default_factory=dict)  # host -> {dist: version}
+    stack: str = ""  # the inventory's data `stack` ("" : none); its knobs are knobs.toml's [stack.role]
 
     def __post_init__(self) -> None:
         self.services = [r if isinstance(r, ServiceRow) else ServiceRow.from_json(r) for r in self.services]

@@ -137,16 +137,25 @@ def render_service(
     source: Source,
     templates_dir: Path,
     environment: Mapping[str, str] | None = None,
+    instance_env: Mapping[str, str] | None = None,
+    scope: str | None = None,
 ) -> RenderedService:
     """{remote path: text} (plus modes, secrets, digest) for one (host, service). Pure.
 
     `knobs`: the role's knob values (a secret's value is its fingerprint); `provenance`: per knob the
-    words that name where it came from ("entry 1a2b3c4d (set ... by ...)", "override (A/B run)").
+    words that name where it came from ("entry 1a2b3c4d (set ... by ...)", "override (A/B run)");
+    `instance_env`: what the engine family exports for this one instance (vLLM's NIXL side channel);
+    `scope`: the knobs.toml table the knobs come from (where a secret's value is stored).
     """
-    env_fixed = {**BASE_ENVIRONMENT, **(environment or {})}
+    instance = dict(instance_env or {})
+    env_fixed = {**BASE_ENVIRONMENT, **instance, **(environment or {})}
     for name in env_fixed:
         if name in catalog:
             raise UserError(f"data environment[{name!r}]: {name} is a catalog knob; set it with `knobkeeper set`")
+    for name in instance:
+        if name in knobs:
+            raise UserError(f"{service.key}: knob {name} is set per instance by the {service.engine} engine family "
+                            f"(data {service.role}_*_port); remove it from the declared knobs")
     knob_rows = []
     shown: dict[str, str] = {}
     secrets: dict[str, tuple[str, str]] = {}
@@ -157,12 +166,14 @@ def render_service(
         if knob.secret:
             path = f"{service.secrets_dir}/{name}"
             row["secret_path"] = path
-            secrets[path] = (service.role, name)
+            secrets[path] = (scope or service.role, name)  # where the value lives: .knobkeeper-secrets/<scope>/
         else:
             row["value"] = knob.render_value(value)
         knob_rows.append(row)
         shown[name] = knob.display(value)
-    unset = sorted(n for n, k in catalog.knobs.items() if service.role in k.roles and n not in knobs)
+    reads = service.family.reads_knobs_of
+    unset = sorted(n for n, k in catalog.knobs.items()
+                   if service.role in k.roles and n not in knobs and k.engine in (None, reads))
     context = {
         "service": service.name,
         "role": service.role,
@@ -333,17 +344,18 @@ def render_stack(
     source = source or source_of(project.root)
     out: dict[tuple[str, str], RenderedService] = {}
     for role in stack.order:
-        values = dict(declared.get(role, {}))
+        key = stack.scope(role)  # [decode], or [vllm.decode] for an inventory of stack "vllm"
+        values = dict(declared.get(key, {}))
         provenance: dict[str, str] = {}
         for name in values:
-            entry = latest.get((role, name))
+            entry = latest.get((key, name))
             provenance[name] = (
                 f"entry {entry.id} ({entry.action} {entry.time} by {entry.author})" if entry else "declared, no changelog entry"
             )
         _apply_overrides(values, provenance, overrides.get(role, {}))
         if check_secrets:
             for name, value in values.items():
-                problem = secret_mismatch(project, role, name, value) if catalog.get(name).secret else None
+                problem = secret_mismatch(project, key, name, value) if catalog.get(name).secret else None
                 if problem:
                     raise UserError(problem)
         for plan in stack.hosts.values():
@@ -354,5 +366,6 @@ def render_stack(
                 out[(svc.host, svc.name)] = render_service(
                     svc, stack.command(svc), knobs=svc_values, catalog=catalog, provenance=svc_provenance,
                     source=source, templates_dir=project.templates_dir, environment=env,
+                    instance_env=svc.family.instance_environment(svc, plan.data), scope=key,
                 )
     return out

@@ -7,7 +7,10 @@ Data keys (host data > group data > group_data/all.py; `--data` wins over all):
     prefix            root of everything the stack puts on the host (launch scripts, secrets,
                       supervisord, venv); each host its own. Local: <repo>/.knobkeeper-state/local
     service_manager   "supervisord" (local stack) | "systemd" (production)
-    engines           {role: "sim" | "sglang" | "smg" | "sglang-router"}
+    stack             the stack this inventory belongs to ("" / absent: the unnamed one); its knobs are
+                      knobs.toml's [STACK.ROLE] tables (knobkeeper/knobs/__init__.py)
+    engines           {role: "ENGINE" or "ENGINE==VERSION"}, ENGINE one of knobkeeper.engine's families
+                      (sim, sglang, vllm, smg, sglang-router, vllm-router); read by role_engine
     engine_args       {role: [extra command-line arguments]} appended to the engine command
     python            interpreter for sim / router ("{prefix}" is expanded); production: the venv's
     listen_host       address services bind (default 0.0.0.0)
@@ -17,9 +20,13 @@ Data keys (host data > group data > group_data/all.py; `--data` wins over all):
                       more than the role names get the first name with -2, -3, ... appended
                       (decode_workers = 2: knobkeeper-decode, knobkeeper-decode-2 on ports base, base+1)
     prefill_bootstrap_port, router_metrics_port
-    served_model_name, model, transfer_backend, tp_size, router_policy
-    sglang_version, sglang_router_version   the engine pinned in the venv (engine_packages overrides;
-                      engine_wheelhouse / engine_index: where pip gets it; see operations.engine)
+    <role>_<port>_port   a family's per-instance ports (vLLM: <role>_side_channel_port, its NIXL
+                      side channel), +n for the n-th service of the role on a host like <role>_port
+    served_model_name, model, transfer_backend, tp_size, router_policy, kv_connector, kv_buffer_device
+    sglang_version, vllm_version, sglang_router_version, smg_version, vllm_router_version
+                      the engine's version where engines[role] does not say ==VERSION (the pin goes
+                      into the venv: engine_packages overrides; engine_wheelhouse / engine_index:
+                      where pip gets it; see operations.engine)
     environment       {NAME: value} fixed, non-knob environment of every service (NAME: a plain
                       variable name, knobs.catalog.check_env_name)
     service_user      systemd User= (optional); systemd_unit_dir (default /etc/systemd/system)
@@ -35,15 +42,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from knobkeeper.deploy.engines import engine_command, interpreter, workers_of
+from knobkeeper.deploy.engines import engine_command, workers_of
 from knobkeeper.deploy.model import HostPlan, Service, Stack, Supervisor
-from knobkeeper.deploy.routers import ROUTERS
 from knobkeeper.deploy.topology import ROLE_PREFIX, Role, deploy_order, role_from_data
+from knobkeeper.engine import SIM, role_engine
+from knobkeeper.engine.pins import stack_of
 from knobkeeper.errors import UserError
-from knobkeeper.knobs.catalog import check_env_name
+from knobkeeper.knobs.values import check_env_name
 
 MANAGERS = ("supervisord", "systemd")
-ENGINES = ("sim", "sglang", *ROUTERS)
 WORKER_MODES = ("prefill", "decode")
 
 __all__ = ["HostPlan", "Service", "Stack", "Supervisor", "host_plan", "load_inventory", "load_stack",
@@ -73,6 +80,7 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
         raise UserError(f"host {name}: data service_manager = {manager!r}: expected one of {', '.join(MANAGERS)}")
     engines = _get(data, "engines", {})
     engine_args = _get(data, "engine_args", {})
+    stack_of(data, where)
     if not isinstance(engines, Mapping) or not isinstance(engine_args, Mapping):
         raise UserError(f"host {name}: data engines / engine_args: expected dicts keyed by role")
     environment = _get(data, "environment", {})
@@ -88,7 +96,7 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
     timeout_override = data.get("health_timeout")
     plan = HostPlan(name=name, prefix=prefix, manager=manager, data=dict(data))
     if manager == "supervisord":
-        bindir = str(Path(interpreter(data, prefix, "sim")).parent)
+        bindir = str(Path(SIM.interpreter(data, prefix)).parent)
         plan.supervisor = Supervisor(
             root=f"{prefix}/supervisor",
             supervisord=str(_get(data, "supervisord", f"{bindir}/supervisord")),
@@ -99,28 +107,33 @@ def host_plan(name: str, data: Mapping[str, Any], groups: list[str], roles: Mapp
                             "characters; use a shorter prefix")
     for role_name in [g for g in groups if g in roles]:
         role = roles[role_name]
-        engine = engines.get(role_name)
-        if engine not in ENGINES:
-            raise UserError(f"host {name}: data engines[{role_name!r}] = {engine!r}: expected one of {', '.join(ENGINES)}")
-        if engine not in ROUTERS and role_name not in WORKER_MODES:
-            raise UserError(f"host {name}: role {role_name!r} runs engine {engine!r}, which needs the role to be "
-                            f"prefill or decode (its --disaggregation-mode)")
+        pin = role_engine(data, role_name, f"host {name}")
+        if pin is None:
+            raise UserError(f"host {name}: data engines[{role_name!r}]: missing; expected the engine the role runs "
+                            f"(e.g. 'vllm==0.32.0'; engines: sim, sglang, vllm, smg, sglang-router, vllm-router)")
+        fam = pin.family
+        if fam.kind == "worker" and role_name not in WORKER_MODES:
+            raise UserError(f"host {name}: role {role_name!r} runs engine {fam.name!r}, which needs the role to be "
+                            f"prefill or decode (its disaggregation mode)")
         base = _port(name, f"{role_name}_port", data.get(f"{role_name}_port"))
         for index, svc in enumerate(service_names(role, data, where)):
             bootstrap = metrics = None
-            if role_name == "prefill":
+            if role_name == "prefill" and fam.uses_bootstrap:
                 bootstrap = _port(name, "prefill_bootstrap_port", data.get("prefill_bootstrap_port")) + index
-            if engine in ROUTERS:
+            if fam.kind == "router":
                 metrics = _port(name, f"{role_name}_metrics_port", data.get(f"{role_name}_metrics_port")) + index
+            ports = tuple((p, _port(name, f"{role_name}_{p}_port", data.get(f"{role_name}_{p}_port")) + index)
+                          for p in fam.instance_ports)
             timeout = float(timeout_override) if timeout_override else role.health_timeout
             plan.services.append(Service(
                 host=name, role=role_name, name=svc, index=index, prefix=prefix, manager=manager,
-                engine=engine, listen_host=listen, address=address, port=base + index,
-                bootstrap_port=bootstrap, metrics_port=metrics, health_path=role.health,
+                engine=fam.name, listen_host=listen, address=address, port=base + index,
+                bootstrap_port=bootstrap, metrics_port=metrics, health_path=role.health or fam.endpoints.readiness,
                 workers_path=role.workers, health_timeout=timeout, settle=role.settle,
                 user=data.get("service_user"),
                 stop_timeout=int(_get(data, "stop_timeout", 60)),
                 unit_dir=str(_get(data, "systemd_unit_dir", "/etc/systemd/system")),
+                engine_version=pin.version, ports=ports,
             ))
     return plan
 
@@ -166,14 +179,18 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
     seen: dict[tuple[str, int], str] = {}
     for plan in plans.values():
         for svc in plan.services:
-            for port in (svc.port, svc.bootstrap_port, svc.metrics_port):
+            for port in (svc.port, svc.bootstrap_port, svc.metrics_port, *(p for _, p in svc.ports)):
                 if port is None:
                     continue
                 other = seen.get((svc.address, port))
                 if other:
                     raise UserError(f"port {port} on {svc.address}: used by both {other} and {svc.key}")
                 seen[(svc.address, port)] = svc.key
-    stack = Stack(inventory=name, roles=roles, order=order, hosts=plans)
+    named = {stack_of(plan.data, f"inventory {name}, host {plan.name}") for plan in plans.values() if plan.services}
+    if len(named) > 1:
+        raise UserError(f"inventory {name}: hosts name different stacks ({', '.join(sorted(s or '(none)' for s in named))}); "
+                        f"set data stack once, in the inventory or group_data")
+    stack = Stack(inventory=name, roles=roles, order=order, hosts=plans, stack=next(iter(named), ""))
     workers = workers_of(stack.services)
     for svc in stack.services:
         stack.commands[(svc.host, svc.name)] = engine_command(svc, stack.hosts[svc.host].data, workers)

@@ -87,8 +87,9 @@ def secret_problems(project: Project, stack: Any) -> dict[str, list[str]]:
     declared = read_declared(project.knobs_path, catalog)
     out: dict[str, list[str]] = {}
     for role in stack.order:
-        for name, value in sorted(declared.get(role, {}).items()):
-            problem = secret_mismatch(project, role, name, value) if catalog.get(name).secret else None
+        key = stack.scope(role)
+        for name, value in sorted(declared.get(key, {}).items()):
+            problem = secret_mismatch(project, key, name, value) if catalog.get(name).secret else None
             if problem:
                 out.setdefault(role, []).append(problem)
     return out

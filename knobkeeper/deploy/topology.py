@@ -5,7 +5,8 @@ Group data (inventory/group_data/<role>.py) defines one dict per role, named `ro
 
     role_decode = {
         "services": ["knobkeeper-decode"],   # supervisord program / systemd unit names
-        "health": "/health",                 # path polled on each service's port (200 = healthy)
+        "health": "/health",                 # path polled on each service's port (200 = healthy); default:
+                                             # the engine family's readiness path (a router: /readiness)
         "after": ["prefill"],                # roles that must be healthy before this one starts
         "health_timeout": 600,               # seconds a gate waits (--data health_timeout=N overrides)
         "workers": None,                     # router only: path listing workers that must be healthy
@@ -31,7 +32,7 @@ _ROLE_KEYS = {"services", "health", "after", "health_timeout", "workers", "settl
 class Role:
     name: str
     services: tuple[str, ...]
-    health: str
+    health: str = ""  # "" : the engine family's readiness path
     after: tuple[str, ...] = ()
     health_timeout: float = 600.0
     workers: str | None = None
@@ -61,9 +62,9 @@ def role_from_data(name: str, spec: Any, where: str = "group data") -> Role:
         raise UserError(f"{where}: {key}['services']: expected a non-empty list of service names ([A-Za-z0-9._-])")
     if len(set(services)) != len(services):
         raise UserError(f"{where}: {key}['services']: names a service twice")
-    health = spec.get("health")
-    if not isinstance(health, str) or not health.startswith("/"):
-        raise UserError(f"{where}: {key}['health']: expected a URL path such as '/health'")
+    health = spec.get("health", "")
+    if not isinstance(health, str) or (health and not health.startswith("/")):
+        raise UserError(f"{where}: {key}['health']: expected a URL path such as '/health' (or no key: the engine's own)")
     after = spec.get("after", [])
     if isinstance(after, str):
         after = [after]

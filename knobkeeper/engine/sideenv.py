@@ -1,32 +1,42 @@
-"""A side environment per engine version, holding just enough of the engine to run its argument parser.
+"""A side environment per (engine, version), holding just enough of the engine to run its own
+argument parser.
 
-`<cache>/sideenv/sglang-<V>/site` is a `pip install --no-deps --target` of the sglang wheel and the
-few small packages `sglang.srt.server_args` imports (see PARSER_DEPS), built once and reused. It is
-run by this interpreter with the folder first on PYTHONPATH, so the torch of the project's own
-environment (the Makefile installs torch 2.13.0 CPU for the kernels) is reused; only where this
-interpreter has no torch is torch==2.13.0 installed into the side environment too. Nothing of it is
-imported into this process: knobkeeper itself never imports torch or sglang.
+`<cache>/sideenv/<engine>-<V>/site` is a `pip install --no-deps --target` of the engine's wheel and
+the packages its parser imports (the family's ParserSpec: sglang's `server_args`, vLLM's `serve`
+subcommand), at the versions the wheel's own METADATA pins where it pins them. It is built once,
+under a file lock (two `check`s at once build it once), and reused. It is run by this interpreter
+with the folder first on PYTHONPATH, so the torch of the project's own environment (the Makefile
+installs torch 2.13.0 CPU for the kernels) is reused; only where this interpreter has no torch is
+torch==2.13.0 installed into the side environment too. Nothing of it is imported into this process:
+knobkeeper itself never imports torch or an engine.
 
-Offline: `wheel=` (a local sglang wheel) and `wheelhouse=` (a folder of wheels for everything,
+Cold, on this kind of machine (2 cores, PyPI over the network): sglang 0.5.23 ~40 s; vllm 0.32.0
+(the 133 MB CPU wheel and ~23 packages, 0.7 GB) ~1-2 min, and its first parse ~15 s (vllm imports
+torch). Warm: the parser's verdicts are cached per argv beside the side environment.
+
+Offline: `wheel=` (a local engine wheel) and `wheelhouse=` (a folder of wheels for everything,
 pip --no-index --find-links) work without a network.
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
+from knobkeeper.engine import family
+from knobkeeper.engine.source import cached_wheel, normal_name, open_wheel
+from knobkeeper.engine.versions import cache_dir
 from knobkeeper.errors import UserError
-from knobkeeper.knobs.registry import cache_dir, cached_wheel, read_wheel
 
-PARSER_DEPS = ("psutil", "pybase64", "requests", "urllib3", "certifi", "idna", "charset-normalizer", "pyzmq",
-               "tqdm", "ipython", "traitlets", "msgspec")
 TORCH = "torch==2.13.0"
 READY = "ready.json"
 
@@ -40,70 +50,91 @@ def _pip_failure(done: subprocess.CompletedProcess) -> str:
     return lines[-1] if lines else f"pip exited with status {done.returncode}"
 
 
+def pinned_deps(wheel: Path, deps: tuple[str, ...]) -> list[str]:
+    """Each of `deps` with the version specifier the wheel's METADATA gives it (markers dropped; a
+    dependency it does not name is taken as the newest release)."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        text = zf.read(meta).decode("utf-8", "replace")
+    pins: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        requirement, _, marker = line.split(":", 1)[1].partition(";")
+        if "extra ==" in marker:
+            continue
+        found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(.*)$", requirement)
+        if found:
+            pins.setdefault(normal_name(found.group(1)), found.group(3).strip().strip("()"))
+    return [f"{dep}{pins.get(normal_name(dep), '')}" for dep in deps]
+
+
 def ensure_side_env(engine: str, version: str, wheel: Path | None = None, wheelhouse: Path | None = None) -> Path:
     """The site folder of the side environment for `engine` `version`, built on first use (UserError if not possible)."""
+    spec = family(engine).parser
+    if spec is None:
+        raise UserError(f"engine {engine}: knobkeeper runs no flag parser for it")
     home = side_env_dir(engine, version)
     site = home / "site"
-    if (home / READY).is_file() and site.is_dir():
+    if _ready(home, spec.deps):
         return site
-    if wheel is not None:
-        found, _ = read_wheel(engine, wheel)
-        if found != version:
-            raise UserError(f"--wheel {wheel}: holds {engine} {found}, not {version}")
-    else:
-        wheel = cached_wheel(engine, version, wheelhouse)
-    wanted = [str(wheel), *PARSER_DEPS]
-    if importlib.util.find_spec("torch") is None:
-        wanted.append(TORCH)
     home.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix="site-", dir=home))
-    args = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-q",
-            "--target", str(build), *wanted]
-    if wheelhouse is not None:
-        args[4:4] = ["--no-index", "--find-links", str(wheelhouse)]
-    done = subprocess.run(args, capture_output=True, text=True)
-    if done.returncode != 0:
-        shutil.rmtree(build, ignore_errors=True)
-        raise UserError(f"side environment for {engine} {version}: pip install failed: {_pip_failure(done)}")
-    shutil.rmtree(site, ignore_errors=True)
-    os.replace(build, site)
-    (home / READY).write_text(json.dumps({"engine": engine, "version": version, "wheel": Path(wheel).name,
-                                          "packages": wanted[1:]}) + "\n")
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait, then use its build
+        if _ready(home, spec.deps):
+            return site
+        if wheel is not None:
+            found = open_wheel(wheel, spec.wheels, engine).version
+            if found != version:
+                raise UserError(f"--wheel {wheel}: holds {engine} {found}, not {version}")
+        else:
+            wheel = cached_wheel(spec.wheels, version, wheelhouse)
+        wanted = [str(wheel), *pinned_deps(wheel, spec.deps)]
+        if importlib.util.find_spec("torch") is None:
+            wanted.append(TORCH)
+        build = Path(tempfile.mkdtemp(prefix="site-", dir=home))
+        args = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-q",
+                "--target", str(build), *wanted]
+        if wheelhouse is not None:
+            args[4:4] = ["--no-index", "--find-links", str(wheelhouse)]
+        done = subprocess.run(args, capture_output=True, text=True)
+        if done.returncode != 0:
+            shutil.rmtree(build, ignore_errors=True)
+            raise UserError(f"side environment for {engine} {version}: pip install failed: {_pip_failure(done)}")
+        shutil.rmtree(site, ignore_errors=True)
+        os.replace(build, site)
+        (home / READY).write_text(json.dumps({"engine": engine, "version": version, "wheel": Path(wheel).name,
+                                              "deps": list(spec.deps), "packages": wanted[1:]}) + "\n")
     return site
 
 
-# The child's side: parse each argv with the engine's own parser; argparse's message on rejection.
-_PARSE = r"""
-import contextlib, io, json, sys
-from sglang.srt.server_args import prepare_server_args
-FIELDS = ("model_path", "served_model_name", "page_size", "kv_cache_dtype", "disaggregation_transfer_backend",
-          "disaggregation_mode", "disaggregation_bootstrap_port", "host", "port", "tp_size")
-argvs = json.load(open(sys.argv[1]))
-out = []
-for argv in argvs:
-    err = io.StringIO()
+def _ready(home: Path, deps: tuple[str, ...]) -> bool:
+    """Built, and for the parser's dependencies as this knobkeeper names them (a new list rebuilds it)."""
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            parsed = prepare_server_args(list(argv))
-        out.append({"ok": True, "args": {f: getattr(parsed, f, None) for f in FIELDS}})
-    except SystemExit as exc:
-        lines = [l for l in err.getvalue().strip().splitlines() if "error:" in l] or err.getvalue().strip().splitlines()
-        text = lines[-1].split("error:", 1)[-1].strip() if lines else f"exit status {exc.code}"
-        out.append({"ok": False, "message": text})
-    except Exception as exc:
-        out.append({"ok": False, "message": f"{type(exc).__name__}: {exc}"})
-json.dump(out, open(sys.argv[2], "w"), default=str)
-"""
+        return (home / "site").is_dir() and json.loads((home / READY).read_text()).get("deps") == list(deps)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _child_env(site: Path, tmp: str) -> dict[str, str]:
+    """This environment without the engines' own variables (a user's VLLM_* must not change what the
+    parser accepts), the side environment first on the path, caches in a temp folder, no network."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "SGLANG_", "SGL_"))}
+    env.update({"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+                "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(Path(tmp) / "cache"),
+                "VLLM_CONFIG_ROOT": str(Path(tmp) / "config"), "TMPDIR": tmp})
+    return env
 
 
 def parse_launch_args(engine: str, version: str, argvs: list[list[str]], wheel: Path | None = None,
                       wheelhouse: Path | None = None) -> list[dict]:
-    """Each argv (the arguments after `-m sglang.launch_server`) through `prepare_server_args` of `version`:
-    {"ok": True, "args": {...}} or {"ok": False, "message": argparse's message}.
+    """Each argv (what the family's parser_argv took from a rendered command) through the pinned
+    version's own parser: {"ok": True, "args": {...}} or {"ok": False, "message": argparse's message}.
 
     Verdicts are cached per (version, argv) beside the side environment: the parser is a pure function
-    of its arguments, and a warm `check` should not pay torch's import (~2 s) again.
+    of its arguments, and a warm `check` should not pay torch's import (2-15 s) again.
     """
+    spec = family(engine).parser
     site = ensure_side_env(engine, version, wheel, wheelhouse)
     verdicts_path = site.parent / "verdicts.json"
     try:
@@ -116,15 +147,44 @@ def parse_launch_args(engine: str, version: str, argvs: list[list[str]], wheel: 
         with tempfile.TemporaryDirectory(prefix="knobkeeper-parse-") as tmp:
             src, dst = Path(tmp) / "argv.json", Path(tmp) / "out.json"
             src.write_text(json.dumps(missing))
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-            done = subprocess.run([sys.executable, "-c", _PARSE, str(src), str(dst)], capture_output=True, text=True,
-                                  env=env, cwd=tmp, timeout=300)
+            done = subprocess.run([sys.executable, "-c", spec.child, str(src), str(dst)], capture_output=True,
+                                  text=True, env=_child_env(site, tmp), cwd=tmp, timeout=300)
             if done.returncode != 0 or not dst.exists():
                 last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
                 raise UserError(f"{engine} {version}'s parser did not run in {site}: {last}")
             for argv, result in zip(missing, json.loads(dst.read_text())):
                 verdicts[json.dumps(argv)] = result
-        tmp_path = verdicts_path.with_suffix(".tmp")
+        tmp_path = verdicts_path.with_suffix(f".{os.getpid()}.tmp")
         tmp_path.write_text(json.dumps(verdicts))
         os.replace(tmp_path, verdicts_path)
     return [verdicts[k] for k in keys]
+
+
+def prepare(inventory_dir: Path, wheelhouse: Path | None = None) -> list[tuple[str, str, float, str]]:
+    """Build the side environment of every (engine, version) the inventories pin whose family has a
+    parser; [(engine, version, seconds, "built" | "cached" | "skipped: why")]."""
+    import time
+
+    from knobkeeper.engine.pins import engine_pins
+
+    out = []
+    for engine, version in sorted({(p.engine, p.version) for p in engine_pins(inventory_dir) if p.version}):
+        if family(engine).parser is None:
+            continue
+        ready = _ready(side_env_dir(engine, version), family(engine).parser.deps)
+        started = time.monotonic()
+        try:
+            ensure_side_env(engine, version, wheelhouse=wheelhouse)
+            state = "cached" if ready else "built"
+        except UserError as exc:
+            state = f"skipped: {exc}"
+        out.append((engine, version, time.monotonic() - started, state))
+    return out
+
+
+if __name__ == "__main__":
+    # `python -m knobkeeper.engine.sideenv [INVENTORY_DIR]`: what `make test` runs before the suite, so
+    # that the first `check` of a new machine does not build them inside a test's time limit.
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "inventory")
+    for engine, version, seconds, state in prepare(folder):
+        print(f"side environment {engine} {version}: {state} ({seconds:.1f} s) in {side_env_dir(engine, version)}")

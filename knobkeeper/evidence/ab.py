@@ -308,12 +308,13 @@ def deploy_harness(project, inventory: str, role: str, knob: str) -> Harness:
     return Harness(switch_arm, restore, router.url if router else None, deploy_probes(project, inventory, role, knob))
 
 
-def engine_of(project, inventory: str, role: str) -> str:
-    """The engine the role runs in this inventory (sim, sglang, ...), for the evidence's setup."""
+def engine_of(project, inventory: str, role: str) -> dict:
+    """The evidence's setup.engine / engine_version (and stack) of the role in this inventory, as its
+    pin says (knobkeeper.engine.role_engine, through the stack)."""
     from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.engine.pins import evidence_setup
 
-    engines = {s.engine for s in load_stack(project.root, inventory).services if s.role == role}
-    return ", ".join(sorted(engines)) or "unknown"
+    return evidence_setup(load_stack(project.root, inventory), role)
 
 
 def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
@@ -345,7 +346,7 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     def prefill_tokens() -> float | None:
         total = 0.0
         for svc in prefills:
-            value = prompt_tokens_total(svc.url)
+            value = prompt_tokens_total(svc.url, svc.family.metrics.prompt_tokens)
             if value is None:
                 return None
             total += value
@@ -354,8 +355,8 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     return Probes(knob=knob_probe, prefill_tokens=prefill_tokens if prefills else None)
 
 
-def prompt_tokens_total(base_url: str, timeout: float = 5.0) -> float | None:
-    """The sum of sglang:prompt_tokens_total on `base_url`/metrics (None when unreadable)."""
+def prompt_tokens_total(base_url: str, name: str = "sglang:prompt_tokens_total", timeout: float = 5.0) -> float | None:
+    """The sum of the engine's prompt-token counter `name` on `base_url`/metrics (None when unreadable)."""
     try:
         with urllib.request.urlopen(f"{base_url.rstrip('/')}/metrics", timeout=timeout) as resp:
             text = resp.read().decode("utf-8", "replace")
@@ -363,7 +364,7 @@ def prompt_tokens_total(base_url: str, timeout: float = 5.0) -> float | None:
         return None
     total, found = 0.0, False
     for line in text.splitlines():
-        if line.startswith("sglang:prompt_tokens_total"):
+        if line.startswith(name + "{") or line.startswith(name + " "):
             try:
                 total += float(line.rsplit(None, 1)[-1])
                 found = True
@@ -399,13 +400,13 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     if design.repeats is None and design.max_repeats is None:
         design = dataclasses.replace(design, max_repeats=J.sequential_repeats(levels=len(set(design.levels)),
                                                                               guards=True))
-    engine = "custom switcher" if harness is not None else engine_of(project, inventory, role)
+    engine = {"engine": "custom switcher"} if harness is not None else engine_of(project, inventory, role)
     harness = harness or deploy_harness(project, inventory, role, knob)
     if endpoint:
         harness = dataclasses.replace(harness, endpoint=endpoint)
     if not harness.endpoint:
         raise UserError("--endpoint: required (the inventory names no router endpoint)")
-    setup = Setup.build(project, inventory=inventory, engine=engine)
+    setup = Setup.build(project, inventory=inventory, **engine)
     with terminate_as_interrupt():  # a CI job's SIGTERM restores the declared state, as Ctrl-C does
         doc = measure(harness, design, knob=knob, role=role, arms=arms, setup=setup, progress=progress)
     write(project, doc, no_commit=no_commit)

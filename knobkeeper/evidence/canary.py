@@ -659,6 +659,7 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
     """`knobkeeper canary KNOB=VALUE --role R ...`: everything checked before anything deploys, then
     `run` through the deploy, the metrics from knobkeeper's own scrape or from `prometheus`."""
     from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.engine.pins import evidence_setup
     from knobkeeper.evidence.metrics import PrometheusSource, ScrapeSource, targets_of
     from knobkeeper.evidence.store import parse_knob_spec
     from knobkeeper.knobs.state import read_declared, value_of
@@ -670,12 +671,11 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
     if role not in stack.roles:
         raise UserError(f"--role {role}: not a role of {inventory} (roles: {', '.join(stack.order)})")
     canary_t, baseline_t = choose(targets_of(stack, [role]), role, hosts, host_names)
-    declared = value_of(read_declared(project.knobs_path), role, knob) if project.knobs_path.exists() else None
+    declared = value_of(read_declared(project.knobs_path), stack.scope(role), knob) if project.knobs_path.exists() else None
     plan = Plan(knob, value, declared, role, canary_t, baseline_t)
     source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
               else ScrapeSource(plan.targets, options.scrape_interval))
-    setup = Setup.build(project, inventory=inventory,
-                        engine=", ".join(sorted({s.engine for s in stack.services if s.role == role})))
+    setup = Setup.build(project, inventory=inventory, **evidence_setup(stack, role))
     return run(project, plan, source, deploy_switch(project, inventory, plan), options, setup)
 
 

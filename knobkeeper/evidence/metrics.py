@@ -2,7 +2,9 @@
 numbers: knobkeeper scraping every worker's /metrics itself (`ScrapeSource`, the embedded default)
 or a real Prometheus scraping the same endpoints (`PrometheusSource`, PromQL over its HTTP API).
 
-Per target (one worker service: host/service) and per window (t_start, t_end]:
+Per target (one worker service: host/service) and per window (t_start, t_end], under the names its
+engine family exports (knobkeeper.engine: Family.metrics; shown here with SGLang's, which the sim
+exports too; vLLM's are vllm:generation_tokens_total, vllm:num_requests_running, ...):
 
     output_tokens_per_s  rate(sglang:generation_tokens_total[W])
     running              avg_over_time(sglang:num_running_reqs[W])
@@ -42,17 +44,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from knobkeeper.deploy.routers import ROUTERS
+from knobkeeper.engine.family import Metrics, Series
+from knobkeeper.engine.sglang import SGLANG_METRICS
 from knobkeeper.errors import UserError
 
-TOKENS = "sglang:generation_tokens_total"
-RUNNING = "sglang:num_running_reqs"
-QUEUED = "sglang:num_queue_reqs"
-ABORTED = "sglang:num_aborted_requests_total"
-TTFT = "sglang:time_to_first_token_seconds"
-ITL = "sglang:inter_token_latency_seconds"
-REQUESTS = "sglang:num_requests_total"
-TPOT_NAMES = ("sglang:request_time_per_output_token_seconds", "sglang:time_per_output_token_seconds")
 QUANTILES = {"p50": 0.5, "p99": 0.99}
 LABEL = "kk_target"
 
@@ -65,6 +60,7 @@ class Target:
     host: str
     role: str
     url: str
+    metrics: Metrics = SGLANG_METRICS  # the names its engine family exports
 
 
 @dataclass
@@ -88,22 +84,27 @@ class WindowStats:
                 "decoding": self.decoding, "itl_ms": self.itl_ms, "requests": self.requests}
 
 
-def queries(window_s: float) -> dict[str, str]:
+def queries(window_s: float, names: Metrics = SGLANG_METRICS) -> dict[str, str]:
     """The PromQL of every quantity for a window of `window_s` (recorded in the evidence)."""
     w = duration_text(window_s)
-    tpot = " or ".join(f"rate({n}_bucket[{w}])" for n in TPOT_NAMES)
+    tpot = " or ".join(f"rate({n}_bucket[{w}])" for n in names.tpot)
+    itl = names.itl
     out = {
-        "output_tokens_per_s": f"sum by ({LABEL}) (rate({TOKENS}[{w}]))",
-        "running": f"sum by ({LABEL}) (avg_over_time({RUNNING}[{w}]))",
-        "errors": f"sum by ({LABEL}) (increase({ABORTED}[{w}]))",
-        "requests": f"sum by ({LABEL}) (increase({REQUESTS}[{w}]))",
-        "decoding": f"sum by ({LABEL}) (rate({ITL}_sum[{w}]))",
-        "itl_ms": f"1000 * sum by ({LABEL}) (rate({ITL}_sum[{w}])) / sum by ({LABEL}) (rate({ITL}_count[{w}]))",
+        "output_tokens_per_s": f"sum by ({LABEL}) (rate({names.tokens}[{w}]))",
+        "running": f"sum by ({LABEL}) (avg_over_time({names.running}[{w}]))",
+        "errors": f"sum by ({LABEL}) (increase({_promql(names.aborted)}[{w}]))",
+        "requests": f"sum by ({LABEL}) (increase({_promql(names.requests)}[{w}]))",
+        "decoding": f"sum by ({LABEL}) (rate({itl}_sum[{w}]))",
+        "itl_ms": f"1000 * sum by ({LABEL}) (rate({itl}_sum[{w}])) / sum by ({LABEL}) (rate({itl}_count[{w}]))",
     }
     for key, q in QUANTILES.items():
-        out[f"ttft_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) (rate({TTFT}_bucket[{w}])))"
+        out[f"ttft_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) (rate({names.ttft}_bucket[{w}])))"
         out[f"tpot_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) ({tpot}))"
     return out
+
+
+def _promql(series: Series | None) -> str:
+    return series.promql() if series is not None else "vector(0)"
 
 
 def duration_text(seconds: float) -> str:
@@ -122,6 +123,7 @@ def parse(text: str) -> dict[str, Any]:
     from prometheus_client.parser import text_string_to_metric_families
 
     counters: dict[str, float] = {}
+    by_label: dict[str, float] = {}  # "name{label=value}" -> sum, for label-filtered series (Series)
     gauges: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
@@ -134,6 +136,9 @@ def parse(text: str) -> dict[str, Any]:
         for s in fam.samples:
             if fam.type == "counter" and s.name.endswith("_total"):
                 counters[s.name] = counters.get(s.name, 0.0) + s.value
+                for label, value in s.labels.items():
+                    key = f"{s.name}{{{label}={value}}}"
+                    by_label[key] = by_label.get(key, 0.0) + s.value
             elif fam.type == "gauge":
                 gauges[s.name] = gauges.get(s.name, 0.0) + s.value
             elif fam.type == "histogram" and s.name.endswith("_bucket"):
@@ -143,8 +148,20 @@ def parse(text: str) -> dict[str, Any]:
             elif fam.type == "histogram" and s.name in (f"{fam.name}_sum", f"{fam.name}_count"):
                 into = sums if s.name.endswith("_sum") else counts
                 into[fam.name] = into.get(fam.name, 0.0) + s.value
-    return {"counters": counters, "gauges": gauges,
+    return {"counters": counters, "by_label": by_label, "gauges": gauges,
             "buckets": {n: sorted(b.items()) for n, b in buckets.items()}, "sums": sums, "counts": counts}
+
+
+def series_value(data: dict[str, Any], series: Series | None) -> float | None:
+    """A counter's value in one parsed scrape (only the samples its label filter keeps)."""
+    if series is None:
+        return None
+    if series.label is None:
+        return data.get("counters", {}).get(series.name)
+    found = [data.get("by_label", {}).get(f"{series.name}{{{series.label}={v}}}") for v in series.values]
+    if all(f is None for f in found) and series.name not in data.get("counters", {}):
+        return None
+    return sum(f or 0.0 for f in found)
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
@@ -205,9 +222,9 @@ class ScrapeSource:
                 data = parse(fetch(t.url))
             except ValueError as exc:
                 raise UserError(f"{t.url}: {exc}") from None
-            if TOKENS not in data["counters"]:
-                raise UserError(f"{t.url} ({t.key}): no {TOKENS} series (is it an SGLang worker with "
-                                f"--enable-metrics?)")
+            if t.metrics.tokens not in data["counters"]:
+                raise UserError(f"{t.url} ({t.key}): no {t.metrics.tokens} series (is its engine serving metrics, "
+                                f"e.g. SGLang with --enable-metrics?)")
 
     def _scrape_all(self) -> None:
         for t in self.targets:
@@ -236,15 +253,15 @@ class ScrapeSource:
 
     def windows(self, edges: list[float]) -> dict[str, list[WindowStats]]:
         """Per target, one WindowStats per consecutive pair of `edges` (unix seconds)."""
-        return {t.key: [self._window(self.samples[t.key], a, b) for a, b in zip(edges, edges[1:])]
+        return {t.key: [self._window(self.samples[t.key], a, b, t.metrics) for a, b in zip(edges, edges[1:])]
                 for t in self.targets}
 
     @staticmethod
-    def _window(samples: list[_Sample], start: float, end: float) -> WindowStats:
+    def _window(samples: list[_Sample], start: float, end: float, names: Metrics = SGLANG_METRICS) -> WindowStats:
         before = [s for s in samples if s.t <= start]
         upto = [s for s in samples if s.t <= end]
         inside = [s for s in samples if start < s.t <= end]
-        gauge = [s.data["gauges"].get(RUNNING) for s in inside]
+        gauge = [s.data["gauges"].get(names.running) for s in inside]
         gauge = [g for g in gauge if g is not None]
         stats = WindowStats(start, end, None, sum(gauge) / len(gauge) if gauge else None, 0)
         if not before or not upto or upto[-1].t <= before[-1].t:
@@ -252,18 +269,21 @@ class ScrapeSource:
         a, b = before[-1], upto[-1]
         dt = b.t - a.t
 
-        def increase(name: str, kind: str = "counters") -> float | None:
-            va, vb = a.data.get(kind, {}).get(name), b.data.get(kind, {}).get(name)
+        def increase(name: str | Series | None, kind: str = "counters") -> float | None:
+            if isinstance(name, Series) or name is None:
+                va, vb = series_value(a.data, name), series_value(b.data, name)
+            else:
+                va, vb = a.data.get(kind, {}).get(name), b.data.get(kind, {}).get(name)
             if va is None or vb is None:
                 return None
             return vb - va if vb >= va else vb  # a counter reset: the process restarted inside the window
 
-        tokens = increase(TOKENS)
+        tokens = increase(names.tokens)
         stats.output_tokens_per_s = None if tokens is None else tokens / dt
-        stats.errors = int(round(increase(ABORTED) or 0))
-        finished = increase(REQUESTS)
+        stats.errors = int(round(increase(names.aborted) or 0))
+        finished = increase(names.requests)
         stats.requests = None if finished is None else int(round(finished))
-        itl_sum, itl_count = increase(ITL, "sums"), increase(ITL, "counts")
+        itl_sum, itl_count = increase(names.itl, "sums"), increase(names.itl, "counts")
         if itl_sum is not None and itl_count:
             stats.decoding = itl_sum / dt
             stats.itl_ms = 1000.0 * itl_sum / itl_count
@@ -279,8 +299,8 @@ class ScrapeSource:
                     return {k: v * 1000 for k, v in out.items()}
             return None
 
-        stats.ttft_ms = quantiles((TTFT,))
-        stats.tpot_ms = quantiles(TPOT_NAMES)
+        stats.ttft_ms = quantiles((names.ttft,))
+        stats.tpot_ms = quantiles(names.tpot)
         return stats
 
 
@@ -325,12 +345,13 @@ class PrometheusSource:
 
     def check(self) -> None:
         """UserError when Prometheus is unreachable or holds no token series for some target."""
-        found = {r["metric"].get(LABEL) for r in self.query(f"{TOKENS}")}
-        missing = [t.key for t in self.targets if t.key not in found]
-        if missing:
-            raise UserError(f"--source prometheus {self.url}: no {TOKENS} series for {', '.join(missing)} "
-                            f"(does its scrape config label targets {LABEL}=\"<host>/<service>\"? "
-                            f"see `knobkeeper canary --print-scrape-config`)")
+        for names in dict.fromkeys(t.metrics for t in self.targets):
+            found = {r["metric"].get(LABEL) for r in self.query(names.tokens)}
+            missing = [t.key for t in self.targets if t.metrics == names and t.key not in found]
+            if missing:
+                raise UserError(f"--source prometheus {self.url}: no {names.tokens} series for {', '.join(missing)} "
+                                f"(does its scrape config label targets {LABEL}=\"<host>/<service>\"? "
+                                f"see `knobkeeper canary --print-scrape-config`)")
 
     def start(self) -> None:
         pass
@@ -347,7 +368,8 @@ class PrometheusSource:
         ends = edges[1:]
         step = max(1, round(width * 1000)) / 1000  # what duration_text sends
         values: dict[str, dict[str, dict[int, float]]] = {}
-        for name, promql in queries(width).items():
+        for name, promql in ((n, q) for names in dict.fromkeys(t.metrics for t in self.targets)
+                             for n, q in queries(width, names).items()):
             for series in self.query_range(promql, ends[0], ends[-1] + step / 2, width):
                 key = series["metric"].get(LABEL)
                 per = values.setdefault(key, {}).setdefault(name, {})
@@ -383,9 +405,10 @@ def targets_of(stack, roles: Iterable[str] | None = None) -> list[Target]:
     keep = set(roles) if roles is not None else None
     out = []
     for svc in stack.services:
-        if svc.engine in ROUTERS or (keep is not None and svc.role not in keep):
+        if svc.family.kind == "router" or (keep is not None and svc.role not in keep):
             continue
-        out.append(Target(key=svc.key, host=svc.host, role=svc.role, url=svc.url + "/metrics"))
+        out.append(Target(key=svc.key, host=svc.host, role=svc.role, url=svc.url + "/metrics",
+                          metrics=svc.family.metrics or SGLANG_METRICS))
     return out
 
 
@@ -393,7 +416,7 @@ def scrape_config(stack, scrape_interval: float = 0.5) -> str:
     """prometheus.yml scraping every worker's /metrics and every router's metrics port."""
     targets = targets_of(stack)
     for svc in stack.services:
-        if svc.engine in ROUTERS and svc.metrics_port is not None:
+        if svc.family.kind == "router" and svc.metrics_port is not None:
             host = urllib.parse.urlsplit(svc.url).hostname
             targets.append(Target(key=svc.key, host=svc.host, role=svc.role,
                                   url=f"http://{host}:{svc.metrics_port}/metrics"))
@@ -426,14 +449,14 @@ def snapshot(stack, window: float = 5.0) -> dict[str, Any]:
         except (UserError, ValueError) as exc:
             return {"error": str(exc)}
 
-    engines = [s for s in stack.services if s.engine not in ROUTERS]
+    engines = [s for s in stack.services if s.family.kind != "router"]
     first = {s.key: scrape(s.url + "/metrics") for s in engines}
     t0 = time.time()
     time.sleep(window)
     services = []
     for svc in stack.services:
         row: dict[str, Any] = {"host": svc.host, "service": svc.name, "role": svc.role}
-        if svc.engine in ROUTERS:
+        if svc.family.kind == "router":
             if svc.metrics_port is not None:
                 host = urllib.parse.urlsplit(svc.url).hostname
                 got = scrape(f"http://{host}:{svc.metrics_port}/metrics")
@@ -446,10 +469,10 @@ def snapshot(stack, window: float = 5.0) -> dict[str, Any]:
         else:
             now, before = scrape(svc.url + "/metrics"), first[svc.key]
             row["error"] = now.get("error") or before.get("error")
-            gauges = now.get("gauges", {})
-            row["running"] = gauges.get(RUNNING)
-            row["queued"] = gauges.get(QUEUED)
-            a, b = before.get("counters", {}).get(TOKENS), now.get("counters", {}).get(TOKENS)
+            gauges, names = now.get("gauges", {}), svc.family.metrics or SGLANG_METRICS
+            row["running"] = gauges.get(names.running)
+            row["queued"] = gauges.get(names.waiting)
+            a, b = before.get("counters", {}).get(names.tokens), now.get("counters", {}).get(names.tokens)
             row["tokens_per_s"] = None if a is None or b is None else max(0.0, b - a) / max(1e-9, time.time() - t0)
             row["gauges"] = gauges
         services.append(row)

@@ -249,6 +249,7 @@ class Setup(Typed):
     git_sha: str | None = None
     engine: str = "unknown"
     engine_version: str | None = None
+    stack: str | None = None            # the inventory's stack name, where a repo holds more than one
     model: str | None = None
     served_model_name: str | None = None
     device: str | None = None
@@ -256,12 +257,13 @@ class Setup(Typed):
     bench_version: str | None = None
     workload: Workload = field(default_factory=Workload)
     schedule: Schedule | None = None
-    OMIT = frozenset({"served_model_name", "bench_tool", "bench_version", "schedule"})
+    OMIT = frozenset({"stack", "served_model_name", "bench_tool", "bench_version", "schedule"})
     extra: dict[str, Any] = _extra()
 
     @classmethod
     def build(cls, project: Any = None, *, inventory: str | None = None, engine: str | None = None,
-              engine_version: str | None = None, model: str | None = None, served_model_name: str | None = None,
+              engine_version: str | None = None, stack: str | None = None, model: str | None = None,
+              served_model_name: str | None = None,
               device: str | None = None, bench_tool: str | None = None, bench_version: str | None = None,
               workload: Workload | Mapping | None = None, schedule: Schedule | None = None,
               extra: Mapping | None = None) -> "Setup":
@@ -273,7 +275,7 @@ class Setup(Typed):
 
             git_sha = gitio.head_sha(project.root)
         return cls(inventory=inventory, git_sha=git_sha, engine=engine or "unknown", engine_version=engine_version,
-                   model=model, served_model_name=served_model_name, device=device, bench_tool=bench_tool,
+                   stack=stack or None, model=model, served_model_name=served_model_name, device=device, bench_tool=bench_tool,
                    bench_version=bench_version, workload=Workload.of(workload or {}), schedule=schedule,
                    extra=dict(extra or {}))
 

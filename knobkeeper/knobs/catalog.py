@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -15,20 +16,9 @@ from typing import Any
 
 from knobkeeper import fmt
 from knobkeeper.errors import UserError
+from knobkeeper.knobs.values import ENV_NAME, TYPES, check_env_name, role_of  # noqa: F401 (the catalog's vocabulary)
 from knobkeeper.tomlio import read_toml
 
-TYPES = ("int", "float", "bool", "enum", "string", "secret")
-
-# What a shell accepts as a variable name: knob names (catalog, engine registries) and host data
-# `environment` names reach launch scripts unquoted, so anything else is refused where it enters.
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def check_env_name(name: Any, where: str) -> str:
-    """`name` if it is a valid environment variable name, else a UserError naming `where`."""
-    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
-        raise UserError(f"{where}: {name!r} is not a valid variable name (letters, digits and _, not starting with a digit)")
-    return name
 RISKS = ("perf", "numerics", "behaviour")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -72,6 +62,20 @@ class Knob:
     @property
     def secret(self) -> bool:
         return self.type == "secret"
+
+    @property
+    def engine(self) -> str | None:
+        """The engine family whose releases read it, when its `source` names one first ("sglang",
+        "sglang fork", "vllm PR 123"); None for a knob of no engine (nccl, a kernel, the hub client)."""
+        from knobkeeper.engine import with_registry
+
+        first = re.split(r"[^A-Za-z0-9_]", self.source.strip(), maxsplit=1)[0].lower()
+        return first if first in {f.name for f in with_registry()} else None
+
+    def names_other_origin(self) -> bool:
+        """Whether its source says it comes from somewhere other than the engine's releases (a fork,
+        a build, a PR): what --allow-undeclared needs."""
+        return self.engine is not None and self.source.strip().lower() != self.engine
 
     def accepted(self) -> str:
         """Words for what this knob accepts, for error messages."""
@@ -169,15 +173,40 @@ class Catalog:
             raise UserError(f"unknown knob {name!r}: not in the catalog{where}{hint}") from None
 
     def registry_knob(self, name: str) -> Knob | None:
-        """A knob only an imported engine registry (inventory/engines/) declares; loaded on a miss only."""
-        if self.path is None:
+        """A knob only an imported engine registry (inventory/engines/) declares, newest version first;
+        loaded on a miss only. It gets the registry's type, risk "unreviewed" and every role that runs
+        the engine, until a person curates it here."""
+        if self.path is None or not ENV_NAME.fullmatch(name):
             return None
-        from knobkeeper.knobs.registry import registry_knob
+        from knobkeeper.engine import family
+        from knobkeeper.engine.pins import engine_roles
+        from knobkeeper.knobs.registry import NEUTRAL_RISK, newest_entry
 
-        return registry_knob(self.path.parent, name)
+        inventory_dir = self.path.parent
+        found = newest_entry(inventory_dir, name)
+        if found is None:
+            return None
+        registry, entry = found
+        roles = engine_roles(inventory_dir, registry.engine)
+        if not roles:
+            return None
+        default = entry.get("default")
+        shown_default = entry.get("default_computed") or ("(none)" if default is None else json.dumps(default))
+        knob = Knob(name=name, type=entry["type"], roles=roles, risk=NEUTRAL_RISK,
+                    doc=entry.get("doc") or f"(no comment in {registry.label()}'s {family(registry.engine).registry.file})",
+                    source=registry.engine, unset=f"the engine default: {shown_default}",
+                    choices=tuple(entry.get("choices") or ()))
+        if default is not None and not isinstance(default, (list, dict)):
+            try:
+                knob = Knob(**{**knob.__dict__, "default": knob.check(default)})
+            except UserError:
+                pass  # an engine default outside the catalog's type (e.g. -1 for a float) stays documentation
+        return knob
 
     def for_role(self, name: str, role: str) -> Knob:
+        """The knob, if it applies to `role` (a role, or a scope "stack.role": see knobs.values)."""
         knob = self.get(name)
+        role = role_of(role)
         if role not in knob.roles:
             raise UserError(f"{name} does not apply to role {role!r}: it applies to {', '.join(knob.roles)}")
         return knob

@@ -1,4 +1,14 @@
-"""Declared knob state (inventory/knobs.toml): one table per role, edited with comments and order kept."""
+"""Declared knob state (inventory/knobs.toml): one table per role, edited with comments and order kept.
+
+    [decode]                      role decode of the stack the inventories do not name
+    SGLANG_SM120_MMA_TARGET_CTAS = 512
+
+    [vllm.decode]                 role decode of stack "vllm" (inventories with data stack = "vllm")
+    VLLM_CPU_OMP_THREADS_BIND = "auto"
+
+A top-level table holding only tables is a stack; one holding values (or nothing) is a role. The
+declared state is keyed by scope ("decode", "vllm.decode": knobkeeper.knobs.values).
+"""
 
 from __future__ import annotations
 
@@ -8,33 +18,59 @@ from typing import Any
 import tomlkit
 
 from knobkeeper.errors import UserError
-from knobkeeper.tomlio import read_toml
 from knobkeeper.knobs.catalog import Catalog, Value, is_fingerprint
+from knobkeeper.knobs.values import scope, split_scope
+from knobkeeper.tomlio import read_toml
 
 Declared = dict[str, dict[str, Value]]
 
 
-def read_declared(path: Path, catalog: Catalog | None = None) -> Declared:
-    """{role: {knob: value}}; with a catalog, every value is checked against it."""
-    data = read_toml(path, missing="declared state not found (create it with one [role] table per role)")
-    declared: Declared = {}
-    for role, table in data.items():
+def _is_stack(table: dict) -> bool:
+    return bool(table) and all(isinstance(v, dict) for v in table.values())
+
+
+def _tables(path: Path, data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(scope, table) of every role table, stacks' role tables included."""
+    out = []
+    for key, table in data.items():
         if not isinstance(table, dict):
-            raise UserError(f"{path}: {role} = ...: expected a [{role}] table of KNOB = value")
+            raise UserError(f"{path}: {key} = ...: expected a [{key}] table of KNOB = value")
+        if _is_stack(table):
+            for role, inner in table.items():
+                if any(isinstance(v, dict) for v in inner.values()):
+                    raise UserError(f"{path}: [{key}.{role}]: expected KNOB = value lines (a stack holds role tables)")
+                out.append((scope(key, role), inner))
+        else:
+            nested = [k for k, v in table.items() if isinstance(v, dict)]
+            if nested:
+                raise UserError(f"{path}: [{key}] {nested[0]}: expected a value, got a table ([{key}] is a role; "
+                                f"a stack's tables are [STACK.ROLE] and hold no values of their own)")
+            out.append((key, table))
+    return out
+
+
+def read_declared(path: Path, catalog: Catalog | None = None) -> Declared:
+    """{scope: {knob: value}}; with a catalog, every value is checked against it."""
+    data = read_toml(path, missing="declared state not found (create it with one [role] table per role)")
+    return declared_from(path, data, catalog)
+
+
+def declared_from(path: Path, data: dict[str, Any], catalog: Catalog | None = None) -> Declared:
+    """The declared state of knobs.toml's parsed TOML `data` (e.g. as committed at HEAD)."""
+    declared: Declared = {}
+    for key, table in _tables(path, data):
         for name, value in table.items():
-            if isinstance(value, dict):
-                raise UserError(f"{path}: [{role}] {name}: expected a value, got a table")
             if catalog is not None:
                 try:
-                    knob = catalog.for_role(name, role)
+                    knob = catalog.for_role(name, key)
                     if not knob.secret:
                         knob.check(value)
                     elif not is_fingerprint(value):
                         raise UserError(f"{name}: plaintext value for secret knob {name} (not shown); "
                                         f"knobs.toml holds only its fingerprint (sha256:...)")
                 except UserError as exc:
-                    raise UserError(f"{path}: [{role}] {exc}") from None
-        declared[role] = dict(table)
+                    raise UserError(f"{path}: [{key}] {exc}") from None
+        declared[key] = dict(table)
     return declared
 
 
@@ -47,12 +83,20 @@ def load_document(path: Path) -> tomlkit.TOMLDocument:
         raise UserError(f"{path}: malformed TOML: {exc}") from None
 
 
-def with_value(document: tomlkit.TOMLDocument, role: str, name: str, value: Value | None) -> str:
-    """The file's new text with `role.name` set to `value` (None removes it); the rest untouched."""
-    if role not in document:
-        document.add(tomlkit.nl())
-        document.add(role, tomlkit.table())
-    table: Any = document[role]
+def with_value(document: tomlkit.TOMLDocument, key: str, name: str, value: Value | None) -> str:
+    """The file's new text with knob `name` of scope `key` set to `value` (None removes it); the rest untouched."""
+    stack, role = split_scope(key)
+    parent: Any = document
+    if stack:
+        if stack not in document:
+            document.add(tomlkit.nl())
+            document.add(stack, tomlkit.table(is_super_table=True))
+        parent = document[stack]
+    if role not in parent:
+        if not stack:
+            document.add(tomlkit.nl())
+        parent.add(role, tomlkit.table())
+    table: Any = parent[role]
     if value is None:
         if name in table:
             del table[name]
@@ -61,5 +105,5 @@ def with_value(document: tomlkit.TOMLDocument, role: str, name: str, value: Valu
     return tomlkit.dumps(document)
 
 
-def value_of(declared: Declared, role: str, name: str) -> Value | None:
-    return declared.get(role, {}).get(name)
+def value_of(declared: Declared, key: str, name: str) -> Value | None:
+    return declared.get(key, {}).get(name)

@@ -9,6 +9,7 @@ from typing import Any
 
 from knobkeeper import fmt
 from knobkeeper.audit.status import describe
+from knobkeeper.knobs.values import scope
 from knobkeeper.report import svg
 from knobkeeper.report.sources import Sources, arm_intervals
 from knobkeeper.report.svg import Mark, Span, TimeScale, esc, to_dt, when
@@ -143,7 +144,7 @@ def _deploys_now(src: Sources, opt: Options) -> str:
                     f'{esc(seen.get("state", "unknown"))}</span> <span class="who">observed (status --json)' \
                     f'{": " + esc(diffs) if diffs else ""}</span>'
         elif record is not None:
-            want = declared.get(role, {})
+            want = declared.get(scope(record.stack, role), {})  # [stack.role] for a named stack
             had = svc.knobs or {}
             differ = sorted(k for k in set(want) | set(had) if want.get(k) != had.get(k))
             if gate == "failed":
@@ -522,7 +523,7 @@ def _knob_block(src: Sources, name: str, entries: list, scale: TimeScale | None)
         strip = svg.value_strip(sorted(per_role.items()), scale)
     rows = []
     for e in reversed(entries[-HISTORY_ROWS:]):
-        rows.append(f'<tr id="entry-{esc(e.id)}" class="a-{esc(e.action)}"><td>{esc(when(e.time))}</td><td>{esc(e.role)}</td>'
+        rows.append(f'<tr id="entry-{esc(e.id)}" class="a-{esc(e.action)}"><td>{esc(when(e.time))}</td><td>{esc(e.scope)}</td>'
                     f'<td>{esc(e.action)}</td><td class="value">{esc(fmt.value(e.old))} &rarr; {esc(fmt.value(e.new))}'
                     f'</td><td><code>{esc(e.id)}</code></td><td>{esc(e.author)}</td><td class="reason">{esc(e.reason)}'
                     + "".join(f' <a href="#ev-{esc(i)}">evidence <code>{esc(i)}</code></a>' for i in e.evidence)

@@ -214,7 +214,7 @@ def collect(project: Project, base: str | None = None, head: str | None = None) 
                                 f"run `knobkeeper record --reason ...`")
         except UserError as exc:
             warnings.append(f"knobs.toml unreadable at head: {relative(str(exc), tree.root)}")
-        warnings += _engine_warnings(tree, {(e.role, e.knob) for e in new})
+        warnings += _engine_warnings(tree, {(e.scope, e.knob) for e in new})
 
     for c in changes:
         warnings += _change_warnings(c, catalog)
@@ -225,13 +225,13 @@ def collect(project: Project, base: str | None = None, head: str | None = None) 
 def _engine_warnings(tree: Project, changed: set[tuple[str, str]]) -> list[str]:
     """For each knob this range changes: what the engine version its role pins would make of it (not
     declared: the engine ignores it; or declared with another type), forks included."""
-    from knobkeeper.knobs.registry import ignored_knobs
+    from knobkeeper.knobs.pinned import ignored_knobs
 
     try:
         lines = ignored_knobs(tree, include_other_origin=True)
     except UserError as exc:
         return [f"engine registry: {relative(str(exc), tree.root)}"]
-    return [line for line in lines if any(f"[{role}] {knob}:" in line for role, knob in changed)]
+    return [fmt.safe(line) for line in lines if any(f"[{role}] {knob}:" in line for role, knob in changed)]
 
 
 def _change_warnings(c: ChangeView, catalog: Any) -> list[str]:

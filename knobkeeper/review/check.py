@@ -42,6 +42,7 @@ class CheckResult:
     problems: list[Problem] = field(default_factory=list)
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # worth a look, not a failure (kv_both, ...)
     counts: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -317,27 +318,31 @@ def check_render(run: _Run) -> None:
 
 
 def check_engine_contract(run: _Run) -> None:
-    """What the pinned engine versions would make of it: declared knobs they would ignore, launch
-    flags their own parser rejects, prefill/decode pairs that would not work together."""
+    """What the pinned engine versions would make of it: declared knobs they would ignore (or that
+    are declared for a role running another engine), launch flags their own parser rejects,
+    prefill/decode pairs that would not work together (knobkeeper.engine.contract)."""
+    from knobkeeper.deploy.stack import load_stack
     from knobkeeper.engine.contract import contract_problems
-    from knobkeeper.knobs.registry import ignored_knobs
+    from knobkeeper.knobs.pinned import ignored_knobs
 
     if run.catalog is None or run.declared is None or run.bad_values:
         return  # already reported; the engine cannot judge what does not load
-    fix_knob = "remove the knob, or give its catalog entry a source (fork, build, PR) and set it with --allow-undeclared"
+    fix_knob = ("remove the knob, declare it for the stack and role whose engine reads it, or give its catalog "
+                "entry a source (fork, build, PR) and set it with --allow-undeclared")
     for line in ignored_knobs(run.project):
         path, _, what = line.partition(": ")
-        run.add(path, what, fix_knob)
+        run.add(path, fmt.safe(what), fix_knob)
     for inv in inventories(run.project):
         try:
-            problems, skipped = contract_problems(run.project, inv)
+            problems, skipped, warnings = contract_problems(load_stack(run.project.root, inv), inv)
         except UserError as exc:
             run.add(inv, relative(str(exc), run.project.root), "fix the inventory so that it loads")
             continue
         for line in problems:
             path, _, what = line.partition(": ")
-            run.add(path, what, "use flags and values the pinned engine version accepts (see its --help)")
+            run.add(path, fmt.safe(what), "use flags and values the pinned engine version accepts (see its --help)")
         run.result.skipped += [line.removeprefix("skipped: ") for line in skipped]
+        run.result.warnings += [fmt.safe(line) for line in warnings]
 
 
 def _render_errors(run: _Run, inv: str) -> None:

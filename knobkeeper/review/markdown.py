@@ -34,7 +34,7 @@ def summary_line(review: Review) -> str:
 def title(review: Review) -> str:
     if len(review.changes) == 1:
         c = review.changes[0]
-        return f"knobs: {c.entry.action} {c.entry.knob} on {c.entry.role}: {c.display_old} -> {c.display_new}"
+        return f"knobs: {c.entry.action} {c.entry.knob} on {c.entry.scope}: {c.display_old} -> {c.display_new}"
     return f"knobs: {len(review.changes)} changes on {', '.join(sorted({c.entry.role for c in review.changes})) or 'no role'}"
 
 
@@ -53,7 +53,7 @@ def _section_table(w, title_: str, columns: list[str], rows: list[list[str]], em
 
 
 def _changes(review: Review, w) -> None:
-    rows = [[fmt.cell(c.entry.role), f"`{fmt.cell(c.entry.knob)}`", f"{fmt.cell(c.display_old)} -> {fmt.cell(c.display_new)}",
+    rows = [[fmt.cell(c.entry.scope), f"`{fmt.cell(c.entry.knob)}`", f"{fmt.cell(c.display_old)} -> {fmt.cell(c.display_new)}",
              c.entry.action, fmt.cell(c.entry.reason), f"`{c.entry.id}`", fmt.cell(_name_only(c.entry.author))]
             for c in review.changes]
     _section_table(w, "Knob changes", ["role", "knob", "old -> new", "action", "reason", "entry", "author"], rows,

@@ -1,0 +1,120 @@
+"""Which engine and version each role of each stack runs, read from the inventories without pyinfra.
+
+Inventories are pyinfra inventory files (inventory/*.py: a list of hosts per group, a host being
+NAME or (NAME, {data})) with group data in inventory/group_data/ (all.py, then <group>.py, then the
+host's own data win, as in pyinfra). They are read with runpy, not pyinfra: pyinfra's import alone
+costs ~300 ms, which `set` would pay on every call. Each host's role is judged by the one function,
+knobkeeper.engine.role_engine; its stack is data `stack` ("" when the inventory names none).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from knobkeeper.engine import role_engine
+from knobkeeper.errors import UserError
+
+STACK_KEY = "stack"
+
+
+class Pin(NamedTuple):
+    stack: str  # "" : the inventory names no stack
+    role: str
+    engine: str
+    version: str | None
+    inventory: str  # e.g. inventory/example_prod.py
+    hosts: tuple[str, ...]
+
+    def label(self) -> str:
+        return f"{self.engine} {self.version}" if self.version else self.engine
+
+
+def stack_of(data: dict[str, Any], where: str) -> str:
+    name = data.get(STACK_KEY) or ""
+    if not isinstance(name, str) or (name and not name.replace("-", "").replace("_", "").isalnum()):
+        raise UserError(f"{where}: data {STACK_KEY} = {name!r}: expected a name ([A-Za-z0-9_-]), e.g. 'vllm'")
+    return name
+
+
+def _module_data(path: Path) -> dict[str, Any]:
+    import runpy
+
+    try:
+        return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("_")}
+    except Exception as exc:  # an inventory is user code; its error becomes one line
+        raise UserError(f"{path}: {type(exc).__name__}: {exc}") from None
+
+
+def engine_pins(inventory_dir: Path) -> list[Pin]:
+    """Every (stack, role, engine, version) some inventory runs (see _read_pins); re-read only when
+    an inventory file changed."""
+    if not inventory_dir.is_dir():
+        return []
+    files = sorted([*inventory_dir.glob("*.py"), *inventory_dir.glob("group_data/*.py")])
+    signature = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
+    return _read_pins(inventory_dir, signature, os.environ.get("KNOBKEEPER_LOCAL_PORTS", ""),
+                      os.environ.get("KNOBKEEPER_LOCAL_WORKERS", ""))
+
+
+@lru_cache(maxsize=8)
+def _read_pins(inventory_dir: Path, signature: tuple, *_environment: str) -> list[Pin]:
+    group_dir = inventory_dir / "group_data"
+    groups_data: dict[str, dict[str, Any]] = {}
+    if group_dir.is_dir():
+        for path in sorted(group_dir.glob("*.py")):
+            groups_data[path.stem] = _module_data(path)
+    table: dict[tuple, list[str]] = {}
+    for path in sorted(inventory_dir.glob("*.py")):
+        rel = f"{inventory_dir.name}/{path.name}"
+        for group, hosts in _module_data(path).items():
+            if not isinstance(hosts, (list, tuple)):
+                continue
+            for host in hosts:
+                name, data = (host if isinstance(host, tuple) and len(host) == 2 else (host, {}))
+                if not isinstance(name, str) or not isinstance(data, dict):
+                    continue
+                merged = {**groups_data.get("all", {}), **groups_data.get(group, {}), **data}
+                where = f"{rel}: host {name}"
+                pin = role_engine(merged, group, where)
+                if pin is None:
+                    continue
+                key = (stack_of(merged, where), group, pin.engine, pin.version, rel)
+                table.setdefault(key, []).append(name)
+    return [Pin(s, r, e, v, inv, tuple(h)) for (s, r, e, v, inv), h in table.items()]
+
+
+def stacks(inventory_dir: Path) -> list[str]:
+    """The stack names the inventories use ("" for those that name none), in first-seen order."""
+    return list(dict.fromkeys(p.stack for p in engine_pins(inventory_dir)))
+
+
+def pins_for(inventory_dir: Path, stack: str, role: str) -> list[Pin]:
+    return [p for p in engine_pins(inventory_dir) if p.stack == stack and p.role == role]
+
+
+def engine_roles(inventory_dir: Path, engine: str) -> tuple[str, ...]:
+    """The roles (of any stack) some inventory runs `engine` for."""
+    return tuple(dict.fromkeys(p.role for p in engine_pins(inventory_dir) if p.engine == engine))
+
+
+def stack_engine(stack: Any, role: str) -> tuple[str, str | None]:
+    """(engine, version) the services of `role` in a deploy Stack run, as role_engine said when the
+    stack was built; several of either are joined with ", " (an inventory mixing them)."""
+    services = [s for s in stack.services if s.role == role]
+    engines = sorted({s.engine for s in services})
+    versions = sorted({s.engine_version for s in services if s.engine_version})
+    return ", ".join(engines) or "unknown", ", ".join(versions) or None
+
+
+def evidence_setup(stack: Any, role: str) -> dict[str, str | None]:
+    """What `ab run` and `canary` evidence record of the engine: setup.engine, setup.engine_version
+    (what reclaim's staleness check compares with the pin of today) and setup.stack where the
+    inventory names one."""
+    engine, version = stack_engine(stack, role)
+    out: dict[str, str | None] = {"engine": engine, "engine_version": version}
+    if getattr(stack, "stack", ""):
+        out["stack"] = stack.stack
+    return out

