@@ -216,8 +216,9 @@ def metric_types(url: str, prefix: str = "vllm:") -> dict[str, str]:
 
 
 def kv_external(url: str) -> float:
+    # only the _total sample: every counter also has a _created sample (a timestamp)
     return sum(v for k, v in metric_samples(url).items()
-               if k.startswith("vllm:prompt_tokens_by_source") and 'source="external_kv_transfer"' in k)
+               if k.startswith("vllm:prompt_tokens_by_source_total") and 'source="external_kv_transfer"' in k)
 
 
 def complete(base: str, prompt: str = "def fibonacci(n):", max_tokens: int = 16, timeout: float = 60.0,
