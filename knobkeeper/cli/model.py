@@ -10,6 +10,7 @@ from knobkeeper.cli.common import KKGroup, example
 
 
 @click.group("model", cls=KKGroup)
+@example("knobkeeper model tiny ~/.cache/knobkeeper/models/tiny-seed0")
 def model_group() -> None:
     """Models knobkeeper builds (no hub): the tiny stand-in a real engine serves on a machine without your checkpoint."""
 

