@@ -383,6 +383,16 @@ def main() -> int:
                 "window_sd_log": round(stdev([x for v in per.values() for x in v]), 3)
                 if sum(len(v) for v in per.values()) > 1 else None}
     ab_t, per_ab = twin_units(load("twins"), "AB")
+    windows_ab = [x for v in per_ab.values() for x in v]
+    if len(windows_ab) >= 2:
+        # power only (no A/A twins were run): windows resampled as if independent, which is optimistic
+        # (the windows of one twin session share its restart: the session means differ a lot)
+        out.setdefault("twins", {}).setdefault("AB", {})["power_2x_if_windows_independent"] = {
+            f"n={n}": round(rate_paired(windows_ab, n, args.draws, rng, -1, flip=False), 4) for n in ns}
+        if len(ab_t) >= 2:
+            m, p = paired_p(ab_t)
+            out["twins"]["AB"]["over_sessions"] = {"mean_ratio": round(math.exp(m), 3), "p": round(p, 4),
+                                                   "sessions": len(ab_t)}
     aa_t, per_aa = twin_units(load("twins"), "AA")
     win_ab = [x for v in per_ab.values() for x in v]
     win_aa = [x for v in per_aa.values() for x in v]
