@@ -9,7 +9,9 @@ from pathlib import Path
 
 from knobkeeper.engine import vllm_install as VI
 
-DATA = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17"}
+# base_python: this interpreter makes the venvs (as the local inventory should say), not whatever
+# `python3` pyinfra's PATH finds: Debian's needs python3-venv, which system-packages.txt does not list.
+DATA = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17", "base_python": sys.executable}
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 
 

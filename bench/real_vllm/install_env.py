@@ -23,7 +23,7 @@ def main() -> int:
     ap.add_argument("--component", action="append", choices=VI.COMPONENTS)
     args = ap.parse_args()
     root = args.root or VI.default_root(local=True)
-    data = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17"}
+    data = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17", "base_python": sys.executable}
     out = {}
     for component in args.component or VI.COMPONENTS:
         env = VI.EngineEnv.from_data(component, "@local", [component], data, root)
