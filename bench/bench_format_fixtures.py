@@ -31,6 +31,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -212,6 +213,10 @@ def install(tool: Tool, tools_dir: Path, log: Path) -> None:
     else:
         sh([*pip, *constraint, *tool.packages, *tool.extra], log=log)
     fixes = tool.fix(tool.venv) if tool.fix else []
+    want = tool.packages[0].split("==")
+    have = _version(tool)
+    if len(want) == 2 and have != want[1]:   # a dependency resolved the tool itself to another version
+        raise SystemExit(f"{tool.name}: pip left {want[0]} {have} in {tool.venv}, not {want[1]}")
     stamp.write_text(json.dumps({"installed": _now(), "seconds": round(time.monotonic() - t0),
                                  "fixes": fixes}, indent=1) + "\n")
     print(f"installed {tool.name} in {time.monotonic() - t0:.0f} s" + (f" ({'; '.join(fixes)})" if fixes else ""))
@@ -259,6 +264,9 @@ INVENTORY_TAIL = f"""
 _sim = ["--time-scale", "1.0", "--seed", "{SIM_SEED}"]
 _local[1]["engine_args"].update(prefill=_sim, decode=_sim)
 _local[1]["environment"] = {{"KNOBKEEPER_SIM_EFFECTS": str(_ROOT / "sim-effects.toml")}}
+# smg retries a failed request 5 times by default: the candidate's HTTP 500s would never reach the
+# benchmark tool (only the engine's aborted counter would show them). The tools must see them.
+_local[1]["engine_args"]["router"] = [*_local[1]["engine_args"]["router"], "--disable-retries"]
 _local[1]["stop_timeout"] = 10
 """
 EFFECTS = f'[knobs.{KNOB}.values."{CANDIDATE}"]\nfail_fraction = {FAIL_FRACTION}\n'
@@ -389,13 +397,22 @@ def run_tool(tool: Tool, arm: str, url: str, tok: Path, log: Path) -> list[dict]
             target.unlink()
     for run in runs:
         t0 = time.monotonic()
-        result = sh(run.cmd, log=log, env=run.env, cwd=here, timeout=600, check=False)
+        # The candidate fails requests at random: a tool whose single warm-up request is one of them
+        # (sglang's) exits before it measures anything and writes nothing; it is run again (at most 3 times).
+        for attempt in range(1, 4):
+            result = sh(run.cmd, log=log, env=run.env, cwd=here, timeout=600, check=False)
+            if result.returncode == 0 or value_of(arm) is None:
+                break
         (here / run.stdout_name).write_text(result.stdout)
         if result.returncode != 0:
             raise SystemExit(f"{tool.name} {arm}: exit {result.returncode}; see {here / run.stdout_name}")
         done.append({"arm": arm, "command": shlex.join(run.cmd), "env": run.env, "wrote": run.out_files,
-                     "printed": run.stdout_name, "seconds": round(time.monotonic() - t0, 1)})
+                     "printed": run.stdout_name, "seconds": round(time.monotonic() - t0, 1), "attempts": attempt})
     return done
+
+
+def value_of(arm: str) -> str | None:
+    return ARMS[arm]
 
 
 def _version(tool: Tool) -> str:
@@ -410,6 +427,9 @@ def write_command_md(tool: Tool, runs: list[dict], tok: Path, url: str) -> None:
              "",
              f"Tool: {tool.name.rsplit('-', 1)[0]} {_version(tool)} (pip, in its own venv; "
              f"{'torch 2.13.0 CPU first' if tool.torch else 'no torch'}). Date: {_now()}.",
+             f"Installed: `pip install {'--no-deps ' if tool.no_deps else ''}{' '.join(tool.packages)}`"
+             + (f" then its client's own requirements ({len(tool.extra)} packages, bench/bench_format_fixtures.py)"
+                if tool.extra else "") + f", constrained to torch 2.13.0+cpu.",
              f"Install fixes: {'; '.join(stamp['fixes']) or 'none'}.",
              "Regenerate: `flock /tmp/kk-heavy.lock .venv/bin/python bench/bench_format_fixtures.py "
              f"--only {tool.name}`.",
@@ -417,7 +437,8 @@ def write_command_md(tool: Tool, runs: list[dict], tok: Path, url: str) -> None:
              "Stack: inventory/local.py (sim prefill + sim decode behind smg), time scale 1, sim seed "
              f"{SIM_SEED}; arms: baseline = {KNOB} unset, candidate = {KNOB}={CANDIDATE}, which the effects "
              f"table makes fail {FAIL_FRACTION:g} of the generation requests (HTTP 500, the sim's fault "
-             f"injection by knob value): the candidate LOSES requests. Levels {', '.join(map(str, LEVELS))}, "
+             f"injection by knob value; the router runs with --disable-retries, or smg would retry them out of "
+             f"sight): the candidate LOSES requests. Levels {', '.join(map(str, LEVELS))}, "
              f"{PROMPTS} prompts per level, {INPUT_LEN} in / {OUTPUT_LEN} out, client seed {SEED}.",
              f"Router URL at the time: {url}; tokenizer: a BPE of vocab 4096 built by the script ({tok.name}).",
              "THE ENGINE IS THE SIMULATION: shapes and arithmetic are the tool's, the numbers the sim's.",
@@ -425,7 +446,8 @@ def write_command_md(tool: Tool, runs: list[dict], tok: Path, url: str) -> None:
              "", "## Commands", ""]
     for r in runs:
         env = " ".join(f"{k}={v}" for k, v in r["env"].items())
-        lines += [f"- arm {r['arm']}, wrote {', '.join(r['wrote'])}, printed {r['printed']} ({r['seconds']} s):",
+        again = f", {r['attempts']} attempts (the warm-up request failed)" if r["attempts"] > 1 else ""
+        lines += [f"- arm {r['arm']}, wrote {', '.join(r['wrote'])}, printed {r['printed']} ({r['seconds']} s{again}):",
                   "", "  ```", f"  {env + ' ' if env else ''}{r['command']}", "  ```", ""]
     (OUT / tool.name / "COMMAND.md").write_text("\n".join(lines))
 
@@ -453,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     tok = tokenizer(args.tools_dir, helper.python(), log)
     if args.install_only:
         return 0
+    # `timeout` sends SIGTERM: exit through the finally below, so the stack is stopped by its PID
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     scratch = Path(tempfile.mkdtemp(prefix="kkbf-"))   # short: supervisord's socket path < 100 chars
     stack = Stack(scratch, log)
     runs: dict[str, list[dict]] = {t.name: [] for t in tools}

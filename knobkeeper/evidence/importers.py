@@ -562,9 +562,8 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
     version = _str_or_none(doc.get("aiperf_version"))
     tool = "aiperf" + (f" {version}" if version else "")
     f.tool = tool
-    if "output_token_throughput" not in doc and isinstance(doc.get("metrics"), dict):
-        raise f.fail("(top level)", "an aiperf aggregate/sweep file, not a per-level result; pass its "
-                                    "directory or the concurrency_N/profile_export_aiperf.json files")
+    if doc.get("aggregation_type") == "sweep" or isinstance((doc.get("metadata") or {}).get("aggregation_type"), str):
+        return _read_aiperf_summary(f, doc, path)
     tput = doc.get("output_token_throughput")
     if not isinstance(tput, dict):
         raise f.unknown("output_token_throughput", "missing (expected a metric object with avg)")
@@ -580,11 +579,14 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
         value = f.num(m, "avg", f"{tag}.", required=False) if isinstance(m, dict) else None
         return None if value is None else int(round(value))
 
-    completed = total("request_count")
+    completed = total("request_count")                 # the successful ones
     errors = total("error_request_count")
     if errors is None and isinstance(doc.get("error_summary"), list):
         # aiperf writes error_request_count only when a request failed; the summary is always there
         errors = sum(int(e.get("count") or 0) for e in doc["error_summary"] if isinstance(e, dict))
+    answered = total("completed_request_count")         # success + error (0.13)
+    if errors is None and answered is not None and completed is not None:
+        errors = answered - completed
     run = _counts({
         "concurrency": _aiperf_level(f, doc),
         METRIC: f.num(tput, "avg", "output_token_throughput.", nonnegative=True),
@@ -609,6 +611,84 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
     out.setup.update(_clean({"requests_per_run": completed if errors is None else completed + errors
                              if completed is not None else None, "tool": "aiperf", "tool_version": version}))
     return out
+
+
+def _read_aiperf_summary(f: _File, doc: dict, path: Path) -> Imported:
+    """An aggregate file (aggregate/concurrency_N/profile_export_aiperf_aggregate.json: one level over
+    its trials) or the sweep file (sweep_aggregate/profile_export_aiperf_sweep.json: every level).
+    Their numbers are means over trials: one trial each is one run; more is refused (the trials'
+    own files are the runs)."""
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    if doc.get("aggregation_type") == "sweep":
+        trials, where = meta.get("num_trials_per_value"), "metadata.num_trials_per_value"
+        entries = doc.get("per_combination_metrics")
+        if not isinstance(entries, list) or not entries:
+            raise f.unknown("per_combination_metrics", "missing (expected the sweep's per-level entries)")
+        rows = []
+        for i, entry in enumerate(entries):
+            at = f"per_combination_metrics[{i}]."
+            params = entry.get("parameters") if isinstance(entry, dict) else None
+            metrics = entry.get("metrics") if isinstance(entry, dict) else None
+            if not isinstance(metrics, dict):
+                raise f.unknown(f"{at}metrics", "missing")
+            rows.append((f.level(params, "concurrency", f"{at}parameters."), metrics, f"{at}metrics.", ""))
+        shape = "aiperf sweep file (sweep_aggregate/profile_export_aiperf_sweep.json)"
+    else:
+        trials, where = meta.get("num_profile_runs"), "metadata.num_profile_runs"
+        values = meta.get("variation_values") if isinstance(meta.get("variation_values"), dict) else {}
+        key = next((k for k in values if k == "concurrency" or k.endswith(".concurrency")), None)
+        if key is None:
+            raise f.unknown("metadata.variation_values", "no concurrency (expected phases.profiling.concurrency)")
+        metrics = doc.get("metrics")
+        if not isinstance(metrics, dict):
+            raise f.unknown("metrics", "missing")
+        rows = [(f.level(values, key, "metadata.variation_values."), metrics, "metrics.", "_avg")]
+        shape = "aiperf aggregate file (aggregate/concurrency_N/profile_export_aiperf_aggregate.json)"
+    if trials != 1:
+        raise f.fail(where, f"{trials!r} trials averaged: each trial is a run, pass the artifact directory "
+                            f"(or its profile_runs/*/profile_export_aiperf.json files), not the mean of them")
+    version = _str_or_none(doc.get("aiperf_version"))
+    tool = "aiperf" + (f" {version}" if version else "")
+    out = Imported(tool, tool_version=version, shape=shape, files=[path])
+    for level, metrics, at, suffix in rows:
+        def mean(tag: str, required: bool = False) -> float | None:
+            m = metrics.get(tag + suffix)
+            if not isinstance(m, dict):
+                if required:
+                    raise f.unknown(f"{at}{tag}{suffix}", "missing (expected a metric with mean)")
+                return None
+            return f.num(m, "mean", f"{at}{tag}{suffix}.", required=required)
+
+        def dist(tag: str) -> dict | None:
+            if suffix:   # the aggregate file: one key per statistic (time_to_first_token_p99)
+                vals = {k: _mean_key(metrics, f"{tag}_{src}", f, at)
+                        for k, src in (("mean", "avg"), ("p50", "p50"), ("p90", "p90"), ("p99", "p99"))}
+            else:        # the sweep file: each metric's avg (its mean over trials), no percentiles
+                vals = {"mean": _mean_key(metrics, tag, f, at), "p50": None, "p90": None, "p99": None}
+            return vals if any(v is not None for v in vals.values()) else None
+
+        completed = mean("request_count")
+        answered = mean("completed_request_count")
+        errors = None if completed is None or answered is None else int(round(answered - completed))
+        out.runs.append(_counts({
+            "concurrency": level,
+            METRIC: mean("output_token_throughput", required=True),
+            "requests_per_s": mean("request_throughput"),
+            "ttft_ms": dist("time_to_first_token"), "itl_ms": dist("inter_token_latency"),
+            "tpot_ms": dist("inter_token_latency"), "e2e_ms": dist("request_latency"),
+            "duration_s": mean("benchmark_duration"),
+        }, completed=None if completed is None else int(round(completed)), errors=errors,
+            requested=None if answered is None else int(round(answered))))
+        if errors is None:
+            out.notes = [_not_recorded(tool, "no completed_request_count beside request_count")]
+    out.setup = _clean({"model": _str_or_none(meta.get("model")), "requests_per_run": _requests_per_run(out.runs),
+                        "tool": "aiperf", "tool_version": version})
+    return out
+
+
+def _mean_key(metrics: dict, key: str, f: _File, at: str) -> float | None:
+    m = metrics.get(key)
+    return f.num(m, "mean", f"{at}{key}.", required=False) if isinstance(m, dict) else None
 
 
 def aiperf_files(directory: Path) -> list[Path]:
@@ -640,29 +720,23 @@ def _read_aiperf_dir(directory: Path) -> Imported:
 
 
 def _check_aiperf_summaries(directory: Path, imp: Imported) -> None:
-    """The sweep file (sweep_aggregate/profile_export_aiperf_sweep.json) must name the same levels as
-    the per-level files: a directory whose parts disagree is not one measurement."""
-    sweep = directory / "sweep_aggregate" / AIPERF_SWEEP
-    if not sweep.is_file():
-        return
-    doc = _load_json(sweep)
-    levels = sweep_levels(sweep, doc)
-    have = sorted({r["concurrency"] for r in imp.runs})
-    if levels and sorted(levels) != have:
-        raise UserError(f"{sweep}: levels {sorted(levels)} but the directory's results are at {have}")
-
-
-def sweep_levels(path: Path, doc: Any) -> list[int]:
-    """The concurrency levels an aiperf sweep file lists (its per-level entries)."""
-    f = _File(path, f"aiperf {doc.get('aiperf_version')}" if isinstance(doc, dict) else "aiperf")
-    entries = doc.get("per_combination_metrics") if isinstance(doc, dict) else None
-    if not isinstance(entries, list):
-        raise f.unknown("per_combination_metrics", "missing (expected the sweep's per-level entries)")
-    out = []
-    for i, entry in enumerate(entries):
-        params = entry.get("parameters") if isinstance(entry, dict) else None
-        out.append(f.level(params, "concurrency", f"per_combination_metrics[{i}].parameters."))
-    return out
+    """aiperf's own summaries in the directory (the sweep file, the per-level aggregate files) must
+    agree with its per-level results: same levels, same throughput. A directory whose parts
+    disagree (a file copied in from another run) is not one measurement."""
+    have = {r["concurrency"]: r[METRIC] for r in imp.runs}
+    summaries = sorted(directory.glob(f"sweep_aggregate/{AIPERF_SWEEP}")) + sorted(
+        directory.glob(f"aggregate/*/{AIPERF_AGGREGATE}"))
+    for path in summaries:
+        data = _load_json(path)
+        if isinstance(data, dict) and ((data.get("metadata") or {}).get("num_trials_per_value", 1) != 1
+                                       or (data.get("metadata") or {}).get("num_profile_runs", 1) != 1):
+            continue   # a mean over several trials: not comparable run by run
+        for run in read_aiperf(path, data).runs:
+            level, value = run["concurrency"], run[METRIC]
+            if level not in have or not math.isclose(value, have[level], rel_tol=1e-9):
+                said = f"{value:g} at {level}" if level in have else f"level {level}"
+                raise UserError(f"{path}: {said}, but the directory's results are "
+                                f"{', '.join(f'{v:g} at {c}' for c, v in sorted(have.items()))}")
 
 
 # ---------------------------------------------------------------- kernels benchmark
@@ -710,7 +784,7 @@ READERS: dict[str, Callable[..., Imported]] = {
     "kernels": read_kernels,
 }
 _NAMES = {"sglang": "sglang bench_serving JSONL", "vllm": "vllm bench serve JSON",
-          "guidellm": "guidellm benchmarks.json", "aiperf": "aiperf profile_export_aiperf.json",
+          "guidellm": "guidellm benchmarks.json", "aiperf": "aiperf profile_export_aiperf(_aggregate|_sweep).json",
           "kernels": "kernels evidence JSON"}
 
 
@@ -727,7 +801,8 @@ def _detect(data: Any) -> str | None:
             return "kernels"
         if isinstance(data.get("benchmarks"), list):
             return "guidellm"
-        if isinstance(data.get("output_token_throughput"), dict) or "aiperf_version" in data:
+        if (isinstance(data.get("output_token_throughput"), dict) or "aiperf_version" in data
+                or (data.get("aggregation_type") == "sweep" and "per_combination_metrics" in data)):
             return "aiperf"
         if "output_throughput" in data or "max_concurrency" in data:
             # both write max_concurrency, output_throughput and (sglang 0.5.23 too) max_concurrent_requests
