@@ -429,7 +429,7 @@ def write_command_md(tool: Tool, runs: list[dict], tok: Path, url: str) -> None:
              f"{'torch 2.13.0 CPU first' if tool.torch else 'no torch'}). Date: {_now()}.",
              f"Installed: `pip install {'--no-deps ' if tool.no_deps else ''}{' '.join(tool.packages)}`"
              + (f" then its client's own requirements ({len(tool.extra)} packages, bench/bench_format_fixtures.py)"
-                if tool.extra else "") + f", constrained to torch 2.13.0+cpu.",
+                if tool.extra else "") + ", constrained to torch 2.13.0+cpu.",
              f"Install fixes: {'; '.join(stamp['fixes']) or 'none'}.",
              "Regenerate: `flock /tmp/kk-heavy.lock .venv/bin/python bench/bench_format_fixtures.py "
              f"--only {tool.name}`.",

@@ -174,6 +174,8 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
         --use-server-token-count --artifact-dir base
       Without --use-server-token-count it counts tokens with the client's tokenizer.
       Records error_request_count / error_summary always.
+    Behind smg a failed request is retried (5 times by default) before the tool sees it:
+    start the router with --disable-retries to count the engine's failures.
     """
     from knobkeeper.evidence import importers
     from knobkeeper.evidence.store import import_files

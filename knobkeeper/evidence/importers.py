@@ -587,6 +587,11 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
     answered = total("completed_request_count")         # success + error (0.13)
     if errors is None and answered is not None and completed is not None:
         errors = answered - completed
+    if answered is None and completed is not None and errors is not None:
+        answered = completed + errors
+    if None not in (answered, completed, errors) and answered != completed + errors:
+        raise f.fail("completed_request_count", f"{answered} answered but request_count {completed} + "
+                                                f"errors {errors} (the file contradicts itself)")
     run = _counts({
         "concurrency": _aiperf_level(f, doc),
         METRIC: f.num(tput, "avg", "output_token_throughput.", nonnegative=True),
@@ -598,8 +603,7 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
         "e2e_ms": stat("request_latency"),
         "output_tokens": total("total_output_tokens"),
         "duration_s": f.num(doc.get("benchmark_duration") or {}, "avg", "benchmark_duration.", required=False),
-    }, completed=completed, errors=errors,
-        requested=None if completed is None or errors is None else completed + errors)
+    }, completed=completed, errors=errors, requested=answered)
     if doc.get("was_cancelled") is True:
         raise f.fail("was_cancelled", "true: the run was cancelled before it finished (not a measurement)")
     out = Imported(tool, [run], tool_version=version, files=[path],
@@ -608,8 +612,8 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
     if errors is None:
         out.notes.append(_not_recorded(tool, "no error_request_count and no error_summary"))
     out.setup = _aiperf_setup(doc)
-    out.setup.update(_clean({"requests_per_run": completed if errors is None else completed + errors
-                             if completed is not None else None, "tool": "aiperf", "tool_version": version}))
+    out.setup.update(_clean({"requests_per_run": answered if answered is not None else completed,
+                             "tool": "aiperf", "tool_version": version}))
     return out
 
 
