@@ -259,6 +259,8 @@ def read_sglang(path: Path, data: Any = None) -> Imported:
         if not isinstance(rec, dict):
             raise f.fail(f"line {i + 1}", "expected a JSON object")
         shapes.add(_sglang_shape(rec))
+        if "output_throughput" not in rec:
+            raise f.unknown(f"{where}output_throughput", "missing (expected a number)")
         completed = f.count(rec, "completed", where)
         failed, requested, how = _sglang_counts(f, rec, where, completed)
         how_found.add(how if failed is not None else None)
@@ -327,6 +329,8 @@ def read_vllm(path: Path, data: Any = None) -> Imported:
     version = next((str(rec[k]) for k in VLLM_VERSION_KEYS if isinstance(rec.get(k), (str, int, float))), None)
     tool = "vllm bench serve" + (f" {version}" if version else "")
     f.tool = tool
+    if "output_throughput" not in rec:
+        raise f.unknown("output_throughput", "missing (expected a number)")
     run = _counts({
         "concurrency": f.level(rec, "max_concurrency", ""),
         METRIC: f.num(rec, "output_throughput", "", nonnegative=True),
