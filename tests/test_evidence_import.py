@@ -42,7 +42,9 @@ def test_each_format_is_detected_and_read(path, fmt, levels):
     assert detected == fmt
     assert [r["concurrency"] for r in imp.runs] == levels
     for r in imp.runs:
-        assert r["output_tokens_per_s"] > 0 and isinstance(r["errors"], int)
+        assert r["output_tokens_per_s"] > 0
+        # a file that does not record failed requests says so; it never reads as 0 errors
+        assert isinstance(r["errors"], int) if r.get("errors_recorded", True) else r["errors"] is None
 
 
 def test_sglang_uses_configured_not_measured_concurrency_and_reads_latencies():
@@ -132,7 +134,7 @@ def test_cli_import_with_several_files_per_option(tmp_path):
     (["bad_vllm_no_throughput.json"], "auto", "output_throughput: missing"),
     (["bad_unknown.json"], "auto", "unknown result format"),
     (["bad_guidellm_poisson.json"], "auto", "benchmarks[1].config.strategy.type_"),
-    (["sglang_unset.jsonl"], "vllm", "JSON lines"),
+    (["sglang_unset.jsonl"], "vllm", "this is a sglang bench_serving JSONL"),
     (["nonexistent.json"], "auto", "no such file"),
 ])
 def test_bad_files_name_file_and_field_and_write_nothing(tmp_path, files, fmt, needle):

@@ -103,12 +103,15 @@ def _print_doc(doc, *, header: bool = True) -> None:
     con.print(safe(f"summary: {doc.summary_line()}"))
 
 
-def _print_new(doc, as_json: bool) -> None:
-    """What `ab import` and `ab run` print of the evidence they wrote: its JSON, or its id and table."""
+def _print_new(doc, as_json: bool, notes: list[str] | tuple[str, ...] = ()) -> None:
+    """What `ab import` and `ab run` print of the evidence they wrote: its JSON, or its id, the
+    notes on what the files could not say, and the table."""
     if as_json:
         emit_json(doc.to_json())
         return
     click.echo(f"evidence {doc.id}")
+    for note in notes:
+        click.echo(f"note: {note}")
     _print_doc(doc, header=False)
 
 
@@ -135,19 +138,57 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
                repo, as_json):
     """Build one evidence file from the two arms' benchmark result files, judge it, commit it.
 
-    The repeats of each level are the runs found for it. Formats: sglang bench_serving JSONL,
-    vllm bench serve JSON, guidellm benchmarks.json, aiperf profile_export_aiperf.json, and the
-    kernels benchmark's evidence files. The level is the configured concurrency. Knob, role
-    and values are checked against the catalog; the validity gates apply (zero tokens, lost
-    requests, errors, the knob not carried, duplicates); a set with no valid level is refused.
+    The repeats of each level are the runs found for it. The level is the configured
+    concurrency. Knob, role and values are checked against the catalog; the validity gates
+    apply (zero tokens, lost requests, errors, the knob not carried, duplicates); a set with no
+    valid level is refused. One arm's files must come from one version of one tool. Failed
+    requests are read where the file records them; where it does not, the import says
+    "errors: not recorded by TOOL VERSION" (and the runs carry errors_recorded: false).
+
+    \b
+    What to run against the local stack (router http://127.0.0.1:30080, model knobkeeper-sim;
+    TOK = a local tokenizer directory), once per arm, and what to pass:
+    \b
+    sglang bench_serving 0.5.23: pass the .jsonl (one line per run; levels may share a file).
+      python -m sglang.bench_serving --backend sglang --dataset-name random-ids
+        --base-url URL --model knobkeeper-sim --tokenizer TOK --random-input-len 64
+        --random-output-len 32 --num-prompts 64 --max-concurrency 8 --output-details
+        --output-file base.jsonl
+      Its line has no failed/num_prompts: --output-details records each request's
+      error (or keep sglang's default file name, which holds num_prompts).
+    vllm bench serve 0.32/0.33: pass each --result-filename (one level per file).
+      vllm bench serve --backend vllm --base-url URL --endpoint /v1/completions
+        --model knobkeeper-sim --tokenizer TOK --dataset-name random --random-input-len 64
+        --random-output-len 32 --ignore-eos --num-prompts 64 --max-concurrency 8
+        --save-result --result-dir D --result-filename base-c8.json
+      Records failed always; --metadata KNOB=VALUE records the server's knob value,
+      --metadata vllm_version=0.33.0 the version (the file has none otherwise).
+    guidellm 0.8.1: pass the --output json file (all levels in one).
+      guidellm run --backend kind=openai_http,target=URL --profile kind=concurrent
+        --override profile.streams 8,32 --constraint kind=max_requests,count=64
+        --data kind=synthetic_text,prompt_tokens=64,output_tokens=32
+        --tokenizer kind=huggingface_auto,model=TOK --output kind=json,path=base.json
+      Records successful/errored/incomplete per level (metrics.request_totals).
+    aiperf 0.13.0: pass the --artifact-dir (or its concurrency_N/profile_export_aiperf.json).
+      aiperf profile --model knobkeeper-sim --url URL --endpoint-type completions --streaming
+        --tokenizer TOK --concurrency 8,32 --request-count 64 --isl 64 --osl 32
+        --use-server-token-count --artifact-dir base
+      Without --use-server-token-count it counts tokens with the client's tokenizer.
+      Records error_request_count / error_summary always.
+    Behind smg a failed request is retried (5 times by default) before the tool sees it:
+    start the router with --disable-retries to count the engine's failures.
     """
+    from knobkeeper.evidence import importers
     from knobkeeper.evidence.store import import_files
 
     project = find_project(repo)
+    # an aiperf artifact directory is its per-level files (each a run, copied beside the evidence)
+    baseline, candidate = importers.expand(baseline), importers.expand(candidate)
+    notes = importers.check_arms(baseline, candidate, fmt)   # mixed versions refused; nothing written yet
     doc = import_files(project, baseline=list(baseline), candidate=list(candidate), role=role, knob=knob,
                        baseline_value=baseline_value, fmt=fmt, inventory=inventory, engine=engine,
                        no_commit=no_commit, keep_invalid=keep_invalid)
-    _print_new(doc, as_json)
+    _print_new(doc, as_json, notes)  # notes: runs whose errors gate had nothing to read
 
 
 @ab.command("run")

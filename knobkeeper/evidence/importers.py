@@ -1,27 +1,45 @@
 """Read the result files of the benchmark tools people already use into evidence runs.
 
 One small function per format, each returning an `Imported` (runs without arm/repeat, plus
-what the file says about the setup). Field names follow each tool's own writer
-(../shared/notes/bench-formats.md):
+what the file says about the setup, the tool and its version). Field names follow each tool's
+own writer; the fixtures under tests/data/bench_formats/<tool>-<version>/ are files the real tools
+wrote (bench/bench_format_fixtures.py regenerates them):
 
-    sglang    `python -m sglang.bench_serving` JSONL: one JSON object per line, one run per line;
-              the level is `max_concurrency` (the configured one), never `concurrency`
-              (sglang's measured sum-of-latencies / duration).
-    vllm      `vllm bench serve --save-result` JSON: one object per file; `max_concurrency`;
-              `request_rate` may be `Infinity` (Python's json writes that for inf).
-    guidellm  benchmarks.json: {"benchmarks": [...]}, each with a concurrent/synchronous strategy
-              (in `config.strategy` since the v0.7-era schema, `args.strategy` before) and
-              `metrics.<name>.successful.{mean,median,percentiles}`.
-    aiperf    profile_export_aiperf.json: top-level metric tags with unit/avg/pNN; the level is
-              `input_config.loadgen.concurrency`.
+    sglang    `python -m sglang.bench_serving` JSONL: one JSON object per line, one run per line
+              (several levels appended to one file each keep their own counts); the level is
+              `max_concurrency` (the configured one), never `concurrency` (sglang's measured
+              sum-of-latencies / duration). The file never says sglang's version: the 0.5.23 line
+              is known by its keys (`server_info`, `total_input_text_tokens`). It has no `failed`
+              and no `num_prompts`: lost requests are counted from `--output-details` (the
+              per-request `errors` list), from the default file name sglang gives it
+              (<backend>_<MMDD>_<num_prompts>_<in>_<out>.jsonl), or not at all (said so).
+    vllm      `vllm bench serve --save-result` JSON (0.32, 0.33): one object per file;
+              `max_concurrency`; `completed`, `failed`, `num_prompts`; `request_rate` may be
+              `Infinity`. No version in the file unless `--metadata vllm_version=...` put one.
+    guidellm  benchmarks.json: {"metadata": {"guidellm_version"}, "benchmarks": [...]}, each with
+              a concurrent/synchronous strategy (`config.strategy` since the v0.7-era schema,
+              `args.strategy` before), request counts in `metrics.request_totals` (0.8.x; at the
+              benchmark's top level before) and `metrics.<name>.successful.{mean,median,percentiles}`.
+    aiperf    profile_export_aiperf.json: top-level metric tags with unit/avg/pNN and
+              `aiperf_version`; the level is `input_config.phases[]` {"type": "concurrency",
+              "concurrency": N} (0.13) or `input_config.loadgen.concurrency` (before). A directory
+              (`--artifact-dir` of a `--concurrency 8,32` sweep) is read as one argument: its
+              concurrency_N/profile_export_aiperf.json files are the runs; the aggregate/ and
+              sweep_aggregate/ files are read too and must agree.
     kernels   the kernels benchmark (kernels/knobkeeper_kernels/bench.py): already an evidence
               doc (schema knobkeeper.evidence/1 or /2) whose runs carry arm A/B; a NaN, zero or
               negative throughput anywhere is a broken file (refused).
 
+Lost requests, always accounted: every run carries `completed` (finished), `errors` (failed) and
+`requested` as the file holds them, and `errors_recorded`. Where the file cannot tell, `errors`
+is None, `errors_recorded` False and `Imported.notes` says "errors: not recorded by <tool>
+<version>": a reader never reads 0 errors from a field that is not there.
+
 TTFT and TPOT (median, p99) are read wherever the tool writes them: they are the guards.
 A throughput of 0 is read, not refused: the validity gates name it (zero generated tokens).
 
-Anything unknown or malformed is a UserError naming the file and the field.
+Anything unknown or malformed is a UserError naming the file and the field; a shape a reader does
+not know names the tool, its version and the field it looked for.
 """
 
 from __future__ import annotations
@@ -31,7 +49,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from knobkeeper.errors import UserError
 
@@ -41,23 +59,42 @@ METRIC = "output_tokens_per_s"
 
 @dataclass
 class Imported:
-    """Runs of one file (arm and repeat assigned by the caller) and what it says of the setup."""
+    """Runs of one file (arm and repeat assigned by the caller) and what it says of the setup.
+
+    `tool` names the tool and, where known, its version ("aiperf 0.13.0"); `tool_version` is the
+    version the file states, or that its shape pins (sglang's 0.5.23 line), None when neither;
+    `shape` the file shape the reader recognised;
+    `notes` what the reader could not tell (e.g. "errors: not recorded by ...")."""
 
     tool: str
     runs: list[dict] = field(default_factory=list)
     setup: dict[str, Any] = field(default_factory=dict)
     arm_runs: dict[str, list[dict]] | None = None   # kernels only: runs already split by arm
     doc: dict | None = None                         # kernels only: the source evidence doc
+    tool_version: str | None = None
+    shape: str | None = None
+    notes: list[str] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # the files read (a directory: each one)
+
+    @property
+    def errors_recorded(self) -> bool:
+        """Whether every run's failed requests are in the file (False: some are unknown)."""
+        return all(r.get("errors_recorded", True) for r in self.runs)
 
 
 class _File:
     """A parsed file plus helpers that raise UserError naming it and the field."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tool: str = ""):
         self.path = path
+        self.tool = tool            # "aiperf 0.13.0": named when a shape is unknown
 
     def fail(self, where: str, what: str) -> UserError:
         return UserError(f"{self.path}: {where}: {what}")
+
+    def unknown(self, where: str, what: str) -> UserError:
+        """A shape this reader does not know: the tool, its version and the field looked for."""
+        return UserError(f"{self.path}: {self.tool}: {where}: {what} (a shape this reader does not know)")
 
     def num(self, obj: Any, key: str, where: str, *, required: bool = True, positive: bool = False,
             nonnegative: bool = False) -> float | None:
@@ -74,34 +111,50 @@ class _File:
             raise self.fail(f"{where}{key}", f"expected a number >= 0, got {value!r}")
         return float(value)
 
+    def count(self, obj: Any, key: str, where: str) -> int | None:
+        """A request count: a non-negative integer, or None when the field is absent."""
+        value = obj.get(key) if isinstance(obj, dict) else None
+        if value is None:
+            return None
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or value != int(value) or value < 0):
+            raise self.fail(f"{where}{key}", f"expected a request count (an integer >= 0), got {value!r}")
+        return int(value)
+
     def level(self, obj: Any, key: str, where: str) -> int:
         value = obj.get(key) if isinstance(obj, dict) else None
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
                 or value != int(value) or value < 1):
-            unlimited = value is None or (isinstance(value, float) and math.isinf(value))
+            unlimited = value is None or (isinstance(value, float) and math.isinf(value)) or value == "unlimited"
             hint = " (unlimited concurrency: a level needs a configured concurrency)" if unlimited else ""
             raise self.fail(f"{where}{key}", f"expected a positive integer concurrency, got {value!r}{hint}")
         return int(value)
 
 
 def _load_json(path: Path) -> Any:
+    """One JSON document, or JSON lines (a list); a truncated or broken file is one UserError."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         return json.loads(text)   # accepts Infinity/NaN as Python's json writes them
-    except json.JSONDecodeError:
-        pass
+    except json.JSONDecodeError as whole:
+        error = whole
     lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise UserError(f"{path}: empty file (expected a benchmark result)")
     out = []
     for i, line in enumerate(lines, 1):
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise UserError(f"{path}: line {i}: not JSON ({exc.msg})") from None
-    if not out:
-        raise UserError(f"{path}: empty file (expected a benchmark result)")
+            if i == 1 and len(lines) > 1 and not line.rstrip().endswith("}"):
+                # a pretty-printed document that does not parse: truncated, or broken inside
+                raise UserError(f"{path}: not JSON, truncated? ({error.msg} at line {error.lineno} "
+                                f"column {error.colno})") from None
+            raise UserError(f"{path}: line {i}: not JSON ({exc.msg}), truncated?" if i == len(lines)
+                            else f"{path}: line {i}: not JSON ({exc.msg})") from None
     return out
 
 
@@ -110,7 +163,29 @@ def _pct(obj: dict, mapping: dict[str, str], f: _File, where: str) -> dict | Non
     return out if any(v is not None for v in out.values()) else None
 
 
+def _counts(run: dict, *, completed: int | None, errors: int | None, requested: int | None) -> dict:
+    """`run` with the three request counts and `errors_recorded` (errors None: not in the file)."""
+    run.update(completed=completed, errors=errors, requested=requested, errors_recorded=errors is not None)
+    return run
+
+
+def _not_recorded(tool: str, how: str) -> str:
+    return f"errors: not recorded by {tool} ({how})"
+
+
+def _one_value(values: Iterable[Any]) -> Any:
+    """The value all items share, or None (several levels of one file may differ)."""
+    found = {json.dumps(v) for v in values if v is not None}
+    return json.loads(found.pop()) if len(found) == 1 else None
+
+
+def _requests_per_run(runs: list[dict]) -> int | None:
+    return _one_value(r.get("requested") if r.get("requested") is not None else r.get("completed") for r in runs)
+
+
 _TPOT = {"mean": "mean_tpot_ms", "p50": "median_tpot_ms", "p90": "p90_tpot_ms", "p99": "p99_tpot_ms"}
+_TTFT = {"mean": "mean_ttft_ms", "p50": "median_ttft_ms", "p90": "p90_ttft_ms", "p99": "p99_ttft_ms"}
+_ITL = {"mean": "mean_itl_ms", "p50": "median_itl_ms", "p90": "p90_itl_ms", "p99": "p99_itl_ms"}
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*_[A-Z0-9_]+$")
 
 
@@ -132,50 +207,108 @@ def _int_or_none(x: Any) -> int | None:
     return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
+def _str_or_none(x: Any) -> str | None:
+    return x if isinstance(x, str) and x else None
+
+
+def _clean(setup: dict) -> dict:
+    return {k: v for k, v in setup.items() if v is not None}
+
+
 # ---------------------------------------------------------------- sglang bench_serving
 
 _SGLANG_API = {"sglang": "generate", "sglang-native": "generate", "sglang-oai": "completions",
                "sglang-oai-chat": "chat", "vllm": "completions", "vllm-chat": "chat"}
+# sglang's own name for a result file when --output-file is not given (benchmark/serving.py)
+_SGLANG_DEFAULT_NAME = re.compile(r"^(?P<backend>[a-z0-9-]+)_\d{4}_(?P<n>\d+)_(?P<input>\d+)_(?P<output>\d+)\.jsonl$")
+SGLANG_0_5_23_KEYS = ("server_info", "total_input_text_tokens")
+
+
+def _sglang_shape(rec: dict) -> str:
+    return "0.5.23" if all(k in rec for k in SGLANG_0_5_23_KEYS) else "before 0.5.23"
+
+
+def _sglang_counts(f: _File, rec: dict, where: str, completed: int | None) -> tuple[int | None, int | None, str | None]:
+    """(failed, requested, how they were found or None) for one line: `failed` and `num_prompts` where
+    the line has them (older lines, forks), the per-request lists of --output-details, or the
+    num_prompts sglang wrote into its default file name."""
+    failed, requested = f.count(rec, "failed", where), f.count(rec, "num_prompts", where)
+    if failed is not None:
+        return failed, requested if requested is not None else (None if completed is None else completed + failed), None
+    if isinstance(rec.get("errors"), list) and completed is not None:
+        # --output-details: one entry per request sent, "" for the ones that succeeded
+        requested = len(rec["errors"])
+        if completed > requested:
+            raise f.fail(f"{where}completed", f"{completed} completed but {requested} requests in `errors`")
+        return requested - completed, requested, "--output-details"
+    m = _SGLANG_DEFAULT_NAME.match(f.path.name)
+    if (m and completed is not None and m["backend"] == rec.get("backend")
+            and int(m["input"]) == rec.get("random_input_len") and int(m["output"]) == rec.get("random_output_len")
+            and int(m["n"]) >= completed):
+        return int(m["n"]) - completed, int(m["n"]), "the num_prompts in sglang's default file name"
+    return None, None, None
 
 
 def read_sglang(path: Path, data: Any = None) -> Imported:
-    f = _File(path)
+    f = _File(path, "sglang bench_serving")
     data = _load_json(path) if data is None else data
     records = data if isinstance(data, list) else [data]
-    out = Imported("sglang.bench_serving")
+    runs, shapes, how_found, server = [], set(), set(), {}
     for i, rec in enumerate(records):
         where = f"line {i + 1}: "
         if not isinstance(rec, dict):
             raise f.fail(f"line {i + 1}", "expected a JSON object")
-        run = {
+        shapes.add(_sglang_shape(rec))
+        if "output_throughput" not in rec:
+            raise f.unknown(f"{where}output_throughput", "missing (expected a number)")
+        completed = f.count(rec, "completed", where)
+        failed, requested, how = _sglang_counts(f, rec, where, completed)
+        how_found.add(how if failed is not None else None)
+        run = _counts({
             "concurrency": f.level(rec, "max_concurrency", where),
             METRIC: f.num(rec, "output_throughput", where, nonnegative=True),
             "requests_per_s": f.num(rec, "request_throughput", where, required=False),
-            "ttft_ms": _pct(rec, {"mean": "mean_ttft_ms", "p50": "median_ttft_ms", "p90": "p90_ttft_ms",
-                                  "p99": "p99_ttft_ms"}, f, where),
+            "ttft_ms": _pct(rec, _TTFT, f, where),
             "tpot_ms": _pct(rec, _TPOT, f, where),
-            "itl_ms": _pct(rec, {"mean": "mean_itl_ms", "p50": "median_itl_ms", "p90": "p90_itl_ms",
-                                 "p99": "p99_itl_ms"}, f, where),
+            "itl_ms": _pct(rec, _ITL, f, where),
             "e2e_ms": _pct(rec, {"mean": "mean_e2e_latency_ms", "p50": "median_e2e_latency_ms",
                                  "p90": "p90_e2e_latency_ms", "p99": "p99_e2e_latency_ms"}, f, where),
-            "completed": _int_or_none(rec.get("completed")),
-            "errors": _int_or_none(rec.get("failed")) or 0,
-            "requested": _int_or_none(rec.get("num_prompts")),
             "output_tokens": _int_or_none(rec.get("total_output_tokens")),
             "duration_s": f.num(rec, "duration", where, required=False),
             "measured_concurrency": f.num(rec, "concurrency", where, required=False),
-        }
+        }, completed=completed, errors=failed, requested=requested)
         env = _server_env(rec.get("server_info"))
         if env is not None:
             run["server_env"] = env
-        out.runs.append(run)
-        out.setup.update({k: v for k, v in {
-            "api": _SGLANG_API.get(rec.get("backend")),
-            "input_len": _int_or_none(rec.get("random_input_len")),
-            "output_len": _int_or_none(rec.get("random_output_len")),
-            "requests_per_run": _int_or_none(rec.get("completed")),
-            "model": rec.get("model_id") or rec.get("model"),
-        }.items() if v is not None})
+        if isinstance(rec.get("server_info"), dict):
+            server = rec["server_info"]
+        runs.append(run)
+    version = "0.5.23" if shapes == {"0.5.23"} else None
+    tool = "sglang bench_serving" + (f" {version}" if version else "")
+    out = Imported(tool, runs, tool_version=version, shape=f"sglang bench_serving JSONL ({', '.join(sorted(shapes))})")
+    if None in how_found:
+        out.notes.append(_not_recorded(tool, "its JSONL line has no failed and no num_prompts; run it with "
+                                             "--output-details to record each request's error"))
+    for how in sorted(h for h in how_found if h):
+        out.notes.append(f"errors: counted from {how}")
+    first = records[0]
+    dataset = _str_or_none(first.get("dataset_name"))
+    random_lengths = bool(dataset and dataset.startswith("random"))
+    out.setup = _clean({
+        "api": _SGLANG_API.get(first.get("backend")),
+        "backend": _str_or_none(first.get("backend")),
+        "dataset": dataset,
+        "input_len": _int_or_none(_one_value(r.get("random_input_len") for r in records)) if random_lengths else None,
+        "output_len": (_int_or_none(_one_value(r.get("random_output_len") for r in records)) if random_lengths
+                       else _int_or_none(first.get("sharegpt_output_len"))),
+        "requests_per_run": _requests_per_run(runs),
+        "model": _str_or_none(first.get("model_id")) or _str_or_none(first.get("model"))
+                 or _str_or_none(server.get("served_model_name")),
+        "served_model_name": _str_or_none(server.get("served_model_name")),
+        "engine": ("sim" if server.get("simulated") else "sglang") if server else None,
+        "engine_version": _str_or_none(server.get("version")),
+        "tool": "sglang bench_serving", "tool_version": version,
+    })
     return out
 
 
@@ -183,42 +316,55 @@ def read_sglang(path: Path, data: Any = None) -> Imported:
 
 _VLLM_API = {"openai-chat": "chat", "vllm-chat": "chat", "openai": "completions", "vllm": "completions",
              "sglang": "completions"}
+VLLM_VERSION_KEYS = ("vllm_version", "version")   # what a user may record with --metadata KEY=VALUE
 
 
 def read_vllm(path: Path, data: Any = None) -> Imported:
-    f = _File(path)
+    f = _File(path, "vllm bench serve")
     rec = _load_json(path) if data is None else data
     if not isinstance(rec, dict):
         raise f.fail("(top level)", "expected one JSON object (vllm bench serve --save-result)")
-    run = {
+    completed, failed = f.count(rec, "completed", ""), f.count(rec, "failed", "")
+    requested = f.count(rec, "num_prompts", "")
+    version = next((str(rec[k]) for k in VLLM_VERSION_KEYS if isinstance(rec.get(k), (str, int, float))), None)
+    tool = "vllm bench serve" + (f" {version}" if version else "")
+    f.tool = tool
+    if "output_throughput" not in rec:
+        raise f.unknown("output_throughput", "missing (expected a number)")
+    run = _counts({
         "concurrency": f.level(rec, "max_concurrency", ""),
         METRIC: f.num(rec, "output_throughput", "", nonnegative=True),
         "requests_per_s": f.num(rec, "request_throughput", "", required=False),
-        "ttft_ms": _pct(rec, {"mean": "mean_ttft_ms", "p50": "median_ttft_ms", "p90": "p90_ttft_ms",
-                              "p99": "p99_ttft_ms"}, f, ""),
+        "ttft_ms": _pct(rec, _TTFT, f, ""),
         "tpot_ms": _pct(rec, _TPOT, f, ""),
-        "itl_ms": _pct(rec, {"mean": "mean_itl_ms", "p50": "median_itl_ms", "p90": "p90_itl_ms",
-                             "p99": "p99_itl_ms"}, f, ""),
+        "itl_ms": _pct(rec, _ITL, f, ""),
         "e2e_ms": _pct(rec, {"mean": "mean_e2el_ms", "p50": "median_e2el_ms", "p90": "p90_e2el_ms",
                              "p99": "p99_e2el_ms"}, f, ""),
-        "completed": _int_or_none(rec.get("completed")),
-        "errors": _int_or_none(rec.get("failed")) or 0,
-        "requested": _int_or_none(rec.get("num_prompts")),
         "output_tokens": _int_or_none(rec.get("total_output_tokens")),
         "duration_s": f.num(rec, "duration", "", required=False),
-    }
+    }, completed=completed, errors=failed, requested=requested)
     # `vllm bench serve --metadata KEY=VALUE` puts the pairs at the top level: the way a user
     # records the server's environment in the result file.
     metadata = {k: v for k, v in rec.items() if _ENV_NAME.match(k) and isinstance(v, (str, int, float))}
     env = _server_env(rec.get("server_info"))
     if metadata or env is not None:
         run["server_env"] = {**{k: str(v) for k, v in metadata.items()}, **(env or {})}
-    setup = {k: v for k, v in {
+    out = Imported(tool, [run], tool_version=version,
+                   shape="vllm bench serve JSON" + (" (0.32+: endpoint_type, max_concurrent_requests)"
+                                                    if "max_concurrent_requests" in rec else ""))
+    if failed is None:
+        out.notes.append(_not_recorded(tool, "the file has no `failed`"))
+    out.setup = _clean({
         "api": _VLLM_API.get(rec.get("backend")),
-        "model": rec.get("model_id"),
-        "requests_per_run": _int_or_none(rec.get("num_prompts")),
-    }.items() if v is not None}
-    return Imported("vllm bench serve", [run], setup)
+        "backend": _str_or_none(rec.get("backend")),
+        "model": _str_or_none(rec.get("model_id")),
+        "served_model_name": _str_or_none(rec.get("model_name")),
+        "tokenizer": _str_or_none(rec.get("tokenizer_id")),
+        "requests_per_run": requested if requested is not None else completed,
+        "engine": "vllm" if version else None, "engine_version": version,
+        "tool": "vllm bench serve", "tool_version": version,
+    })
+    return out
 
 
 # ---------------------------------------------------------------- guidellm
@@ -230,7 +376,7 @@ def _guidellm_level(f: _File, bench: dict, where: str) -> int:
             strategy = holder["strategy"]
             break
     if strategy is None:
-        raise f.fail(f"{where}config.strategy", "missing (expected a concurrent or synchronous strategy)")
+        raise f.unknown(f"{where}config.strategy", "missing (expected a concurrent or synchronous strategy)")
     kind = strategy.get("type_") or strategy.get("type")
     if kind == "synchronous":
         return 1
@@ -241,38 +387,82 @@ def _guidellm_level(f: _File, bench: dict, where: str) -> int:
 
 
 def _guidellm_dist(f: _File, metrics: dict, name: str, where: str, *, scale: float = 1.0,
-                   required: bool = False) -> dict | None:
+                   required: bool = False, status: str = "successful") -> dict | None:
     dist = metrics.get(name)
-    if not isinstance(dist, dict) or not isinstance(dist.get("successful"), dict):
+    if not isinstance(dist, dict) or not isinstance(dist.get(status), dict):
         if required:
-            raise f.fail(f"{where}metrics.{name}.successful", "missing")
+            raise f.unknown(f"{where}metrics.{name}.{status}", "missing")
         return None
-    ok = dist["successful"]
+    ok = dist[status]
+    at = f"{where}metrics.{name}.{status}."
     pct = ok.get("percentiles") if isinstance(ok.get("percentiles"), dict) else {}
-    out = {"mean": f.num(ok, "mean", f"{where}metrics.{name}.successful.", required=required),
-           "p50": f.num(ok, "median", f"{where}metrics.{name}.successful.", required=False),
-           "p90": f.num(pct, "p90", f"{where}metrics.{name}.successful.percentiles.", required=False),
-           "p99": f.num(pct, "p99", f"{where}metrics.{name}.successful.percentiles.", required=False)}
+    out = {"mean": f.num(ok, "mean", at, required=required),
+           "p50": f.num(ok, "median", at, required=False),
+           "p90": f.num(pct, "p90", f"{at}percentiles.", required=False),
+           "p99": f.num(pct, "p99", f"{at}percentiles.", required=False)}
     return {k: (None if v is None else v * scale) for k, v in out.items()}
 
 
+def _guidellm_model(doc: dict, bench: dict) -> str | None:
+    """The model the requests named: the backend's `model` option, else the first request's body."""
+    spec = (doc.get("config") or {}).get("spec") if isinstance(doc.get("config"), dict) else None
+    backend = (spec or {}).get("backend") if isinstance(spec, dict) else None
+    for holder in (backend, bench.get("config"), bench.get("args"), bench.get("worker"), bench.get("backend")):
+        if isinstance(holder, dict):
+            name = _str_or_none(holder.get("model")) or _str_or_none(holder.get("backend_model"))
+            if name:
+                return name
+    requests = bench.get("requests") if isinstance(bench.get("requests"), dict) else {}
+    for req in requests.get("successful") or []:
+        try:
+            body = json.loads(req.get("request_args") or "{}").get("body") or {}
+        except (AttributeError, TypeError, json.JSONDecodeError):
+            continue
+        if _str_or_none(body.get("model")):
+            return body["model"]
+    return None
+
+
 def read_guidellm(path: Path, data: Any = None) -> Imported:
-    f = _File(path)
     doc = _load_json(path) if data is None else data
+    f = _File(path, "guidellm")
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list) or not doc["benchmarks"]:
         raise f.fail("benchmarks", "expected a non-empty list (guidellm benchmarks.json)")
-    out = Imported("guidellm")
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    version = _str_or_none(meta.get("guidellm_version"))
+    tool = "guidellm" + (f" {version}" if version else "")
+    f.tool = tool
+    out = Imported(tool, tool_version=version,
+                   shape=f"guidellm benchmarks.json (report schema {meta.get('version', 'unversioned')})")
+    unrecorded = False
     for i, bench in enumerate(doc["benchmarks"]):
         where = f"benchmarks[{i}]."
         if not isinstance(bench, dict) or not isinstance(bench.get("metrics"), dict):
             raise f.fail(f"{where}metrics", "missing (expected an object of metric distributions)")
         metrics = bench["metrics"]
-        tput = _guidellm_dist(f, metrics, "output_tokens_per_second", where, required=True)
+        # 0.8.x: request counts in metrics.request_totals; the v0.7-era schema: at the benchmark's top level
+        totals, at = next(((h, w) for h, w in ((metrics.get("request_totals"), f"{where}metrics.request_totals."),
+                                                (bench.get("request_totals"), f"{where}request_totals."))
+                           if isinstance(h, dict)), (None, None))
+        counts = {k: f.count(totals, k, at) for k in ("successful", "incomplete", "errored", "total")} if totals else {}
+        if totals is not None and counts["total"] == 0:
+            raise f.fail(f"{at}total", "0 requests: the benchmark sent no request (nothing to measure)")
+        if totals is not None and counts["successful"] == 0:
+            raise f.fail(f"{at}successful", f"0 of {counts['total']} requests succeeded (nothing to measure)")
+        # guidellm prints the server's throughput over all requests (`total`); older files have `successful` only
+        status = "total" if isinstance((metrics.get("output_tokens_per_second") or {}).get("total"), dict) \
+            else "successful"
+        tput = _guidellm_dist(f, metrics, "output_tokens_per_second", where, required=True, status=status)
         if tput["mean"] is None or tput["mean"] < 0:
-            raise f.fail(f"{where}metrics.output_tokens_per_second.successful.mean", "expected a number >= 0")
-        rps = _guidellm_dist(f, metrics, "requests_per_second", where)
-        totals = bench.get("request_totals") if isinstance(bench.get("request_totals"), dict) else {}
-        run = {
+            raise f.fail(f"{where}metrics.output_tokens_per_second.{status}.mean", "expected a number >= 0")
+        rps = _guidellm_dist(f, metrics, "requests_per_second", where, status=status)
+        # `incomplete`: in flight when a constraint (max_seconds) ended the benchmark, cancelled by the
+        # tool itself: neither served nor failed by the server, so not in `requested` (kept apart)
+        errors = counts.get("errored")
+        finished = (None if errors is None or counts.get("successful") is None
+                    else counts["successful"] + errors)
+        unrecorded = unrecorded or errors is None
+        out.runs.append(_counts({
             "concurrency": _guidellm_level(f, bench, where),
             METRIC: tput["mean"],
             "requests_per_s": rps["mean"] if rps else None,
@@ -280,31 +470,107 @@ def read_guidellm(path: Path, data: Any = None) -> Imported:
             "itl_ms": _guidellm_dist(f, metrics, "inter_token_latency_ms", where),
             "tpot_ms": _guidellm_dist(f, metrics, "time_per_output_token_ms", where),
             "e2e_ms": _guidellm_dist(f, metrics, "request_latency", where, scale=1000.0),  # seconds
-            "completed": _int_or_none(totals.get("successful")),
-            "errors": _int_or_none(totals.get("errored")) or 0,
             "duration_s": f.num(bench, "duration", where, required=False),
-        }
-        out.runs.append(run)
-        model = None
-        for holder in (bench.get("config"), bench.get("args"), bench.get("worker"), bench.get("backend")):
-            if isinstance(holder, dict):
-                model = model or holder.get("model") or holder.get("backend_model")
-        if isinstance(model, str):
+            "errored": counts.get("errored"), "incomplete": counts.get("incomplete"),
+        }, completed=counts.get("successful"), errors=errors, requested=finished))
+        model = _guidellm_model(doc, bench)
+        if model:
             out.setup["model"] = model
+    if unrecorded:
+        out.notes.append(_not_recorded(tool, "no request_totals in metrics or at the benchmark's top level"))
+    spec = (doc.get("config") or {}).get("spec") if isinstance(doc.get("config"), dict) else None
+    spec = spec if isinstance(spec, dict) else {}
+    data_specs = [d for d in spec.get("data") or [] if isinstance(d, dict)]
+    synthetic = data_specs[0] if len(data_specs) == 1 and data_specs[0].get("kind") == "synthetic_text" else {}
+    backend = spec.get("backend") if isinstance(spec.get("backend"), dict) else {}
+    request_format = _str_or_none(backend.get("request_format"))
+    out.setup.update(_clean({
+        "api": {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(request_format),
+        "request_format": request_format,
+        "dataset": _str_or_none(data_specs[0].get("kind")) if data_specs else None,
+        "input_len": _int_or_none(synthetic.get("prompt_tokens")),
+        "output_len": _int_or_none(synthetic.get("output_tokens")),
+        "requests_per_run": _requests_per_run(out.runs),
+        "tool": "guidellm", "tool_version": version,
+    }))
     return out
 
 
 # ---------------------------------------------------------------- aiperf
 
+AIPERF_RESULT = "profile_export_aiperf.json"
+AIPERF_AGGREGATE = "profile_export_aiperf_aggregate.json"
+AIPERF_SWEEP = "profile_export_aiperf_sweep.json"
+
+
+def _aiperf_level(f: _File, doc: dict) -> int:
+    """The configured concurrency: the profiling phase of `input_config.phases[]` (0.13), or
+    `input_config.loadgen.concurrency` (before)."""
+    config = doc.get("input_config") if isinstance(doc.get("input_config"), dict) else {}
+    phases = config.get("phases")
+    if isinstance(phases, list):
+        measured = [(i, p) for i, p in enumerate(phases) if isinstance(p, dict)
+                    and not p.get("exclude_from_results") and p.get("kind", p.get("name")) != "warmup"]
+        if len(measured) != 1:
+            raise f.unknown("input_config.phases", f"{len(measured)} measured phases (expected one per file)")
+        i, phase = measured[0]
+        if phase.get("type") != "concurrency":
+            raise f.fail(f"input_config.phases[{i}].type", f"{phase.get('type')!r} is not a fixed concurrency "
+                                                            f"(accepted: concurrency; run aiperf with --concurrency)")
+        return f.level(phase, "concurrency", f"input_config.phases[{i}].")
+    loadgen = config.get("loadgen")
+    if isinstance(loadgen, dict):
+        return f.level(loadgen, "concurrency", "input_config.loadgen.")
+    raise f.unknown("input_config.phases", "missing (and no input_config.loadgen.concurrency either)")
+
+
+def _aiperf_setup(doc: dict) -> dict:
+    config = doc.get("input_config") if isinstance(doc.get("input_config"), dict) else {}
+    setup: dict[str, Any] = {}
+    models = config.get("models")
+    items = models.get("items") if isinstance(models, dict) else models if isinstance(models, list) else None
+    names = [m.get("name") if isinstance(m, dict) else m for m in items or []]
+    endpoint = config.get("endpoint") if isinstance(config.get("endpoint"), dict) else {}
+    if not names and isinstance(endpoint.get("model_names"), list):   # before 0.13
+        names = endpoint["model_names"]
+    if names and isinstance(names[0], str):
+        setup["model"] = names[0]
+    kind = endpoint.get("type")
+    if kind in ("chat", "completions"):
+        setup["api"] = kind
+    datasets = config.get("datasets")
+    if isinstance(datasets, list) and datasets and isinstance(datasets[0], dict):
+        ds = datasets[0]
+        setup["dataset"] = _str_or_none(ds.get("type")) or _str_or_none(ds.get("name"))
+        prompts = ds.get("prompts") if isinstance(ds.get("prompts"), dict) else {}
+        for key, name in (("input_len", "isl"), ("output_len", "osl")):
+            part = prompts.get(name)
+            if isinstance(part, dict) and _int_or_none(part.get("mean")) is not None:
+                setup[key] = _int_or_none(part["mean"])
+    prompt = ((config.get("input") or {}).get("prompt") or {}) if isinstance(config.get("input"), dict) else {}
+    for key, name in (("input_len", "input_tokens"), ("output_len", "output_tokens")):   # before 0.13
+        part = prompt.get(name)
+        if key not in setup and isinstance(part, dict) and _int_or_none(part.get("mean")) is not None:
+            setup[key] = _int_or_none(part["mean"])
+    return _clean(setup)
+
+
 def read_aiperf(path: Path, data: Any = None) -> Imported:
-    f = _File(path)
+    """One profile_export_aiperf.json (one level), or a directory of them (aiperf's --artifact-dir)."""
+    if path.is_dir():
+        return _read_aiperf_dir(path)
     doc = _load_json(path) if data is None else data
+    f = _File(path, "aiperf")
     if not isinstance(doc, dict):
         raise f.fail("(top level)", "expected one JSON object (aiperf profile_export_aiperf.json)")
-    loadgen = ((doc.get("input_config") or {}).get("loadgen") or {}) if isinstance(doc.get("input_config"), dict) else {}
+    version = _str_or_none(doc.get("aiperf_version"))
+    tool = "aiperf" + (f" {version}" if version else "")
+    f.tool = tool
+    if doc.get("aggregation_type") == "sweep" or isinstance((doc.get("metadata") or {}).get("aggregation_type"), str):
+        return _read_aiperf_summary(f, doc, path)
     tput = doc.get("output_token_throughput")
     if not isinstance(tput, dict):
-        raise f.fail("output_token_throughput", "missing (expected a metric object with avg)")
+        raise f.unknown("output_token_throughput", "missing (expected a metric object with avg)")
 
     def stat(tag: str) -> dict | None:
         m = doc.get(tag)
@@ -312,15 +578,26 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
             return None
         return _pct(m, {"mean": "avg", "p50": "p50", "p90": "p90", "p99": "p99"}, f, f"{tag}.")
 
-    errors = 0
-    erc = doc.get("error_request_count")
-    if isinstance(erc, dict):
-        errors = int(f.num(erc, "avg", "error_request_count.") or 0)
-    elif isinstance(doc.get("error_summary"), list):
+    def total(tag: str) -> int | None:
+        m = doc.get(tag)
+        value = f.num(m, "avg", f"{tag}.", required=False) if isinstance(m, dict) else None
+        return None if value is None else int(round(value))
+
+    completed = total("request_count")                 # the successful ones
+    errors = total("error_request_count")
+    if errors is None and isinstance(doc.get("error_summary"), list):
+        # aiperf writes error_request_count only when a request failed; the summary is always there
         errors = sum(int(e.get("count") or 0) for e in doc["error_summary"] if isinstance(e, dict))
-    count = doc.get("request_count")
-    run = {
-        "concurrency": f.level(loadgen, "concurrency", "input_config.loadgen."),
+    answered = total("completed_request_count")         # success + error (0.13)
+    if errors is None and answered is not None and completed is not None:
+        errors = answered - completed
+    if answered is None and completed is not None and errors is not None:
+        answered = completed + errors
+    if None not in (answered, completed, errors) and answered != completed + errors:
+        raise f.fail("completed_request_count", f"{answered} answered but request_count {completed} + "
+                                                f"errors {errors} (the file contradicts itself)")
+    run = _counts({
+        "concurrency": _aiperf_level(f, doc),
         METRIC: f.num(tput, "avg", "output_token_throughput.", nonnegative=True),
         "requests_per_s": f.num(doc.get("request_throughput") or {}, "avg", "request_throughput.", required=False),
         "ttft_ms": stat("time_to_first_token"),
@@ -328,24 +605,146 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
         # aiperf's inter_token_latency is per request (latency - TTFT) / (output tokens - 1): a TPOT.
         "tpot_ms": stat("inter_token_latency"),
         "e2e_ms": stat("request_latency"),
-        "completed": _int_or_none(count.get("avg")) if isinstance(count, dict) else None,
-        "errors": errors,
+        "output_tokens": total("total_output_tokens"),
         "duration_s": f.num(doc.get("benchmark_duration") or {}, "avg", "benchmark_duration.", required=False),
-    }
-    endpoint = (doc.get("input_config") or {}).get("endpoint") or {}
-    prompt = ((doc.get("input_config") or {}).get("input") or {}).get("prompt") or {}
-    setup: dict[str, Any] = {}
-    if isinstance(endpoint.get("model_names"), list) and endpoint["model_names"]:
-        setup["model"] = endpoint["model_names"][0]
-    if endpoint.get("type") in ("chat", "completions"):
-        setup["api"] = endpoint["type"]
-    for key, name in (("input_len", "input_tokens"), ("output_len", "output_tokens")):
-        part = prompt.get(name)
-        if isinstance(part, dict) and _int_or_none(part.get("mean")) is not None:
-            setup[key] = _int_or_none(part["mean"])
-    if run["completed"] is not None:
-        setup["requests_per_run"] = run["completed"]
-    return Imported("aiperf", [run], setup)
+    }, completed=completed, errors=errors, requested=answered)
+    if doc.get("was_cancelled") is True:
+        raise f.fail("was_cancelled", "true: the run was cancelled before it finished (not a measurement)")
+    out = Imported(tool, [run], tool_version=version, files=[path],
+                   shape="aiperf profile_export_aiperf.json" + (" (input_config.phases)" if isinstance(
+                       (doc.get("input_config") or {}).get("phases"), list) else " (input_config.loadgen)"))
+    if errors is None:
+        out.notes.append(_not_recorded(tool, "no error_request_count and no error_summary"))
+    out.setup = _aiperf_setup(doc)
+    out.setup.update(_clean({"requests_per_run": answered if answered is not None else completed,
+                             "tool": "aiperf", "tool_version": version}))
+    return out
+
+
+def _read_aiperf_summary(f: _File, doc: dict, path: Path) -> Imported:
+    """An aggregate file (aggregate/concurrency_N/profile_export_aiperf_aggregate.json: one level over
+    its trials) or the sweep file (sweep_aggregate/profile_export_aiperf_sweep.json: every level).
+    Their numbers are means over trials: one trial each is one run; more is refused (the trials'
+    own files are the runs)."""
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    if doc.get("aggregation_type") == "sweep":
+        trials, where = meta.get("num_trials_per_value"), "metadata.num_trials_per_value"
+        entries = doc.get("per_combination_metrics")
+        if not isinstance(entries, list) or not entries:
+            raise f.unknown("per_combination_metrics", "missing (expected the sweep's per-level entries)")
+        rows = []
+        for i, entry in enumerate(entries):
+            at = f"per_combination_metrics[{i}]."
+            params = entry.get("parameters") if isinstance(entry, dict) else None
+            metrics = entry.get("metrics") if isinstance(entry, dict) else None
+            if not isinstance(metrics, dict):
+                raise f.unknown(f"{at}metrics", "missing")
+            rows.append((f.level(params, "concurrency", f"{at}parameters."), metrics, f"{at}metrics.", ""))
+        shape = "aiperf sweep file (sweep_aggregate/profile_export_aiperf_sweep.json)"
+    else:
+        trials, where = meta.get("num_profile_runs"), "metadata.num_profile_runs"
+        values = meta.get("variation_values") if isinstance(meta.get("variation_values"), dict) else {}
+        key = next((k for k in values if k == "concurrency" or k.endswith(".concurrency")), None)
+        if key is None:
+            raise f.unknown("metadata.variation_values", "no concurrency (expected phases.profiling.concurrency)")
+        metrics = doc.get("metrics")
+        if not isinstance(metrics, dict):
+            raise f.unknown("metrics", "missing")
+        rows = [(f.level(values, key, "metadata.variation_values."), metrics, "metrics.", "_avg")]
+        shape = "aiperf aggregate file (aggregate/concurrency_N/profile_export_aiperf_aggregate.json)"
+    if trials != 1:
+        raise f.fail(where, f"{trials!r} trials averaged: each trial is a run, pass the artifact directory "
+                            f"(or its profile_runs/*/profile_export_aiperf.json files), not the mean of them")
+    version = _str_or_none(doc.get("aiperf_version"))
+    tool = "aiperf" + (f" {version}" if version else "")
+    out = Imported(tool, tool_version=version, shape=shape, files=[path])
+    for level, metrics, at, suffix in rows:
+        def mean(tag: str, required: bool = False) -> float | None:
+            m = metrics.get(tag + suffix)
+            if not isinstance(m, dict):
+                if required:
+                    raise f.unknown(f"{at}{tag}{suffix}", "missing (expected a metric with mean)")
+                return None
+            return f.num(m, "mean", f"{at}{tag}{suffix}.", required=required)
+
+        def dist(tag: str) -> dict | None:
+            if suffix:   # the aggregate file: one key per statistic (time_to_first_token_p99)
+                vals = {k: _mean_key(metrics, f"{tag}_{src}", f, at)
+                        for k, src in (("mean", "avg"), ("p50", "p50"), ("p90", "p90"), ("p99", "p99"))}
+            else:        # the sweep file: each metric's avg (its mean over trials), no percentiles
+                vals = {"mean": _mean_key(metrics, tag, f, at), "p50": None, "p90": None, "p99": None}
+            return vals if any(v is not None for v in vals.values()) else None
+
+        completed = mean("request_count")
+        answered = mean("completed_request_count")
+        errors = None if completed is None or answered is None else int(round(answered - completed))
+        out.runs.append(_counts({
+            "concurrency": level,
+            METRIC: mean("output_token_throughput", required=True),
+            "requests_per_s": mean("request_throughput"),
+            "ttft_ms": dist("time_to_first_token"), "itl_ms": dist("inter_token_latency"),
+            "tpot_ms": dist("inter_token_latency"), "e2e_ms": dist("request_latency"),
+            "duration_s": mean("benchmark_duration"),
+        }, completed=None if completed is None else int(round(completed)), errors=errors,
+            requested=None if answered is None else int(round(answered))))
+        if errors is None:
+            out.notes = [_not_recorded(tool, "no completed_request_count beside request_count")]
+    out.setup = _clean({"model": _str_or_none(meta.get("model")), "requests_per_run": _requests_per_run(out.runs),
+                        "tool": "aiperf", "tool_version": version})
+    return out
+
+
+def _mean_key(metrics: dict, key: str, f: _File, at: str) -> float | None:
+    m = metrics.get(key)
+    return f.num(m, "mean", f"{at}{key}.", required=False) if isinstance(m, dict) else None
+
+
+def aiperf_files(directory: Path) -> list[Path]:
+    """The per-level results under an aiperf --artifact-dir: concurrency_N/profile_export_aiperf.json
+    (a sweep; trials under profile_runs/ too), or the directory's own profile_export_aiperf.json."""
+    found = sorted(p for p in directory.rglob(AIPERF_RESULT)
+                   if "aggregate" not in p.relative_to(directory).parts[:-1]
+                   and "sweep_aggregate" not in p.relative_to(directory).parts[:-1])
+    if not found:
+        raise UserError(f"{directory}: no aiperf result in it (looked for */{AIPERF_RESULT}; aggregate/ and "
+                        f"sweep_aggregate/ files alone are summaries, not runs)")
+    return found
+
+
+def _read_aiperf_dir(directory: Path) -> Imported:
+    parts = [read_aiperf(p) for p in aiperf_files(directory)]
+    check_same_tool([(p, imp) for p, imp in zip(aiperf_files(directory), parts)], where=str(directory))
+    first = parts[0]
+    out = Imported(first.tool, [r for imp in parts for r in imp.runs], tool_version=first.tool_version,
+                   shape=f"aiperf artifact directory ({len(parts)} profile_export_aiperf.json)",
+                   files=[p for imp in parts for p in imp.files])
+    out.notes = sorted({n for imp in parts for n in imp.notes})
+    out.setup = dict(first.setup)
+    out.setup["requests_per_run"] = _requests_per_run(out.runs)
+    if out.setup["requests_per_run"] is None:
+        out.setup.pop("requests_per_run")
+    _check_aiperf_summaries(directory, out)
+    return out
+
+
+def _check_aiperf_summaries(directory: Path, imp: Imported) -> None:
+    """aiperf's own summaries in the directory (the sweep file, the per-level aggregate files) must
+    agree with its per-level results: same levels, same throughput. A directory whose parts
+    disagree (a file copied in from another run) is not one measurement."""
+    have = {r["concurrency"]: r[METRIC] for r in imp.runs}
+    summaries = sorted(directory.glob(f"sweep_aggregate/{AIPERF_SWEEP}")) + sorted(
+        directory.glob(f"aggregate/*/{AIPERF_AGGREGATE}"))
+    for path in summaries:
+        data = _load_json(path)
+        if isinstance(data, dict) and ((data.get("metadata") or {}).get("num_trials_per_value", 1) != 1
+                                       or (data.get("metadata") or {}).get("num_profile_runs", 1) != 1):
+            continue   # a mean over several trials: not comparable run by run
+        for run in read_aiperf(path, data).runs:
+            level, value = run["concurrency"], run[METRIC]
+            if level not in have or not math.isclose(value, have[level], rel_tol=1e-9):
+                said = f"{value:g} at {level}" if level in have else f"level {level}"
+                raise UserError(f"{path}: {said}, but the directory's results are "
+                                f"{', '.join(f'{v:g} at {c}' for c, v in sorted(have.items()))}")
 
 
 # ---------------------------------------------------------------- kernels benchmark
@@ -392,10 +791,16 @@ READERS: dict[str, Callable[..., Imported]] = {
     "sglang": read_sglang, "vllm": read_vllm, "guidellm": read_guidellm, "aiperf": read_aiperf,
     "kernels": read_kernels,
 }
+_NAMES = {"sglang": "sglang bench_serving JSONL", "vllm": "vllm bench serve JSON",
+          "guidellm": "guidellm benchmarks.json", "aiperf": "aiperf profile_export_aiperf(_aggregate|_sweep).json",
+          "kernels": "kernels evidence JSON"}
 
 
-def detect(path: Path, data: Any) -> str:
-    """The format of an already-parsed file, or a UserError naming it."""
+_SGLANG_KEYS = ("mean_e2e_latency_ms", "random_input_len", "dataset_name", "accept_length", "total_input_text_tokens")
+_VLLM_KEYS = ("mean_e2el_ms", "tokenizer_id", "num_prompts", "burstiness", "endpoint_type", "request_goodput")
+
+
+def _detect(data: Any) -> str | None:
     if isinstance(data, list):
         if data and all(isinstance(r, dict) and ("output_throughput" in r or "max_concurrency" in r) for r in data):
             return "sglang"
@@ -404,31 +809,87 @@ def detect(path: Path, data: Any) -> str:
             return "kernels"
         if isinstance(data.get("benchmarks"), list):
             return "guidellm"
-        if isinstance(data.get("output_token_throughput"), dict):
+        if (isinstance(data.get("output_token_throughput"), dict) or "aiperf_version" in data
+                or (data.get("aggregation_type") == "sweep" and "per_combination_metrics" in data)):
             return "aiperf"
-        vllm_keys = ("num_prompts", "burstiness", "request_goodput", "max_concurrent_requests", "tokenizer_id")
         if "output_throughput" in data or "max_concurrency" in data:
-            if any(k in data for k in vllm_keys):
-                return "vllm"
-            return "sglang"
-    raise UserError(f"{path}: unknown result format (accepted: sglang bench_serving JSONL, vllm bench serve JSON, "
-                    f"guidellm benchmarks.json, aiperf profile_export_aiperf.json, kernels evidence JSON; "
-                    f"or pass --format)")
+            # both write max_concurrency, output_throughput and (sglang 0.5.23 too) max_concurrent_requests
+            if any(k in data for k in _SGLANG_KEYS):
+                return "sglang"
+            return "vllm" if any(k in data for k in _VLLM_KEYS) else "sglang"
+    return None
+
+
+def detect(path: Path, data: Any) -> str:
+    """The format of an already-parsed file, or a UserError naming it."""
+    found = _detect(data)
+    if found is None:
+        raise UserError(f"{path}: unknown result format (accepted: {', '.join(_NAMES.values())}; "
+                        f"an aiperf --artifact-dir; or pass --format)")
+    return found
 
 
 def read(path: str | Path, fmt: str = "auto") -> tuple[str, Imported]:
-    """(format, Imported) for one file."""
+    """(format, Imported) for one file, or for an aiperf artifact directory (all its levels)."""
     path = Path(path)
     if fmt != "auto" and fmt not in READERS:
         raise UserError(f"--format {fmt!r}: expected auto or one of {', '.join(FORMATS)}")
+    if path.is_dir():
+        if fmt not in ("auto", "aiperf"):
+            raise UserError(f"{path}: a directory (only an aiperf --artifact-dir is read as one argument; "
+                            f"--format is {fmt})")
+        return "aiperf", read_aiperf(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     data = _load_json(path)
     if fmt == "auto":
         fmt = detect(path, data)
+    else:
+        found = _detect(data)
+        if found is not None and found != fmt:
+            raise UserError(f"{path}: --format {fmt}, but this is a {_NAMES[found]} (pass --format {found} or auto)")
     if fmt != "sglang" and isinstance(data, list):
         if len(data) == 1:
             data = data[0]
         else:
             raise UserError(f"{path}: (top level): {len(data)} JSON lines, but --format {fmt} expects one object")
-    return fmt, READERS[fmt](path, data)
+    imp = READERS[fmt](path, data)
+    imp.files = imp.files or [path]
+    return fmt, imp
+
+
+def expand(paths: Iterable[str]) -> list[str]:
+    """The result files behind `paths`: an aiperf artifact directory becomes its per-level files (each
+    a run, kept and copied like any file), everything else is left as given."""
+    out: list[str] = []
+    for p in paths:
+        out += [str(x) for x in aiperf_files(Path(p))] if Path(p).is_dir() else [p]
+    return out
+
+
+def check_same_tool(items: Iterable[tuple[Any, Imported]], where: str = "--baseline/--candidate") -> None:
+    """One arm's files must come from one tool at one version: a UserError naming the first file of
+    another version (files that state no version are not compared)."""
+    seen: tuple[Any, str] | None = None
+    for path, imp in items:
+        if imp.tool_version is None:
+            continue
+        if seen is None:
+            seen = (path, imp.tool_version)
+        elif imp.tool_version != seen[1]:
+            raise UserError(f"{path}: {imp.tool} in {where}, but {seen[0]} is version {seen[1]}: one arm's "
+                            f"results must come from one version of the tool")
+
+
+def check_arms(baseline: Iterable[str], candidate: Iterable[str], fmt: str = "auto") -> list[str]:
+    """Read both arms' files (before anything is written): mixed tool versions within an arm are
+    refused; returns the notes of what the files cannot tell (e.g. errors not recorded), once each."""
+    notes: list[str] = []
+    for option, files in (("--baseline", baseline), ("--candidate", candidate)):
+        items = []
+        for p in files:
+            _, imp = read(p, fmt)
+            items.append((p, imp))
+            notes += [n for n in imp.notes if n not in notes and n.startswith("errors: not recorded")]
+        check_same_tool(items, option)
+    return notes
