@@ -471,30 +471,28 @@ def test_ab_and_canary_evidence_record_the_pinned_engine_and_reclaim_flags_a_cha
 
     seen = {}
 
-    def fake_run_ab(*args, setup, arms, knob, role, levels=None, **kw):  # the load itself is tested elsewhere
+    def fake_measure(harness, design, *, setup, arms, knob, role, **kw):  # the load itself is tested elsewhere
         runs = [{"arm": arm, "repeat": r, "concurrency": 16, "output_tokens_per_s": base * (1 + 0.004 * r), "errors": 0}
                 for arm, base in (("A", 1000.0), ("B", 1400.0)) for r in range(1, 6)]
-        seen["ab"] = setup
         return build_doc(knob=knob, role=role, arms=arms, runs=runs, setup=setup)
 
-    monkeypatch.setattr(ab, "run_ab", fake_run_ab)
+    monkeypatch.setattr(ab, "measure", fake_measure)
     doc = ab.ab_run(project, inventory=PROD, role="decode", set_spec="VLLM_CPU_OMP_THREADS_BIND=auto",
-                    baseline="VLLM_CPU_OMP_THREADS_BIND=0-1", levels=[16], repeats=5, endpoint="http://unused")
-    assert {k: doc["setup"][k] for k in ("engine", "engine_version", "stack")} == {
-        "engine": "vllm", "engine_version": "0.32.0", "stack": "vllm"}
+                    baseline="VLLM_CPU_OMP_THREADS_BIND=0-1", design=ab.Design(levels=[16], repeats=5),
+                    endpoint="http://unused")
+    assert (doc.setup.engine, doc.setup.engine_version, doc.setup.stack) == ("vllm", "0.32.0", "vllm")
 
-    def fake_canary(project, plan, source, apply, restore, **kw):
-        seen["canary"] = kw["setup"]
+    def fake_run(project, plan, source, switch, options=None, setup=None):
+        seen["canary"] = setup
         raise StopIteration
 
-    monkeypatch.setattr(canary, "canary", fake_canary)
+    monkeypatch.setattr(canary, "run", fake_run)
     with pytest.raises(StopIteration):
-        canary.canary_command(project, "VLLM_CPU_OMP_THREADS_BIND=auto", role="decode", inventory=PROD)
-    assert {k: seen["canary"][k] for k in ("engine", "engine_version", "stack")} == {
-        "engine": "vllm", "engine_version": "0.32.0", "stack": "vllm"}
+        canary.canary(project, "VLLM_CPU_OMP_THREADS_BIND=auto", role="decode", inventory=PROD)
+    assert (seen["canary"].engine, seen["canary"].engine_version, seen["canary"].stack) == ("vllm", "0.32.0", "vllm")
 
     # The A/B set the knob, an incident revert took it back; reclaimable names the stack and is fresh.
-    ops.set_knob(project, "VLLM_CPU_OMP_THREADS_BIND", "auto", "vllm.decode", "A/B", evidence=[doc["id"]])
+    ops.set_knob(project, "VLLM_CPU_OMP_THREADS_BIND", "auto", "vllm.decode", "A/B", evidence=[doc.id])
     audit.revert(project, "VLLM_CPU_OMP_THREADS_BIND", "vllm.decode", "suspect")
     (item,) = audit.reclaimable(project).reclaimable
     assert item.role == "vllm.decode" and item.command.startswith("knobkeeper restore VLLM_CPU_OMP_THREADS_BIND "
