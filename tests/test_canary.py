@@ -141,7 +141,7 @@ def collect_around(sources, seconds: float, windows: int, change, settle: float)
 def test_scrape_and_prometheus_agree_on_real_workers(pd):
     """Both sources over the same windows, before and after one decode worker restarts with 512: the
     same tokens/s and requests in flight per host (the engine's own integral; within one scrape
-    interval's traffic) and the same verdict of the calibrated judgement: better."""
+    interval's traffic) and the same verdict and effect of the calibrated judgement."""
     decodes = pd["decodes"]
     targets = [d.target for d in decodes]
     prom = Prometheus(pd["tmp"], M.scrape_config_for(targets, SCRAPE))
@@ -185,9 +185,13 @@ def test_scrape_and_prometheus_agree_on_real_workers(pd):
         assert {r["arm"] for r in runs} == {"A", "B"}, windows
         judged = C.judgement(runs, plan.unit_noise(C.RESTART_NOISE, True))
         verdicts.append((C.decide(plan, windows, judged)[0], judged["levels"][0]["effect"]))
-    # the same verdict; the effects differ by what each source's window edges hold (Prometheus's rate()
-    # extrapolates to the edges, a window a late scrape left empty is not judged)
-    assert verdicts[0][0] == verdicts[1][0] == "better", verdicts
+    # The same verdict and effect from both sources; the effects differ by what each source's window
+    # edges hold (Prometheus's rate() extrapolates to the edges, a window a late scrape left empty is
+    # not judged). Which verdict depends on how loud this machine is: the sim's +12.8% is "better" on
+    # a quiet one and "inconclusive" on a busy one (6 windows, restart noise calibrated), never a loss.
+    (verdict_scrape, effect_scrape), (verdict_prom, effect_prom) = verdicts
+    assert verdict_scrape == verdict_prom and verdict_scrape in ("better", "inconclusive"), verdicts
+    assert effect_scrape > 0 and effect_prom > 0 and abs(effect_scrape - effect_prom) < 0.04, verdicts
 
 
 def _serve_text_exposition(registry, port: int):
