@@ -42,7 +42,7 @@ from knobkeeper.deploy.topology import ROLE_PREFIX, Role, deploy_order, role_fro
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import check_env_name
 
-MANAGERS = ("supervisord", "systemd")
+MANAGERS = ("supervisord", "systemd", "slurm")  # slurm: the stack is one job (knobkeeper/deploy/slurm/)
 ENGINES = ("sim", "sglang", *ROUTERS)
 WORKER_MODES = ("prefill", "decode")
 
@@ -174,6 +174,10 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
                     raise UserError(f"port {port} on {svc.address}: used by both {other} and {svc.key}")
                 seen[(svc.address, port)] = svc.key
     stack = Stack(inventory=name, roles=roles, order=order, hosts=plans)
+    from knobkeeper.deploy.slurm.job import is_slurm, settings_of
+
+    if is_slurm(stack):
+        settings_of(stack)  # the Slurm data is checked with the rest (knobkeeper/deploy/slurm/job.py)
     workers = workers_of(stack.services)
     for svc in stack.services:
         stack.commands[(svc.host, svc.name)] = engine_command(svc, stack.hosts[svc.host].data, workers)
@@ -249,3 +253,18 @@ def load_inventory(project_root: Path, inventory_path: str | os.PathLike, data: 
 def load_stack(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None) -> Stack:
     inventory = load_inventory(project_root, inventory_path, data)
     return stack_from_inventory(inventory, Path(inventory_path).stem)
+
+
+def running_stack(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None) -> Stack:
+    """The stack with every service where it runs now: as the inventory says over SSH / locally; for a
+    Slurm stack, at the address and ports its running job published (ab run's endpoint and probes,
+    incident snapshots). A service of a Slurm stack that is not placed keeps the inventory's values."""
+    inventory = load_inventory(project_root, inventory_path, data)
+    stack = stack_from_inventory(inventory, Path(inventory_path).stem)
+    from knobkeeper.deploy.slurm.job import is_slurm
+
+    if not is_slurm(stack):
+        return stack
+    from knobkeeper.deploy.slurm.status import placed_stack
+
+    return placed_stack(inventory, stack)

@@ -92,7 +92,7 @@ class Stopping:
                 self.open.remove(level["concurrency"])
 
 
-def run_ab(switch_arm: Switch, restore: Callable[[], None], endpoint: str, levels: list[int],
+def run_ab(switch_arm: Switch, restore: Callable[[], None], endpoint: str | Callable[[], str], levels: list[int],
            repeats: int | None = None, *, arms: dict[str, dict], knob: str, role: str,
            max_repeats: int | None = None, requests: int | None = None,
            duration: float | None = None, api: str = "chat", input_len: int = 128, output_len: int = 64,
@@ -146,15 +146,16 @@ def run_ab(switch_arm: Switch, restore: Callable[[], None], endpoint: str, level
                 bar.update(task, description=f"switch to {arm} (repeat {repeat}/{cap})")
             switch_arm(arms[arm])
             blocks += 1
+            url = endpoint() if callable(endpoint) else endpoint  # a Slurm job's router moves with each job
             seen = probes.knob(arms[arm]) if probes.knob is not None else None
             warm_conc = max(todo)
-            load(endpoint, warm_conc, requests=warmup_requests or warm_conc, api=api, model=model,
+            load(url, warm_conc, requests=warmup_requests or warm_conc, api=api, model=model,
                  input_len=input_len, output_len=output_len, warmup=0, **(load_options or {}))
             for conc in list(todo):
                 if bar is not None:
                     bar.update(task, description=f"{arm} @{conc} (repeat {repeat}/{cap})")
                 before = probes.prefill_tokens() if probes.prefill_tokens is not None else None
-                summary = load(endpoint, conc, requests=requests, duration=duration, api=api, model=model,
+                summary = load(url, conc, requests=requests, duration=duration, api=api, model=model,
                                input_len=input_len, output_len=output_len, warmup=level_warmup,
                                **(load_options or {}))
                 run = {"arm": arm, "repeat": repeat, "concurrency": conc, **_run_fields(summary)}
@@ -180,7 +181,8 @@ def run_ab(switch_arm: Switch, restore: Callable[[], None], endpoint: str, level
     workload = {"api": api, "input_len": input_len, "output_len": output_len, "requests_per_run": requests,
                 "duration_s": duration}
     full_setup = {**(setup or {}), "workload": workload,
-                  "schedule": {"order": "ABBA", "repeats": cap, "levels": levels, "endpoint": endpoint,
+                  "schedule": {"order": "ABBA", "repeats": cap, "levels": levels,
+                               "endpoint": endpoint() if callable(endpoint) else endpoint,
                                "design": "sequential" if stopping is not None else "fixed", "blocks": blocks,
                                "warmup_requests": warmup_requests or max(levels),
                                "wall_s": round(time.time() - started, 3)}}
@@ -225,16 +227,17 @@ def arms_from_specs(project, role: str, set_spec: str, baseline: str = "current"
     return knob, {"A": {"label": label, "knobs": {knob: base}}, "B": {"label": "candidate", "knobs": {knob: value}}}
 
 
-def deploy_switcher(project, inventory: str, role: str) -> tuple[Switch, Callable[[], None], str | None]:
+def deploy_switcher(project, inventory: str, role: str) -> tuple[Switch, Callable[[], None], Any]:
     """(switch_arm, restore, router endpoint) backed by the real deploy.
 
     switch_arm(arm) deploys `inventory` with knob_overrides={role: arm knobs} and only=role, so only
     that role restarts and every gate (the router's included) holds before load starts; restore()
     deploys the declared state. Arm switches are not committed as deploy records (record=false:
     they land in .knobkeeper-state/deploys/); the evidence file lists the schedule instead.
+    On a Slurm stack each switch is a new job, and the endpoint a function: where its router runs.
     """
     from knobkeeper.deploy.api import run_deploy
-    from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.deploy.stack import load_stack, running_stack
 
     def deploy(overrides: dict | None) -> None:
         result = run_deploy(project, inventory, only=role, knob_overrides=overrides, record=False)
@@ -249,6 +252,13 @@ def deploy_switcher(project, inventory: str, role: str) -> tuple[Switch, Callabl
 
     stack = load_stack(project.root, inventory)
     router = next((s for s in stack.services if s.role == "router"), None)
+    from knobkeeper.deploy.slurm.job import is_slurm
+
+    if router is not None and is_slurm(stack):
+        def endpoint() -> str:
+            return next(s for s in running_stack(project.root, inventory).services if s.key == router.key).url
+
+        return switch_arm, restore, endpoint
     return switch_arm, restore, router.url if router else None
 
 
@@ -264,32 +274,31 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     """Probes backed by the stack: the knob as each of the role's services was started with it
     (the started.sh record `status` reads), and the prefill services' sglang:prompt_tokens_total
     summed over their /metrics when the stack has a prefill role."""
-    from knobkeeper.deploy.observe import host_shell
-    from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
-    from knobkeeper.deploy.status import observe
+    from knobkeeper.deploy.stack import load_stack, running_stack
+    from knobkeeper.deploy.status import started_knobs
 
-    inv = load_inventory(project.root, inventory)
-    stack = stack_from_inventory(inv, inventory.rsplit("/", 1)[-1].rsplit(".", 1)[0])
+    stack = load_stack(project.root, inventory)
     services = [s for s in stack.services if s.role == role]
     prefills = [s for s in stack.services if s.role == "prefill"] if role != "prefill" else []
+    from knobkeeper.deploy.slurm.job import is_slurm
+
+    where = "the job's script" if is_slurm(stack) else "started.sh"
 
     def knob_probe(arm: dict) -> dict:
         worst = None
-        with host_shell(inv) as shell:
-            for svc in services:
-                seen = observe(shell, stack.hosts[svc.host], svc)
-                started = (seen or {}).get("started") if seen and seen.get("running") else None
-                running = started.get("knobs") if isinstance(started, dict) else None
-                result = knob_seen(arm, knob, running, f"{svc.host}/{svc.name} started.sh")
-                if worst is None or result["status"] == V.NOT_CARRIED or (
-                        result["status"] == V.UNVERIFIED and worst["status"] == V.CARRIED):
-                    worst = result
+        started = started_knobs(project, inventory)  # started.sh, or the Slurm job's script
+        for svc in services:
+            result = knob_seen(arm, knob, started.get(svc.key), f"{svc.host}/{svc.name} {where}")
+            if worst is None or result["status"] == V.NOT_CARRIED or (
+                    result["status"] == V.UNVERIFIED and worst["status"] == V.CARRIED):
+                worst = result
         return worst or knob_seen(arm, knob, None, f"no {role} service in {inventory}")
 
     def prefill_tokens() -> float | None:
         total = 0.0
+        placed = {s.key: s for s in running_stack(project.root, inventory).services} if is_slurm(stack) else {}
         for svc in prefills:
-            value = prompt_tokens_total(svc.url)
+            value = prompt_tokens_total(placed.get(svc.key, svc).url)
             if value is None:
                 return None
             total += value

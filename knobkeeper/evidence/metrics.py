@@ -483,10 +483,10 @@ def snapshot_summary(snap: dict[str, Any]) -> str:
 def snapshot_incident(project, ident: str, inventory: str = "inventory/local.py", window: float = 5.0):
     """`knobkeeper incident snapshot ID`: the stack's gauges now, recorded in the incident (one commit)."""
     from knobkeeper.changelog.incidents import add_snapshot, find_incident
-    from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.deploy.stack import running_stack
 
     find_incident(project, ident)  # a bad id fails before the window is waited out
     if window <= 0:
         raise UserError(f"--window {window:g}: expected a positive number of seconds")
-    snap = snapshot(load_stack(project.root, inventory), window)
+    snap = snapshot(running_stack(project.root, inventory), window)  # a Slurm job: where it placed each one
     return add_snapshot(project, ident, snapshot_summary(snap), {"inventory": inventory, **snap})

@@ -1,0 +1,1 @@
+"""Slurm as a deploy target (issue 27)."""
