@@ -32,12 +32,12 @@ except UserError as exc:
 
 plan = run.stack.hosts[host.name]
 
+kk.engine(run, plan)
 if run.slurm is not None:
     # The stack runs as one Slurm job submitted from this (login) host: a change is a new job, gated
     # role by role where Slurm placed it, then the old job is cancelled (knobkeeper/deploy/slurm/ops.py).
     run.slurm.operations(plan)
 else:
-    kk.engine(run, plan)
     kk.supervisord(run, plan)
     kk.upload(run, plan)
 

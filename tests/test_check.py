@@ -38,7 +38,7 @@ def test_clean_repo_passes_and_says_which_linters_ran(project):
     result = kk(project)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert out.startswith("check: OK:") and "2 inventories" in out
+    assert out.startswith("check: OK:") and "4 inventories" in out
     for tool in ("bash -n", "shellcheck", "systemd-analyze verify"):
         assert (tool in out) if lint.available(tool.split()[0]) else (f"{tool} (not installed)" in out)
     assert "configparser" in out
@@ -144,7 +144,7 @@ def test_check_json(project):
     result = kk(project, "--json")
     assert result.exit_code == 1
     data = json.loads(result.stdout)
-    assert data["ok"] is False and data["counts"]["inventories"] == 2
+    assert data["ok"] is False and data["counts"]["inventories"] == 4
     assert [p["path"] for p in data["problems"]][0] == "inventory/knobs.toml"
     assert "unknown knob 'NO_SUCH_KNOB'" in data["problems"][0]["what"]
 

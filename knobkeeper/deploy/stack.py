@@ -165,6 +165,8 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
         plans[host.name] = host_plan(host.name, data, groups, roles, name)
     seen: dict[tuple[str, int], str] = {}
     for plan in plans.values():
+        if plan.manager == "slurm":
+            continue  # the job's components pick free ports on their own nodes (deploy/slurm/job.py)
         for svc in plan.services:
             for port in (svc.port, svc.bootstrap_port, svc.metrics_port):
                 if port is None:

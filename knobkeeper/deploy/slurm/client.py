@@ -37,6 +37,7 @@ from knobkeeper.errors import UserError
 
 RunOnHost = Callable[[str], list[str]]
 RC = "knobkeeper-rc="
+STDIN_END = "KNOBKEEPER_SBATCH_INPUT"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
           "RESIZING", "SIGNALING", "STAGE_OUT")
 # Pending reasons that waiting will not cure: the job is refused in all but name.
@@ -131,16 +132,20 @@ class Client:
 
     # --- one call ------------------------------------------------------------------------------------
 
-    def command(self, tool: str, *args: str) -> str:
+    def command(self, tool: str, *args: str, stdin: str | None = None) -> str:
         s = self.settings
         exe = f"{s.bin}/{tool}" if s.bin else tool
         env = f"SLURM_CONF={shlex.quote(s.conf)} " if s.conf else ""
-        return (f"{env}timeout -k 2 {s.timeout:g} {shlex.quote(exe)} {shlex.join(args)} 2>&1; "
-                f"echo \"{RC}$?\"")
+        head = f"{env}timeout -k 2 {s.timeout:g} {shlex.quote(exe)} {shlex.join(args)} 2>&1"
+        if stdin is not None:  # a here-document no line of a rendered job script can end
+            head += f" <<'{STDIN_END}'\n{stdin.rstrip(chr(10))}\n{STDIN_END}\n"
+        else:
+            head += "; "
+        return head + f"echo \"{RC}$?\""
 
-    def call(self, tool: str, *args: str, check: bool = True) -> tuple[int, list[str]]:
+    def call(self, tool: str, *args: str, check: bool = True, stdin: str | None = None) -> tuple[int, list[str]]:
         started = time.monotonic()
-        lines = self.run(self.command(tool, *args))
+        lines = self.run(self.command(tool, *args, stdin=stdin))
         self.calls.append((tool, time.monotonic() - started))
         rc, out = 255, []
         for line in lines:
@@ -199,6 +204,10 @@ class Client:
         rc, out = self.call("scontrol", "write", "batch_script", job_id, "-", check=False)
         return "\n".join(out) + "\n" if rc == 0 and out and out[0].startswith("#!") else None
 
+    def partition_names(self) -> list[str]:
+        _, out = self.call("sinfo", "-h", "-o", "kkpart|%R")
+        return sorted({line.split("|", 1)[1] for line in out if line.startswith("kkpart|")})
+
     def partition(self, name: str | None) -> Partition | None:
         """The partition `name` (None: the default one), or None when Slurm does not know it."""
         _, out = self.call("sinfo", "-h", "-o", "kkpart|%P|%D|%c|%m|%G|%a")
@@ -233,6 +242,17 @@ class Client:
         words = " ".join(words.split())
         raise SlurmError(f"slurm: sbatch refused job {self.settings.job_name} ({script_path}): {words}"
                          + _which_field(words, self.settings))
+
+    def test(self, script: str, script_path: str) -> None:
+        """`sbatch --test-only` of the script text: Slurm's own verdict on it, nothing submitted."""
+        rc, out = self.call("sbatch", "--test-only", check=False, stdin=script)
+        if rc == 0:
+            return
+        if rc in (124, 127, 137):
+            raise SlurmError(self.explain("sbatch", rc, out))
+        words = " ".join(" ".join(line.replace("sbatch: error:", "").split()) for line in out if line.strip())
+        raise SlurmError(f"slurm: sbatch --test-only refuses job {self.settings.job_name} ({script_path}): "
+                         f"{words or f'exit {rc}'}" + _which_field(words, self.settings))
 
     def cancel(self, job_ids: list[str]) -> None:
         if job_ids:

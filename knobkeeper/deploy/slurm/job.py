@@ -12,7 +12,8 @@ Data keys of the login host (group data, host data or --data; checked here, one 
                        `srun --het-group=N`) or "steps" (one allocation, one `srun --exact` step per
                        service: for clusters that cannot run heterogeneous jobs)
     <role>_slurm       {"cpus": 4, "mem": "64G", "gpus": 8, "partition": ..., "constraint": ...,
-                        "sbatch": ["--exclusive"]}: what each service of the role gets (one node each)
+                        "sbatch": ["--exclusive"], "srun": ["--container-image=..."]}: what each service
+                       of the role gets (one node each) and how its step starts
     slurm_job_name     default knobkeeper-<inventory>; the deploy finds its jobs by this name
     slurm_conf         SLURM_CONF for the client calls on this host (optional: the host's default)
     slurm_bin          folder of sbatch/squeue/... on this host (optional: PATH)
@@ -39,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -55,8 +57,9 @@ TOKEN = re.compile(r"@kk:([A-Za-z0-9._-]+):(host|port|bootstrap_port|metrics_por
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _LIST = re.compile(r"^[A-Za-z0-9_.,&|!:-]+$")  # partition lists, constraints
 _MEM = re.compile(r"^[0-9]+[KMGT]?$")
-_TIME = re.compile(r"^[0-9][0-9:-]*$")
-RESOURCE_KEYS = ("cpus", "mem", "gpus", "partition", "constraint", "sbatch", "nodes")
+# Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, UNLIMITED/INFINITE.
+_TIME = re.compile(r"^(\d+(:\d\d){0,2}|\d+-\d+(:\d\d){0,2}|UNLIMITED|INFINITE)$")
+RESOURCE_KEYS = ("cpus", "mem", "gpus", "partition", "constraint", "sbatch", "srun", "nodes")
 DELIMITER = "KNOBKEEPER_EOF"
 
 
@@ -82,6 +85,7 @@ class Resources:
     partition: str | None = None
     constraint: str | None = None
     sbatch: tuple[str, ...] = ()
+    srun: tuple[str, ...] = ()  # more options of the role's srun, e.g. --container-image=...
 
     def options(self, settings: "Settings") -> list[str]:
         out = [f"--partition={self.partition or settings.partition}"] if (self.partition or settings.partition) else []
@@ -199,6 +203,7 @@ def resources_of(where: str, role: str, spec: Any) -> Resources:
         partition=_text(where, f"{key}['partition']", spec.get("partition"), _LIST, "a partition name"),
         constraint=_text(where, f"{key}['constraint']", spec.get("constraint"), _LIST, "a node feature expression"),
         sbatch=_options(where, f"{key}['sbatch']", spec.get("sbatch")),
+        srun=_options(where, f"{key}['srun']", spec.get("srun")),
     )
 
 
@@ -231,7 +236,7 @@ def settings_of(stack: Any) -> Settings:
         account=_text(where, "slurm_account", data.get("slurm_account"), _NAME, "an account name"),
         qos=_text(where, "slurm_qos", data.get("slurm_qos"), _NAME, "a QOS name"),
         time_limit=_text(where, "slurm_time_limit", data.get("slurm_time_limit"), _TIME,
-                         "a Slurm time such as \"12:00:00\" or \"2-00:00:00\""),
+                         "a Slurm time such as \"12:00:00\", \"2-00:00:00\" or \"90\" (minutes)"),
         layout=layout, conf=data.get("slurm_conf"), bin=data.get("slurm_bin"),
         timeout=_number(where, "slurm_timeout", data.get("slurm_timeout"), 20.0),
         pending_timeout=_number(where, "slurm_pending_timeout", data.get("slurm_pending_timeout"), 600.0),
@@ -297,6 +302,7 @@ def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any]
             srun = ["--export=ALL", "--nodes=1", "--ntasks=1", f"--cpus-per-task={res.cpus}", "--exact", "--overlap"]
             srun += [f"--mem={res.mem}"] if res.mem else []
             srun += [f"--gres=gpu:{res.gpus}"] if res.gpus else []
+        srun += [shlex.quote(o) for o in res.srun]
         components.append({"group": group, "service": svc.name, "role": svc.role, "script": bare[svc.name],
                            "srun": srun, "listen_host": svc.listen_host, "ports": ports_of(svc)})
     for index, role in enumerate(stack.order):

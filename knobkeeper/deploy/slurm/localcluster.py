@@ -139,6 +139,9 @@ MessageTimeout=5
 PartitionName={c.partition} Nodes={','.join(c.nodes)} Default=YES MaxTime=INFINITE State=UP AllowAccounts=ALL
 {extra}"""
 
+# The tests' second partition: jobs of any other account wait there for good ("account not known").
+LOCKED = "PartitionName=locked Nodes={nodes} MaxTime=INFINITE State=UP AllowAccounts=ops\n"
+
 
 def _popen(argv: list[str], log: Path, user: str | None = None) -> subprocess.Popen:
     if user:
@@ -163,9 +166,10 @@ def _wait(what: str, ok, timeout: float, log: Path | None = None, proc: subproce
 
 
 def start_cluster(root: str | Path, nodes: int = 3, cpus: int = 2, memory_mb: int = 4000,
-                  partition: str = "kk", timeout: float = 30.0) -> LocalCluster:
+                  partition: str = "kk", timeout: float = 30.0, locked_partition: bool = False) -> LocalCluster:
     """Start munged, slurmctld and `nodes` slurmd under `root` (made if missing); wait until every
-    node is idle. Raises UserError (naming the daemon and its log) when one does not come up."""
+    node is idle. Raises UserError (naming the daemon and its log) when one does not come up.
+    `locked_partition`: also a partition "locked" that only account ops may use."""
     if os.geteuid() != 0:
         raise UserError("the local Slurm cluster runs its daemons as root (slurmd must start jobs as any user): "
                         "run as root")
@@ -177,13 +181,17 @@ def start_cluster(root: str | Path, nodes: int = 3, cpus: int = 2, memory_mb: in
     for sub in ("state", "run", "log", "munge-run", "spool"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
+    for folder in root.parents:  # munged runs as the munge user: it must reach its folders
+        if not os.stat(folder).st_mode & 0o001:
+            raise UserError(f"{folder}: not searchable by other users (mode {os.stat(folder).st_mode & 0o777:o}); "
+                            f"the munge user must reach {root}: chmod o+x it or put the cluster elsewhere")
     names = [f"n{i}" for i in range(1, nodes + 1)]
     cluster = LocalCluster(root=str(root), conf=str(root / "slurm.conf"), partition=partition, nodes=names,
                            cpus=cpus, memory_mb=memory_mb, controller_port=free_port(),
                            node_ports={n: free_port() for n in names})
     for n in names:
         (root / "spool" / n).mkdir(exist_ok=True)
-    Path(cluster.conf).write_text(slurm_conf(cluster))
+    Path(cluster.conf).write_text(slurm_conf(cluster, LOCKED.format(nodes=",".join(names)) if locked_partition else ""))
     munge = pwd.getpwnam("munge")
     key_dir, run_dir = root / "munge", root / "munge-run"
     key_dir.mkdir(exist_ok=True)

@@ -62,6 +62,9 @@ class SlurmRun:
         self.placements: dict[str, Placement] = {}
         self.record = SlurmRecord(job_name=self.settings.job_name, script=self.settings.script_path)
         run.record.slurm = self.record
+        if run.options.restart != "none":
+            # While deploy.py loads, before anything is uploaded: bad input is one line and exit 2.
+            self.preflight(self._client())
         atexit.register(self.abandon)  # after a failure or an interrupt: a new job never outlives its run
 
     # --- the operations ------------------------------------------------------------------------------
@@ -116,7 +119,6 @@ class SlurmRun:
                 action, reason, _ = d.services[svc.name]
                 self._row(svc, action, reason, job=d.keep.id if d.keep else None)
             return
-        self.preflight(client)
         self.submitted_mono = time.monotonic()
         issued = iso(utcnow())
         try:
@@ -135,7 +137,8 @@ class SlurmRun:
             row.previous_digest = d.old_digests.get(svc.name)
 
     def preflight(self, client: Client) -> None:
-        """Refuse, before sbatch, what no node of the partition can give (one line naming the field)."""
+        """Refuse what no node of the partition can give, naming the field (sinfo), then whatever else
+        Slurm would refuse of this very script (`sbatch --test-only`: nothing is submitted)."""
         s = self.settings
         seen: dict[str | None, Any] = {}
         for role in self.run.order:
@@ -145,19 +148,22 @@ class SlurmRun:
                 seen[name] = client.partition(name)
                 if seen[name] is None:
                     field = f"{role}_slurm['partition']" if res.partition else "slurm_partition"
-                    self._fail(f"slurm: partition {name!r} is not one slurmctld knows (data {field})" if name else
-                               "slurm: the cluster has no default partition (set data slurm_partition)")
+                    known = ", ".join(client.partition_names()) or "none"
+                    raise UserError(f"slurm: partition {name!r} is not one slurmctld knows (data {field}; partitions: "
+                                    f"{known})" if name else "slurm: the cluster has no default partition (set data "
+                                    "slurm_partition)")
             part = seen[name]
             if res.cpus > part.cpus:
-                self._fail(f"slurm: data {role}_slurm['cpus'] = {res.cpus}: no node of partition {part.name} has more "
-                           f"than {part.cpus} CPUs")
+                raise UserError(f"slurm: data {role}_slurm['cpus'] = {res.cpus}: no node of partition {part.name} has "
+                                f"more than {part.cpus} CPUs")
             mem = _megabytes(res.mem)
             if mem and part.memory_mb and mem > part.memory_mb:
-                self._fail(f"slurm: data {role}_slurm['mem'] = {res.mem!r}: no node of partition {part.name} has more "
-                           f"than {part.memory_mb} MB")
+                raise UserError(f"slurm: data {role}_slurm['mem'] = {res.mem!r}: no node of partition {part.name} has "
+                                f"more than {part.memory_mb} MB")
             if res.gpus and "gpu" not in part.gres:
-                self._fail(f"slurm: data {role}_slurm['gpus'] = {res.gpus}: partition {part.name} has no gpu gres "
-                           f"({part.gres})")
+                raise UserError(f"slurm: data {role}_slurm['gpus'] = {res.gpus}: partition {part.name} has no gpu gres "
+                                f"({part.gres})")
+        client.test(self.script, s.script_path)
 
     # --- gates -------------------------------------------------------------------------------------------
 
