@@ -160,11 +160,14 @@ class Client:
     def explain(self, tool: str, rc: int, out: list[str]) -> str:
         s = self.settings
         if rc in (124, 137):
-            return (f"slurm: {tool} on {s.host} did not answer within {s.timeout:g} s: slurmctld unreachable? "
-                    f"(SLURM_CONF={s.conf or 'the host default'}; data slurm_timeout)")
+            return (f"slurm: {tool} on {s.host} did not answer within {s.timeout:g} s: slurmctld unreachable "
+                    f"(SLURM_CONF={s.conf or 'the host default'}; data slurm_conf, slurm_timeout)")
         if rc == 127:
             return f"slurm: {tool} not found on {s.host} (install Slurm's clients there, or set data slurm_bin)"
         words = " ".join(" ".join(out).split()) or f"exit {rc}"
+        if "contact slurm controller" in words or "Connection refused" in words:
+            return (f"slurm: slurmctld unreachable from {s.host} ({tool}: {words[:160]}; "
+                    f"SLURM_CONF={s.conf or 'the host default'}; data slurm_conf)")
         return f"slurm: {tool} failed on {s.host}: {words}"
 
     # --- what runs ---------------------------------------------------------------------------------------

@@ -358,14 +358,24 @@ def _timeout(stack: Any, role: str) -> float:
 def _steps_allocation(settings: Settings, services: list[Any]) -> list[str]:
     """One allocation for every service (layout steps): as many nodes as services, the largest ask."""
     asks = [settings.resources.get(s.role, Resources()) for s in services]
+    mems = [a.mem for a in asks if a.mem]
     biggest = Resources(cpus=max(a.cpus for a in asks), gpus=max(a.gpus for a in asks),
-                        mem=next((a.mem for a in asks if a.mem), None),
+                        mem=max(mems, key=megabytes) if mems else None,
                         partition=next((a.partition for a in asks if a.partition), None),
                         constraint=next((a.constraint for a in asks if a.constraint), None),
                         sbatch=tuple(dict.fromkeys(o for a in asks for o in a.sbatch)))
     options = biggest.options(settings)
     options = [o for o in options if not o.startswith(("--nodes=", "--ntasks="))]
     return options[:1] + [f"--nodes=1-{len(services)}", f"--ntasks={len(services)}"] + options[1:]
+
+
+def megabytes(mem: str | None) -> int:
+    """An #SBATCH --mem amount ("64G", "512M", "4096") in megabytes (0 when none is asked)."""
+    if not mem:
+        return 0
+    unit = mem[-1] if mem[-1].isalpha() else "M"
+    number = int(mem.rstrip("KMGT"))
+    return {"K": number // 1024, "M": number, "G": number * 1024, "T": number * 1024 * 1024}[unit]
 
 
 # --- what a job publishes and keeps -----------------------------------------------------------------

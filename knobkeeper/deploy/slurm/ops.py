@@ -31,7 +31,7 @@ from knobkeeper.deploy.health import PROGRESS_EVERY_S, QUIET_S, _say, healthy_no
 from knobkeeper.deploy.record import SlurmJob, SlurmRecord
 from knobkeeper.deploy.slurm.client import HOPELESS, Client, Job, SlurmError
 from knobkeeper.deploy.slurm.decide import decide
-from knobkeeper.deploy.slurm.job import Placement, Resources, parse_placement, settings_of
+from knobkeeper.deploy.slurm.job import Placement, Resources, megabytes, parse_placement, settings_of
 from knobkeeper.errors import UserError
 from knobkeeper.timeutil import iso, utcnow
 
@@ -57,6 +57,7 @@ class SlurmRun:
         self.client: Client | None = None
         self.target: Job | None = None  # the job that serves after this run: new or kept
         self.submitted = False
+        self.promoted = False
         self.submitted_mono = 0.0
         self.replaced: list[Job] = []
         self.placements: dict[str, Placement] = {}
@@ -71,11 +72,11 @@ class SlurmRun:
 
     def operations(self, plan: Any) -> None:
         s = self.settings
-        files.directory(name="knobkeeper: slurm folders", path=s.logs_dir, present=True, recursive=True)
+        files.directory(name="knobkeeper: slurm folders", path=s.logs_dir, present=True)
         files.put(name=f"knobkeeper: {s.script_path}", src=io.StringIO(self.script), dest=s.script_path, mode="644",
                   create_remote_dir=True)
         for svc in current_host.loop(self.services):  # each launch script starts with `cd` there
-            files.directory(name=f"knobkeeper: {svc.service_dir}", path=svc.service_dir, present=True, recursive=True)
+            files.directory(name=f"knobkeeper: {svc.service_dir}", path=svc.service_dir, present=True)
         for svc in current_host.loop(self.services):
             rendered = self.run.rendered[(svc.host, svc.name)]
             for path in current_host.loop(sorted(rendered.secrets)):
@@ -156,7 +157,7 @@ class SlurmRun:
             if res.cpus > part.cpus:
                 raise UserError(f"slurm: data {role}_slurm['cpus'] = {res.cpus}: no node of partition {part.name} has "
                                 f"more than {part.cpus} CPUs")
-            mem = _megabytes(res.mem)
+            mem = megabytes(res.mem)
             if mem and part.memory_mb and mem > part.memory_mb:
                 raise UserError(f"slurm: data {role}_slurm['mem'] = {res.mem!r}: no node of partition {part.name} has "
                                 f"more than {part.memory_mb} MB")
@@ -286,6 +287,7 @@ class SlurmRun:
 
     def retire(self) -> None:
         """Cancel the jobs the serving job replaces (every gate passed), and wait until they ended."""
+        self.promoted = True  # every gate passed: from here on the new job serves, whatever happens
         if self.target is None or not self.replaced:
             return
         client = self._client()
@@ -310,10 +312,8 @@ class SlurmRun:
 
     def abandon(self) -> None:
         """At exit: a new job whose run did not get past its gates is cancelled (the old one serves)."""
-        if not self.submitted or self.target is None or self.record.replaced or self.run.error is None and \
-                all(self.run.row(s).gate.result == "passed" for s in self.services):
-            return
-        self._cancel_new("the run did not finish")
+        if self.submitted and not self.promoted:
+            self._cancel_new("the run stopped before every gate passed")
 
     def _cancel_new(self, why: str) -> None:
         job = self.target
@@ -329,7 +329,7 @@ class SlurmRun:
     def _fail(self, error: str, gate: bool = False) -> None:
         from knobkeeper.deploy.operations import GateFailed
 
-        if self.submitted:
+        if self.submitted and not self.promoted:
             self._cancel_new(error)
             error += f"; cancelled the new job {self.target.id}" + (
                 f", job {', '.join(j.id for j in self.replaced)} still serves" if self.replaced else "")
@@ -353,14 +353,6 @@ def _read_placement(path: str) -> Placement | None:
 
     lines = _on_this_host(f"cat {path} 2>/dev/null || true")
     return parse_placement(" ".join(lines)) if lines else None
-
-
-def _megabytes(mem: str | None) -> int:
-    if not mem:
-        return 0
-    unit = mem[-1] if mem[-1].isalpha() else "M"
-    number = int(mem.rstrip("KMGT"))
-    return {"K": number // 1024, "M": number, "G": number * 1024, "T": number * 1024 * 1024}[unit]
 
 
 def _reason_field(reason: str, settings: Any) -> str:

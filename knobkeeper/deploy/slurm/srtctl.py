@@ -4,7 +4,8 @@ declared knobs, in one commit. The mapping (README "For srtctl users" has the ta
     name                                    -> slurm_job_name, the inventory's file name
     slurm.partition / account / time_limit  -> slurm_partition / slurm_account / slurm_time_limit
     resources.<role>_workers                -> <role>_workers (one het component each)
-    resources.<role>_nodes, gpus_per_node   -> <role>_slurm["gpus"] = nodes * gpus_per_node / workers
+    resources.<role>_nodes, gpus_per_node   -> <role>_slurm["gpus"]: gpus_per_<role>, else the role's
+                                               tensor-parallel-size, else nodes * gpus_per_node / workers
                                                (a worker spanning nodes cannot be mapped)
     model.path / model.container            -> model / <role>_slurm["srun"] --container-image
                                                (aliases resolve through --srtslurm srtslurm.yaml)
@@ -221,8 +222,12 @@ def map_recipe(recipe: Mapping[str, Any], source: str, *, cluster: Mapping[str, 
         if workers < 1:
             raise UserError(f"{source}: resources.{role}_workers: expected at least 1")
         explicit = res.get(f"gpus_per_{role}")
+        tp = next((v for k, v in (config.get(role) or {}).items()
+                   if str(k).replace("_", "-") in ("tensor-parallel-size", "tp-size", "tp")), None)
         if explicit:
             gpus = int(explicit)
+        elif tp:
+            gpus = int(tp)  # what the worker uses; nodes x gpus_per_node is the allocation srtctl packs them into
         elif nodes in (None, 0) and role == "decode":
             gpus = gpus_per_node  # decode_nodes: 0 shares prefill's nodes: one node's GPUs per worker
         else:
@@ -306,7 +311,9 @@ def map_recipe(recipe: Mapping[str, Any], source: str, *, cluster: Mapping[str, 
             elif verdict == "not a knob":
                 leftovers.setdefault(var, {})[role] = text
             else:
-                raise UserError(f"{source}: backend.{role}_environment.{var}: {verdict}")
+                hint = (f" (the catalog's roles say which engines read it: drop it from {role}_environment, or add "
+                        f"{role} to its roles in inventory/catalog.toml)" if "does not apply to role" in verdict else "")
+                raise UserError(f"{source}: backend.{role}_environment.{var}: {verdict}{hint}")
     for var, by_role in sorted(leftovers.items()):
         if set(by_role) != set(WORKER_ROLES) or len(set(by_role.values())) > 1:
             shown = ", ".join(f"{r} {v!r}" for r, v in sorted(by_role.items()))

@@ -29,6 +29,7 @@ class JobView:
     settings: Settings
     jobs: list[Job] = field(default_factory=list)  # this stack's pending and running jobs, newest first
     serving: Job | None = None  # the newest running job (else the newest pending one)
+    ended: Job | None = None  # with none serving: the newest one slurmctld still remembers (MinJobAge)
     script: str | None = None  # what Slurm stored for it
     placements: dict[str, Placement] = field(default_factory=dict)
     error: str | None = None  # slurmctld or the login host could not be asked
@@ -57,8 +58,10 @@ def observe(shell: Any, stack: Any) -> JobView:
     view = JobView(settings)
     client = client_for(shell, settings)
     try:
-        view.jobs = [j for j in client.jobs() if j.pending or j.state == "RUNNING"]
+        known = client.jobs()
+        view.jobs = [j for j in known if j.pending or j.state == "RUNNING"]
         view.serving = next((j for j in view.jobs if j.state == "RUNNING"), view.jobs[0] if view.jobs else None)
+        view.ended = None if view.serving else next(iter(known), None)
         if view.serving is not None and view.serving.state == "RUNNING":
             view.script = client.batch_script(view.serving.id)
             folder = settings.job_dir(view.serving.id)
@@ -109,7 +112,10 @@ def slurm_status(shell: Any, stack: Any, rendered: Mapping[tuple[str, str], Any]
             row.manager_state, row.differences = "slurm unreachable", [view.error]
         elif job is None:
             row.state, row.manager_state = "down", "no job"
-            row.differences = [f"no job {settings.job_name} in squeue (`knobkeeper deploy` submits one)"]
+            gone = view.ended
+            why = "" if gone is None else f"; job {gone.id} ended {gone.state}" + (
+                f" ({gone.reason})" if gone.reason else "") + f" (its output: {settings.output_of(gone.id)})"
+            row.differences = [f"no job {settings.job_name} in squeue{why} (`knobkeeper deploy` submits one)"]
         elif job.state != "RUNNING":
             row.state, row.manager_state, row.job = "pending", f"job {job.id} {job.state}", job.id
             row.differences = [f"job {job.id} {job.state.lower()}: {job.reason or 'no reason given'}"]
