@@ -34,7 +34,7 @@ from knobkeeper.changelog.ops import set_knob
 from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.slurm.localcluster import start_cluster, stop_cluster
 from knobkeeper.timeutil import parse_time
-from tests.infra import git, make_infra_repo
+from tests.infra import make_infra_repo
 from tests.procs import free_port, start, stop, wait_http
 
 REPEATS = int(os.environ.get("KK_BENCH_REPEATS", "5"))
@@ -61,13 +61,17 @@ def _deploy(project, extra=None):
     return result
 
 
-def slurm_own(cluster, folder: Path) -> tuple[list[float], list[float]]:
-    """sbatch -> RUNNING and scancel -> gone of a 3-component job that only sleeps."""
+def slurm_own(cluster, folder: Path) -> tuple[list[float], list[float], list[float]]:
+    """sbatch -> RUNNING and scancel -> gone of a 3-component job that only sleeps, and how long its
+    three `srun --het-group=N` steps take to launch one after another (each a `true`)."""
     script = folder / "sleep.sh"
+    marks = folder / "steps"
     script.write_text("#!/bin/bash\n#SBATCH --job-name=kk-bench-sleep\n#SBATCH --output=/dev/null\n"
                       + "#SBATCH --cpus-per-task=1\n#SBATCH hetjob\n#SBATCH --cpus-per-task=1\n#SBATCH hetjob\n"
-                      + "#SBATCH --cpus-per-task=1\nsrun --het-group=0,1,2 sleep 300\n")
-    running, gone = [], []
+                      + "#SBATCH --cpus-per-task=1\n"
+                      + f"a=$(date +%s.%N); for g in 0 1 2; do srun --het-group=$g true; done; b=$(date +%s.%N)\n"
+                      + f"echo \"$a $b\" > {marks}.$SLURM_JOB_ID\nsleep 300\n")
+    running, gone, steps = [], [], []
     for _ in range(REPEATS):
         began = time.monotonic()
         ident = cluster.client("sbatch", "--parsable", str(script), check=True).stdout.strip().split(";")[0]
@@ -77,12 +81,17 @@ def slurm_own(cluster, folder: Path) -> tuple[list[float], list[float]]:
                 break
             time.sleep(0.02)
         running.append(time.monotonic() - began)
+        mark = Path(f"{marks}.{ident}")
+        while not mark.exists() or not mark.read_text().strip():
+            time.sleep(0.02)
+        a, b = (float(x) for x in mark.read_text().split())
+        steps.append(b - a)
         began = time.monotonic()
         cluster.client("scancel", ident, check=True)
         while cluster.client("squeue", "-h", "-j", ident, "-o", "%T").stdout.split():
             time.sleep(0.02)
         gone.append(time.monotonic() - began)
-    return running, gone
+    return running, gone, steps
 
 
 def engines_own(folder: Path) -> list[float]:
@@ -125,8 +134,9 @@ def main() -> None:
     print(f"cluster up (munged, slurmctld, 3 slurmd idle): {time.monotonic() - began:.2f} s")
     os.environ["KNOBKEEPER_SLURM_ROOT"] = cluster.root
     try:
-        running, gone = slurm_own(cluster, tmp)
-        print(f"Slurm's own: sbatch -> RUNNING {_med(running)}; scancel -> gone {_med(gone)}")
+        running, gone, steps = slurm_own(cluster, tmp)
+        print(f"Slurm's own: sbatch -> RUNNING {_med(running)}; scancel -> gone {_med(gone)}; three srun "
+              f"steps launched in turn {_med(steps)}")
         engines = engines_own(tmp)
         print(f"the engines' own start-up (prefill, decode, router in turn): {_med(engines)}")
         first = _deploy(project)
@@ -134,13 +144,16 @@ def main() -> None:
         router = rec.service("@local", "knobkeeper-router")
         print(f"first deploy: wall {first.seconds:.2f} s; sbatch -> router gate passed "
               f"{_secs(rec.slurm.job.submitted_at, router.healthy_at):.2f} s")
-        noop = []
+        noop, calls = [], []
         for _ in range(REPEATS):
             result = _deploy(project)
             assert result.record.slurm.decision == "kept"
             noop.append(result.seconds)
-        print(f"no-op deploy: {_med(noop)}")
+            calls.append((result.record.slurm.client_calls, result.record.slurm.client_seconds))
+        print(f"no-op deploy: {_med(noop)}; Slurm client calls in it: median "
+              f"{statistics.median(c for c, _ in calls):g} calls, {statistics.median(t for _, t in calls):.2f} s")
         figures = {}
+        change = 0
         for settle in (0, 2):
             roles = {}
             if settle == 0:
@@ -149,18 +162,23 @@ def main() -> None:
                     spec["settle"] = 0
                     roles[f"role_{role}"] = spec
             walls, to_cancel = [], []
-            for i in range(REPEATS):
-                set_knob(project, "SGLANG_SM120_MMA_TARGET_CTAS", str(256 * (1 + i % 2)), "decode", f"bench {i}")
+            for _ in range(REPEATS):
+                change += 1
+                set_knob(project, "SGLANG_SM120_MMA_TARGET_CTAS", str(256 * (1 + change % 2)), "decode",
+                         f"bench {change}")
                 result = _deploy(project, roles)
                 rec = result.record
                 assert rec.slurm.decision == "new job" and rec.slurm.replaced[0].cancelled_at
                 walls.append(result.seconds)
                 to_cancel.append(_secs(rec.slurm.job.submitted_at, rec.slurm.replaced[0].cancelled_at))
-            over = [w - statistics.median(running) - statistics.median(engines) for w in walls]
+            slurm = statistics.median(running) + statistics.median(steps)
+            over = [w - slurm - statistics.median(engines) for w in walls]
+            inside = [t - slurm - statistics.median(engines) for t in to_cancel]
             figures[settle] = over
             print(f"one-knob deploy (settle {settle} s): wall {_med(walls)}; sbatch -> old job cancelled "
-                  f"{_med(to_cancel)}; overhead beyond Slurm's submit-to-running and the engines' start-up "
-                  f"{_med(over)}")
+                  f"{_med(to_cancel)}")
+            print(f"  overhead beyond Slurm's submit-to-running + step launches ({slurm:.2f} s) and the engines' "
+                  f"start-up: whole deploy {_med(over)}; from sbatch to the old job cancelled {_med(inside)}")
     finally:
         stop_cluster(cluster.root)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -103,7 +103,7 @@ def demo(project) -> int:
 
     from knobkeeper.deploy.status import stack_status, status_table
 
-    Console().print(status_table(stack_status(project, INVENTORY)))
+    Console(width=max(120, Console().width)).print(status_table(stack_status(project, INVENTORY)))
     print("\na knob change is a new job: knobkeeper set ... --role decode, then knobkeeper deploy "
           f"{INVENTORY} (the old job is cancelled after the new one's gates)")
     print("stop the jobs and the cluster with: make stop")

@@ -14,7 +14,8 @@ reference point for later incidents:
      "slurm": null | {"job_name", "script", "decision": "new job" | "kept" | "none", "why",
                       "job": {"id", "state", "digest", "submitted_at", "started_at", "cancelled_at",
                               "nodes": {service: node}, "reason"},
-                      "replaced": [the jobs it cancelled after the gates, same shape]}}
+                      "replaced": [the jobs it cancelled after the gates, same shape],
+                      "client_calls", "client_seconds"}}
 
 A Slurm stack (knobkeeper/deploy/slurm/) runs as one job: each service row is one of its components
 (`job`, `node`: where it ran; restart_issued_at: when the job was submitted), `slurm` says which
@@ -149,6 +150,8 @@ class SlurmRecord(_ByField):
     why: list[str] = field(default_factory=list)
     job: SlurmJob | None = None
     replaced: list[SlurmJob] = field(default_factory=list)
+    client_calls: int = 0  # Slurm client calls of the run, and the seconds they took (where deploy time goes)
+    client_seconds: float = 0.0
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "SlurmRecord":

@@ -61,6 +61,7 @@ _MEM = re.compile(r"^[0-9]+[KMGT]?$")
 _TIME = re.compile(r"^(\d+(:\d\d){0,2}|\d+-\d+(:\d\d){0,2}|UNLIMITED|INFINITE)$")
 RESOURCE_KEYS = ("cpus", "mem", "gpus", "partition", "constraint", "sbatch", "srun", "nodes")
 DELIMITER = "KNOBKEEPER_EOF"
+JOB_GRACE_S = 30
 
 
 def is_slurm(stack: Any) -> bool:
@@ -309,7 +310,9 @@ def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any]
         members = [c for c in components if c["role"] == role]
         if members:
             roles.append({"role": role, "components": members, "health": stack.roles[role].health,
-                          "timeout": int(max(1, _timeout(stack, role))),
+                          # The deploy's gate decides (and cancels); the job gives up on its own only
+                          # well after it, when no deploy is watching.
+                          "timeout": int(max(1, _timeout(stack, role))) + JOB_GRACE_S,
                           "wait": index < len(stack.order) - 1})
     if settings.layout == "hetjob":
         allocations = [{"options": settings.resources.get(svc.role, Resources()).options(settings)} for svc in services]

@@ -286,8 +286,21 @@ class SlurmRun:
     # --- the end ---------------------------------------------------------------------------------------
 
     def retire(self) -> None:
-        """Cancel the jobs the serving job replaces (every gate passed), and wait until they ended."""
+        """Cancel the jobs the serving job replaces (every gate passed), and wait until Slurm has them
+        cancelled (no longer running: their processes get SIGTERM, then SIGKILL after KillWait; the
+        deploy does not wait for them to exit: the new job already serves)."""
         self.promoted = True  # every gate passed: from here on the new job serves, whatever happens
+        try:
+            self._retire()
+        finally:
+            self._note_calls()
+
+    def _note_calls(self) -> None:
+        if self.client is not None:
+            self.record.client_calls = len(self.client.calls)
+            self.record.client_seconds = round(sum(seconds for _, seconds in self.client.calls), 3)
+
+    def _retire(self) -> None:
         if self.target is None or not self.replaced:
             return
         client = self._client()
@@ -302,7 +315,7 @@ class SlurmRun:
         while time.monotonic() < deadline:
             listed = {j.id: j for j in client.jobs()}
             states = {i: (listed[i].state if i in listed else "gone") for i in ids}
-            if all(i not in listed or not listed[i].active for i in ids):
+            if not any(i in listed and (listed[i].pending or listed[i].state == "RUNNING") for i in ids):
                 break
             time.sleep(POLL_S)
         for job in self.replaced:
@@ -329,6 +342,7 @@ class SlurmRun:
     def _fail(self, error: str, gate: bool = False) -> None:
         from knobkeeper.deploy.operations import GateFailed
 
+        self._note_calls()
         if self.submitted and not self.promoted:
             self._cancel_new(error)
             error += f"; cancelled the new job {self.target.id}" + (
