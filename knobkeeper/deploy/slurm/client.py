@@ -43,8 +43,7 @@ ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
 # Pending reasons that waiting will not cure: the job is refused in all but name.
 HOPELESS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "PartitionDown", "PartitionInactive",
             "AccountNotAllowed", "InvalidAccount", "InvalidQOS", "QOSNotAllowed", "BadConstraints",
-            "DependencyNeverSatisfied", "JobHeldAdmin", "account not known", "not permitted to use this partition",
-            "ReqNodeNotAvail, UnavailableNodes", "Nodes_required_for_job_are_DOWN")
+            "DependencyNeverSatisfied", "JobHeldAdmin", "account not known", "not permitted to use this partition")
 # sbatch's own words -> the data key that set them (Settings.field_of names the role's key).
 REFUSALS = (("partition", "partition"), ("account", "account"), ("qos", "qos"), ("--time", "time"),
             ("time limit", "time"), ("memory", "mem"), ("node configuration", "resources"), ("gres", "gpus"),

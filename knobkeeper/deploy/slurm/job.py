@@ -42,7 +42,6 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from knobkeeper.errors import UserError
@@ -139,13 +138,12 @@ class Settings:
     def job_dir(self, job_id: str) -> str:
         return f"{self.jobs_dir}/{job_id}"
 
-    def field_of(self, option: str, role: str | None = None) -> str:
-        """The data key that set an #SBATCH option (for errors that name what to fix)."""
-        if option in ("cpus", "mem", "gpus", "constraint", "nodes") or (option == "partition" and role and
-                                                                         self.resources.get(role, Resources()).partition):
-            return f"{role}_slurm[{option!r}]" if role else "<role>_slurm"
-        return {"partition": "slurm_partition", "account": "slurm_account", "qos": "slurm_qos",
-                "time": "slurm_time_limit"}.get(option, option)
+    def field_of(self, option: str) -> str:
+        """The data key that sets an #SBATCH option (for Slurm's refusals: they do not name the role)."""
+        if option in ("cpus", "mem", "gpus", "constraint"):
+            return f"<role>_slurm[{option!r}]"
+        return {"partition": "slurm_partition or <role>_slurm['partition']", "account": "slurm_account",
+                "qos": "slurm_qos", "time": "slurm_time_limit"}.get(option, option)
 
 
 def _text(where: str, key: str, value: Any, pattern: re.Pattern, what: str) -> str | None:
@@ -441,11 +439,3 @@ def component_scripts(script: str | None) -> dict[str, str]:
     for match in pattern.finditer(script):
         out[match.group(1)] = "".join(line[1:] + "\n" for line in match.group(2).splitlines() if line.startswith("|"))
     return out
-
-
-def components_digest(meta: Mapping[str, Any] | None) -> dict[str, str]:
-    return {c["service"]: c.get("digest", "") for c in (meta or {}).get("components", [])}
-
-
-def script_path_of(root: str | Path, job_name: str) -> str:
-    return f"{root}/{job_name}.sh"
