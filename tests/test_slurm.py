@@ -1,10 +1,12 @@
 """Slurm as a deploy target, on a REAL local cluster (tests/slurm.py: munged, slurmctld, slurmd n1..n3):
 inventory/local_slurm.py deployed through pyinfra as one heterogeneous job (sim prefill, sim decode,
 the real smg router), a knob change becoming a new job that gates before the old one is cancelled, a
-failed gate that cancels only the new job, the bad-input lines, and `ab run` switching arms by jobs.
+failed gate that cancels only the new job, the bad-input lines, `ab run` switching arms by jobs, and
+`status` once the serving job has ended.
 
 One cluster and one infra repo per module; the tests run in file order and each leaves one healthy
-job serving. Nothing here fakes a Slurm client: every sbatch/squeue/scancel is the real one.
+job serving (the last one cancels it at its end). Nothing here fakes a Slurm client: every
+sbatch/squeue/scancel is the real one.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 from knobkeeper.changelog.ops import set_knob
 from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.plan import plan_text, restart_plan
-from knobkeeper.deploy.stack import running_stack
+from knobkeeper.deploy.stack import load_stack, running_stack
 from knobkeeper.deploy.status import stack_status
 from knobkeeper.errors import UserError
 from knobkeeper.timeutil import parse_time
@@ -359,7 +361,9 @@ def test_a_failed_gate_cancels_the_new_job_and_the_old_one_keeps_serving(site):
     serving = site.placed()["knobkeeper-router"].url
     [before] = [i for i, s in site.jobs().items() if s == "RUNNING"]
     args = {**FAST["engine_args"], "decode": ["--time-scale", "0.05", "--never-healthy"]}
-    result = site.deploy(extra_data={"engine_args": args, "health_timeout": 4})
+    # Only decode's gate is short: a 4 s gate for every role would fail prefill too on a busy machine.
+    decode_role = {**load_stack(site.project.root, INV).roles["decode"].to_json(), "health_timeout": 4}
+    result = site.deploy(extra_data={"engine_args": args, "role_decode": decode_role})
     assert result.returncode != 0 and result.record is not None and result.record.result == "failed"
     new = result.record.slurm.job
     assert new.id != before and new.cancelled_at
@@ -456,3 +460,17 @@ def test_ab_run_switches_arms_by_submitting_jobs(site):
     assert not any(r.get("error") for r in rows.values()), rows
     workers = {w["url"] for w in rows["knobkeeper-router"]["workers"]["workers"]}
     assert workers == {placed["knobkeeper-prefill"].url, placed["knobkeeper-decode"].url}, (workers, placed)
+
+    # A serving job that ends (scancel here; node failure, preemption or a time limit alike): status
+    # says down for every component and names the job and how Slurm says it ended.
+    [gone] = running
+    site.cluster.client("scancel", gone, check=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        out = site.cluster.client("squeue", "-h", "-t", "all", "-o", "%i %T", check=True).stdout.split()
+        if {s for i, s in zip(out[::2], out[1::2]) if i.split("+")[0] == gone} == {"CANCELLED"}:
+            break
+        time.sleep(0.2)
+    states = stack_status(site.project, INV)
+    assert {s.state for s in states} == {"down"}, states
+    assert all(f"job {gone} ended CANCELLED" in s.differences[0] for s in states), states[0].differences
