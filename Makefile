@@ -30,11 +30,17 @@ test: system-deps $(STAMP)
 test-under-load: system-deps $(STAMP)
 	bash scripts/test-under-load.sh
 
+# make demo TARGET=slurm: the same stack as one job on a real local Slurm cluster (knobkeeper/demo_slurm.py).
 demo: $(STAMP)
+ifeq ($(TARGET),slurm)
+	$(PY) -m knobkeeper.demo_slurm
+else
 	$(PY) -m knobkeeper.demo $(if $(PROMETHEUS),--prometheus)
+endif
 
 stop: $(STAMP)
 	$(PY) -m knobkeeper.demo --stop
+	$(PY) -m knobkeeper.demo_slurm --stop
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

@@ -15,11 +15,11 @@ def snapshot_incident(project: Project, ident: str, inventory: str = "inventory/
     """Scrape every service of `inventory` twice `window` s apart and add the result to incident
     `ident`; returns the incident change (its commit, the note)."""
     from knobkeeper.changelog.incidents import add_snapshot, find_incident
-    from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.deploy.stack import running_stack
     from knobkeeper.evidence.metrics import snapshot, snapshot_summary
 
     find_incident(project, ident)  # a bad id fails before the window is waited out
     if window <= 0:
         raise UserError(f"--window {window:g}: expected a positive number of seconds")
-    snap = snapshot(load_stack(project.root, inventory), window)
+    snap = snapshot(running_stack(project.root, inventory), window)  # a Slurm job: where it placed each one
     return add_snapshot(project, ident, snapshot_summary(snap), {"inventory": inventory, **snap})

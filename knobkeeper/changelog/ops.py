@@ -203,6 +203,41 @@ def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str
         return change
 
 
+def set_knobs(project: Project, items: list[tuple[str, str, str]], reason: str, *,
+              extra_files: dict[Path, str] | None = None, summary: str | None = None,
+              no_commit: bool = False) -> Change:
+    """Declare several (role, KNOB, VALUE) in one commit, one entry each, with `extra_files` (an import
+    writes its inventory beside them: `knobkeeper import srtctl`). Secrets are refused (their values
+    belong in the store, through `set`); a knob already at its value gets no entry."""
+    with repo_lock(project):
+        catalog, declared = _context(project)
+        document = load_document(project.knobs_path)
+        text = project.knobs_path.read_text()
+        entries: list[Entry] = []
+        for role, name, raw in items:
+            knob = catalog.for_role(name, role)
+            if knob.secret:
+                raise UserError(f"{name} is a secret knob: set it with `knobkeeper set {name} --value-file PATH`")
+            value = knob.parse(raw)
+            settable(project.inventory_dir, knob, role, None)
+            old = value_of(declared, role, name)
+            if old == value and type(old) is type(value):
+                continue
+            entries.append(_new_entry(project, action="set", knob=name, role=role, reason=reason, old=old, new=value))
+            text = with_value(document, role, name, value)
+        files: dict[Path, str] = {**(extra_files or {})}
+        if entries:
+            files[project.knobs_path] = text
+        for entry in entries:
+            files[entry_path(project, entry)] = entry.to_toml()
+        body = reason + ("\n\n" + "\n".join(f"- {e.role}: {e.knob} {catalog.get(e.knob).display(e.old)} -> "
+                                            f"{catalog.get(e.knob).display(e.new)}" for e in entries) if entries else "")
+        message = Message(summary=summary or f"set {len(entries)} knobs", body=body,
+                          trailers=_trailers(entries, catalog) if entries else [("Action", "import")])
+        sha = commit_change(project, files, message, no_commit=no_commit, locked=True)
+        return Change(entries=entries, commit=sha)
+
+
 def _store_secret_only(project: Project, role: str, name: str, value: str) -> Change:
     """knobs.toml already declares this value's fingerprint, but this machine lacks the value
     (a fresh clone): store it, with no entry and no commit, since nothing declared changes."""

@@ -60,8 +60,15 @@ def _summary(result) -> str:
     if result.record is None:
         return f"deploy failed before it started: {result.error}"
     lines = [f"deploy {result.record.id}: {result.record.result} in {result.seconds:.1f} s"]
+    job = result.record.slurm.job if result.record.slurm else None
+    if job is not None:  # a Slurm stack: which job serves, and what it replaced
+        gone = [j.id for j in result.record.slurm.replaced if j.cancelled_at]
+        lines.append(f"  slurm job {job.id} ({result.record.slurm.decision})"
+                     + (f"; cancelled job {', '.join(gone)} after the gates" if gone else "")
+                     + (f"; the new job was cancelled ({fmt.safe(job.reason or '')[:80]})" if job.cancelled_at else ""))
     for row in result.record.services:
-        lines.append(f"  {row.key}: {row.action} ({fmt.safe(row.reason)}); gate {row.gate.result}")
+        where = f" [job {row.job} on {row.node}]" if row.job and row.node else ""
+        lines.append(f"  {row.key}{where}: {row.action} ({fmt.safe(row.reason)}); gate {row.gate.result}")
     if result.error:
         lines.append(f"error: {result.error}")
     return "\n".join(lines)

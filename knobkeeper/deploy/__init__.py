@@ -15,6 +15,7 @@ health-gated, recorded. Owns the facts of how a stack is laid out and started:
     record     deploy records (typed rows), written and read here only
     operations the pyinfra operations deploy.py calls; api: run a deploy from Python
     local      the local stack's supervisord (stop, pids)
+    slurm/     Slurm as a target: the stack as one job, a change as a new job (see its docstring)
 
 May import: knobkeeper.changelog (entries, the store's commit), knobkeeper.knobs, knobkeeper.gitio,
 knobkeeper.fmt, knobkeeper.project, knobkeeper.errors, knobkeeper.timeutil, pyinfra. Never the CLI,

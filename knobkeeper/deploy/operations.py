@@ -149,7 +149,10 @@ class Run:
         self.order = list(self.stack.order)
         self.scope = self.options.scope(self.order)
         self.gated = set(self.scope) | downstream(self.order, self.stack.roles, self.scope)
-        if self.options.only and self.options.restart != "none":
+        from knobkeeper.deploy.slurm.job import is_slurm
+
+        slurm = is_slurm(self.stack)
+        if self.options.only and self.options.restart != "none" and not slurm:
             # Seconds, not a role's full gate: a partial deploy stands on roles it does not restart.
             require_up(self.stack, self.scope, self.inventory_path)
         lock = self.project.state_dir / "deploy.lock"
@@ -179,6 +182,12 @@ class Run:
         self._settle_failure: GateFailed | None = None
         current_state.add_callback_handler(_ErrorWatch(self))
         atexit.register(self.finish)
+        # A Slurm stack is one job: deploy.py hands the login host to its operations (deploy/slurm/ops.py).
+        self.slurm = None
+        if slurm:
+            from knobkeeper.deploy.slurm.ops import SlurmRun
+
+            self.slurm = SlurmRun(self)
 
     def row(self, svc: Service) -> ServiceRow:
         return self.record.service(svc.host, svc.name)

@@ -256,6 +256,15 @@ def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] 
     gated = set(scope) | downstream(stack.order, stack.roles, scope)
     roles = []
     counts = {"restart": 0, "start": 0, "unchanged": 0, "unknown": 0}
+    from knobkeeper.deploy.slurm.job import is_slurm
+
+    job = None
+    if is_slurm(stack):  # one job: a new one (and why) or the running one kept (deploy/slurm/decide.py)
+        from knobkeeper.deploy.slurm.status import job_plan
+
+        with host_shell(inventory) as shell:
+            job = job_plan(shell, stack, rendered, options.restart)
+        scope, gated = list(stack.order), set(stack.order)
     with host_shell(inventory) as shell:
         for role in stack.order:
             batches = []
@@ -264,8 +273,16 @@ def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] 
                 for host in hosts:
                     plan = stack.hosts[host]
                     for svc in plan.role_services(role):
-                        lines = shell.run(host, state_command(svc, plan.ctl, with_launch=True))
                         changes: list[str] = []
+                        if job is not None:
+                            action, reason, changes = job["services"][svc.name]
+                            action = VERBS.get(action, action)
+                            counts[action] += 1
+                            batch.append({"host": host, "service": svc.name, "action": action, "reason": reason,
+                                          "changes": changes, "gate": options.restart != "none",
+                                          "digest": rendered[(host, svc.name)].digest})
+                            continue
+                        lines = shell.run(host, state_command(svc, plan.ctl, with_launch=True))
                         if lines is None:
                             action, reason = "unknown", shell.errors.get(host, "could not connect")
                         else:
@@ -284,7 +301,8 @@ def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] 
             "options": {"restart": options.restart, "only": options.only, "batch": options.batch,
                         "knob_overrides": options.knob_overrides},
             "counts": counts, "roles": roles, "unreachable": dict(shell.errors),
-            "engine_warnings": engine_warnings(project, str(inventory_path))}
+            "engine_warnings": engine_warnings(project, str(inventory_path)),
+            **({"slurm": {k: v for k, v in job.items() if k != "services"}} if job is not None else {})}
 
 
 def engine_warnings(project: Project, inventory_path: str) -> list[str]:
@@ -335,6 +353,13 @@ def plan_text(plan: Mapping[str, Any]) -> str:
              + (f", only={opts['only']}" if opts["only"] else "") + "): "
              + f"{counts['restart']} to restart, {counts['start']} to start, {counts['unchanged']} unchanged"
              + (f", {counts['unknown']} unreachable" if counts["unknown"] else "")]
+    job = plan.get("slurm")
+    if job:  # a Slurm stack: the job is what restarts
+        words = {"new job": "NEW JOB", "keep": f"keep job {job['running']}", "none": "nothing submitted"}
+        lines.append(f"slurm job {job['job']}: {words.get(job['action'], job['action'])}"
+                     + (f" (cancels job {', '.join(job['replaces'])} after every gate passed)"
+                        if job["action"] == "new job" and job.get("replaces") else ""))
+        lines += [f"   why: {fmt.safe(w)}" for w in job["why"]]
     for number, role in enumerate(plan["roles"], 1):
         after = f", after {', '.join(role['after'])}" if role["after"] else ""
         lines.append(f"{number}. {role['role']} (gate {role['health']}{after})")

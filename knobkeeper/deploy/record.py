@@ -10,7 +10,16 @@ reference point for later incidents:
                    "reason", "changes": [what changed, in words], "digest", "previous_digest",
                    "knobs", "restart_issued_at", "batch", "rollback": {...} | null,
                    "healthy_at", "pid", "gate": {"result": "passed" | "failed" | "skipped" | "not-run",
-                   "url", "status", "seconds", "checked_at"}}]}
+                   "url", "status", "seconds", "checked_at"}, "job", "node"}],
+     "slurm": null | {"job_name", "script", "decision": "new job" | "kept" | "none", "why",
+                      "job": {"id", "state", "digest", "submitted_at", "started_at", "cancelled_at",
+                              "nodes": {service: node}, "reason"},
+                      "replaced": [the jobs it cancelled after the gates, same shape],
+                      "client_calls", "client_seconds"}}
+
+A Slurm stack (knobkeeper/deploy/slurm/) runs as one job: each service row is one of its components
+(`job`, `node`: where it ran; restart_issued_at: when the job was submitted), `slurm` says which
+job serves and which it replaced.
 
 record=false keeps the record out of git: it is written under .knobkeeper-state/deploys/ instead,
 so a caller (the A/B harness) still gets its timings.
@@ -93,6 +102,8 @@ class ServiceRow(_ByField):
     batch: int = 1
     rollback: Rollback | None = None
     gate: Gate = field(default_factory=Gate)
+    job: str | None = None  # Slurm: the job the component ran in, and the node it got
+    node: str | None = None
 
     @property
     def key(self) -> str:
@@ -117,6 +128,41 @@ class ServiceRow(_ByField):
 
 
 @dataclass
+class SlurmJob(_ByField):
+    """One Slurm job a run submitted, kept or cancelled."""
+
+    id: str
+    state: str | None = None
+    digest: str | None = None
+    submitted_at: str | None = None
+    started_at: str | None = None
+    cancelled_at: str | None = None
+    nodes: dict[str, str] = field(default_factory=dict)  # service -> node
+    reason: str | None = None
+
+
+@dataclass
+class SlurmRecord(_ByField):
+    """What a run did with the stack's Slurm jobs."""
+
+    job_name: str
+    script: str
+    decision: str = "none"  # "new job" | "kept" | "none"
+    why: list[str] = field(default_factory=list)
+    job: SlurmJob | None = None
+    replaced: list[SlurmJob] = field(default_factory=list)
+    client_calls: int = 0  # Slurm client calls of the run, and the seconds they took (where deploy time goes)
+    client_seconds: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "SlurmRecord":
+        known = _known(cls, data)
+        known["job"] = SlurmJob(**_known(SlurmJob, data["job"])) if isinstance(data.get("job"), dict) else None
+        known["replaced"] = [SlurmJob(**_known(SlurmJob, j)) for j in data.get("replaced") or [] if isinstance(j, dict)]
+        return cls(**known)
+
+
+@dataclass
 class DeployRecord:
     id: str
     inventory: str
@@ -133,9 +179,12 @@ class DeployRecord:
     services: list[ServiceRow] = field(default_factory=list)
     engine_versions: dict[str, dict[str, str | None]] = field(default_factory=dict)  # host -> {dist: version}
     stack: str = ""  # the inventory's data `stack` ("" : none); its knobs are knobs.toml's [stack.role]
+    slurm: SlurmRecord | None = None
 
     def __post_init__(self) -> None:
         self.services = [r if isinstance(r, ServiceRow) else ServiceRow.from_json(r) for r in self.services]
+        if isinstance(self.slurm, dict):
+            self.slurm = SlurmRecord.from_json(self.slurm)
 
     @property
     def stem(self) -> str:
@@ -150,6 +199,7 @@ class DeployRecord:
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["services"] = [r.to_json() for r in self.services]
+        out["slurm"] = asdict(self.slurm) if self.slurm is not None else None
         return out
 
     def text(self) -> str:
@@ -180,6 +230,10 @@ def message(record: DeployRecord) -> Message:
         body += f"\n\n{record.error}"
     trailers = [("Deploy", record.id), ("Inventory", record.inventory), ("Result", record.result)]
     trailers += [("Canary", str(canary["phase"]))] if phase else []
+    if record.slurm is not None and record.slurm.job is not None:
+        body += f"\n\nSlurm job {record.slurm.job.id} ({record.slurm.decision})" + "".join(
+            f", cancelled job {j.id}" for j in record.slurm.replaced if j.cancelled_at)
+        trailers += [("Slurm-Job", record.slurm.job.id)]
     trailers += [("Restarted" if r.action == "restarted" else "Started", r.key) for r in record.services if r.acted]
     return Message(summary=summary, body=body, trailers=trailers)
 

@@ -190,6 +190,8 @@ def render_service(
     }
     manager_template = PROGRAM_TEMPLATE if service.manager == "supervisord" else UNIT_TEMPLATE
     paths = [(service.launch_path, LAUNCH_TEMPLATE, "0755"), (service.manager_file, manager_template, "0644")]
+    if service.manager == "slurm":
+        paths = paths[:1]  # a Slurm component has no unit: the stack's job script starts it (deploy/slurm)
     bare = {path: strip_header(_render(templates_dir, tpl, {**context, "header": []})) for path, tpl, _ in paths}
     digest = content_digest(bare, shown)
     meta = {
@@ -343,6 +345,11 @@ def render_stack(
                                     {svc.key: svc.role for svc in stack.services})
     source = source or source_of(project.root)
     out: dict[tuple[str, str], RenderedService] = {}
+    from knobkeeper.deploy.slurm.job import is_slurm, render_job, runtime_commands
+
+    # Under Slurm the job places the services: their launch scripts name their ports and a router's
+    # workers by placement tokens, filled on the nodes (deploy/slurm/job.py); elsewhere the inventory's.
+    commands = runtime_commands(stack) if is_slurm(stack) else stack.commands
     for role in stack.order:
         key = stack.scope(role)  # [decode], or [vllm.decode] for an inventory of stack "vllm"
         values = dict(declared.get(key, {}))
@@ -364,8 +371,13 @@ def render_stack(
                 svc_values, svc_provenance = dict(values), dict(provenance)
                 _apply_overrides(svc_values, svc_provenance, overrides.get(svc.key, {}))
                 out[(svc.host, svc.name)] = render_service(
-                    svc, stack.command(svc), knobs=svc_values, catalog=catalog, provenance=svc_provenance,
+                    svc, commands[(svc.host, svc.name)], knobs=svc_values, catalog=catalog, provenance=svc_provenance,
                     source=source, templates_dir=project.templates_dir, environment=env,
                     instance_env=svc.family.instance_environment(svc, plan.data), scope=key,
                 )
+    if is_slurm(stack):
+        # A Slurm stack runs as one job: its script (every component's launch script inside) is a
+        # rendered file too, keyed (login host, job name), role JOB_ROLE: review shows it, check lints it.
+        job = render_job(project, stack, out, source)
+        out[(job.service.host, job.service.name)] = job
     return out

@@ -50,7 +50,7 @@ from knobkeeper.engine.pins import stack_of
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.values import check_env_name
 
-MANAGERS = ("supervisord", "systemd")
+MANAGERS = ("supervisord", "systemd", "slurm")  # slurm: the stack is one job (knobkeeper/deploy/slurm/)
 WORKER_MODES = ("prefill", "decode")
 
 __all__ = ["HostPlan", "Service", "Stack", "Supervisor", "host_plan", "load_inventory", "load_stack",
@@ -178,6 +178,8 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
         plans[host.name] = host_plan(host.name, data, groups, roles, name)
     seen: dict[tuple[str, int], str] = {}
     for plan in plans.values():
+        if plan.manager == "slurm":
+            continue  # the job's components pick free ports on their own nodes (deploy/slurm/job.py)
         for svc in plan.services:
             for port in (svc.port, svc.bootstrap_port, svc.metrics_port, *(p for _, p in svc.ports)):
                 if port is None:
@@ -191,6 +193,10 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
         raise UserError(f"inventory {name}: hosts name different stacks ({', '.join(sorted(s or '(none)' for s in named))}); "
                         f"set data stack once, in the inventory or group_data")
     stack = Stack(inventory=name, roles=roles, order=order, hosts=plans, stack=next(iter(named), ""))
+    from knobkeeper.deploy.slurm.job import is_slurm, settings_of
+
+    if is_slurm(stack):
+        settings_of(stack)  # the Slurm data is checked with the rest (knobkeeper/deploy/slurm/job.py)
     workers = workers_of(stack.services)
     for svc in stack.services:
         stack.commands[(svc.host, svc.name)] = engine_command(svc, stack.hosts[svc.host].data, workers)
@@ -266,3 +272,18 @@ def load_inventory(project_root: Path, inventory_path: str | os.PathLike, data: 
 def load_stack(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None) -> Stack:
     inventory = load_inventory(project_root, inventory_path, data)
     return stack_from_inventory(inventory, Path(inventory_path).stem)
+
+
+def running_stack(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None) -> Stack:
+    """The stack with every service where it runs now: as the inventory says over SSH / locally; for a
+    Slurm stack, at the address and ports its running job published (ab run's endpoint and probes,
+    incident snapshots). A service of a Slurm stack that is not placed keeps the inventory's values."""
+    inventory = load_inventory(project_root, inventory_path, data)
+    stack = stack_from_inventory(inventory, Path(inventory_path).stem)
+    from knobkeeper.deploy.slurm.job import is_slurm
+
+    if not is_slurm(stack):
+        return stack
+    from knobkeeper.deploy.slurm.status import placed_stack
+
+    return placed_stack(inventory, stack)

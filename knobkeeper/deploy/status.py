@@ -53,15 +53,19 @@ class ServiceStatus:
     running_digest: str | None
     differences: list[str] = field(default_factory=list)
     started_from: str | None = None
+    job: str | None = None  # Slurm: the serving job, the node and URL of this component (else None)
+    node: str | None = None
+    url: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
     def detail(self) -> str:
-        if self.differences:
-            return "; ".join(self.differences)
-        return self.manager_state.lower() if self.state == "down" else ""
+        where = f"job {self.job} on {self.node} at {self.url}" if self.job and self.node else ""
+        text = "; ".join(self.differences) if self.differences else (
+            self.manager_state.lower() if self.state == "down" else "")
+        return f"{where}: {text}" if where and text else where or text
 
 
 def observe(shell: HostShell, plan: HostPlan, svc: Service) -> dict[str, Any] | None:
@@ -100,6 +104,13 @@ def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] 
     stack = stack_from_inventory(inventory, Path(inventory_path).stem)
     rendered = render_stack(project, stack)
     secrets = secret_problems(project, stack)
+    from knobkeeper.deploy.slurm.job import is_slurm
+
+    if is_slurm(stack):  # one job for the stack: squeue, the script Slurm kept, the placements (deploy/slurm)
+        from knobkeeper.deploy.slurm.status import slurm_status
+
+        with host_shell(inventory) as shell:
+            return slurm_status(shell, stack, rendered, secrets)
     out: list[ServiceStatus] = []
     with host_shell(inventory) as shell:
         services = sorted(stack.services, key=lambda s: (stack.order.index(s.role), s.host, s.name))
@@ -187,3 +198,23 @@ def status_table(rows: list[ServiceStatus]):
         table.add_row(escape(r.host), escape(r.service), escape(r.role), f"[{colour}]{r.state}[/]" if colour else r.state,
                       str(r.pid or "-"), escape(fmt.safe(r.detail)))
     return table
+
+
+def started_knobs(project: Project, inventory_path: str, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """{service key: the knob values it was started with, or None when it does not run}: started.sh
+    on its host, or (Slurm) the serving job's script. What `ab run` checks after each switch."""
+    inventory = load_inventory(project.root, inventory_path, data)
+    stack = stack_from_inventory(inventory, Path(inventory_path).stem)
+    from knobkeeper.deploy.slurm.job import is_slurm
+
+    with host_shell(inventory) as shell:
+        if is_slurm(stack):
+            from knobkeeper.deploy.slurm.status import started_knobs as job_knobs
+
+            return job_knobs(shell, stack)
+        out: dict[str, Any] = {}
+        for svc in stack.services:
+            seen = observe(shell, stack.hosts[svc.host], svc)
+            started = (seen or {}).get("started") if seen and seen.get("running") else None
+            out[svc.key] = started.get("knobs") if isinstance(started, dict) else None
+        return out

@@ -56,11 +56,12 @@ class Probes:
 class Harness:
     """How an A/B reaches the stack: `switch_arm(arm)` must leave the endpoint serving that arm
     (arm: {"label", "knobs"}), `restore()` puts the declared state back, `load(endpoint,
-    concurrency, **kw) -> summary` loads it (default: knobkeeper.loadgen.run_load)."""
+    concurrency, **kw) -> summary` loads it (default: knobkeeper.loadgen.run_load). `endpoint`: a
+    URL, or a function that says where it is now (a Slurm job's router moves with each job)."""
 
     switch_arm: Switch
     restore: Callable[[], None]
-    endpoint: str | None
+    endpoint: str | Callable[[], str] | None
     probes: Probes = field(default_factory=Probes)
     load: LoadFn | None = None
 
@@ -206,7 +207,7 @@ def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Map
                 bar.stop()
     setup = Setup.of(setup or {})
     setup.workload = design.workload()
-    setup.schedule = Schedule(order="ABBA", repeats=design.cap, levels=levels, endpoint=harness.endpoint,
+    setup.schedule = Schedule(order="ABBA", repeats=design.cap, levels=levels, endpoint=_url(harness.endpoint),
                               design="sequential" if stopping is not None else "fixed", blocks=blocks,
                               warmup_requests=design.warmup_requests or max(levels),
                               wall_s=round(time.time() - started, 3))
@@ -223,16 +224,17 @@ def _block(harness: Harness, design: Design, load: LoadFn, arm: str, repeat: int
            on_level: Callable[[int], Any], on_done: Callable[[], Any]) -> list[Run]:
     """One block of one arm (already switched to): check the knob, warm up, then every open level once."""
     probes = harness.probes
+    url = _url(harness.endpoint)
     seen = probes.knob(arm_spec) if probes.knob is not None else None
     warm_conc = max(todo)
     shape = {"api": design.api, "model": design.model, "input_len": design.input_len, "output_len": design.output_len}
-    load(harness.endpoint, warm_conc, requests=design.warmup_requests or warm_conc, warmup=0, **shape,
+    load(url, warm_conc, requests=design.warmup_requests or warm_conc, warmup=0, **shape,
          **design.load_options)
     runs = []
     for conc in todo:
         on_level(conc)
         before = probes.prefill_tokens() if probes.prefill_tokens is not None else None
-        summary = load(harness.endpoint, conc, requests=design.requests, duration=design.duration,
+        summary = load(url, conc, requests=design.requests, duration=design.duration,
                        warmup=design.level_warmup, **shape, **design.load_options)
         run = Run.from_json({"arm": arm, "repeat": repeat, "concurrency": conc, **_run_fields(summary)})
         run.knob_seen = seen
@@ -243,6 +245,11 @@ def _block(harness: Harness, design: Design, load: LoadFn, arm: str, repeat: int
         runs.append(run)
         on_done()
     return runs
+
+
+def _url(endpoint: str | Callable[[], str]) -> str:
+    """The endpoint now: a URL, or where a function says it is (a Slurm job's router moves with each job)."""
+    return endpoint() if callable(endpoint) else endpoint
 
 
 def _progress(progress: bool | Any, total: int):
@@ -288,9 +295,10 @@ def deploy_harness(project, inventory: str, role: str, knob: str) -> Harness:
     that role restarts and every gate (the router's included) holds before load starts; restore()
     deploys the declared state. Arm switches are not committed as deploy records (record=false:
     they land in .knobkeeper-state/deploys/); the evidence file lists the schedule instead.
+    On a Slurm stack each switch is a new job, and the endpoint a function: where its router runs.
     """
     from knobkeeper.deploy.api import run_deploy
-    from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.deploy.stack import load_stack, running_stack
 
     def deploy(overrides: dict | None) -> None:
         result = run_deploy(project, inventory, only=role, knob_overrides=overrides, record=False)
@@ -305,7 +313,14 @@ def deploy_harness(project, inventory: str, role: str, knob: str) -> Harness:
 
     stack = load_stack(project.root, inventory)
     router = next((s for s in stack.services if s.role == "router"), None)
-    return Harness(switch_arm, restore, router.url if router else None, deploy_probes(project, inventory, role, knob))
+    from knobkeeper.deploy.slurm.job import is_slurm
+
+    endpoint: str | Callable[[], str] | None = router.url if router else None
+    if router is not None and is_slurm(stack):
+        def endpoint() -> str:  # a Slurm job's router moves with each job: where the running one is
+            return next(s for s in running_stack(project.root, inventory).services if s.key == router.key).url
+
+    return Harness(switch_arm, restore, endpoint, deploy_probes(project, inventory, role, knob))
 
 
 def engine_of(project, inventory: str, role: str) -> dict:
@@ -321,32 +336,31 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     """Probes backed by the stack: the knob as each of the role's services was started with it
     (the started.sh record `status` reads), and the prefill services' sglang:prompt_tokens_total
     summed over their /metrics when the stack has a prefill role."""
-    from knobkeeper.deploy.observe import host_shell
-    from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
-    from knobkeeper.deploy.status import observe
+    from knobkeeper.deploy.stack import load_stack, running_stack
+    from knobkeeper.deploy.status import started_knobs
 
-    inv = load_inventory(project.root, inventory)
-    stack = stack_from_inventory(inv, inventory.rsplit("/", 1)[-1].rsplit(".", 1)[0])
+    stack = load_stack(project.root, inventory)
     services = [s for s in stack.services if s.role == role]
     prefills = [s for s in stack.services if s.role == "prefill"] if role != "prefill" else []
+    from knobkeeper.deploy.slurm.job import is_slurm
+
+    where = "the job's script" if is_slurm(stack) else "started.sh"
 
     def knob_probe(arm: dict) -> KnobSeen:
         worst = None
-        with host_shell(inv) as shell:
-            for svc in services:
-                seen = observe(shell, stack.hosts[svc.host], svc)
-                started = (seen or {}).get("started") if seen and seen.get("running") else None
-                running = started.get("knobs") if isinstance(started, dict) else None
-                result = knob_seen(arm, knob, running, f"{svc.host}/{svc.name} started.sh")
-                if worst is None or result.status == V.NOT_CARRIED or (
-                        result.status == V.UNVERIFIED and worst.status == V.CARRIED):
-                    worst = result
+        started = started_knobs(project, inventory)  # started.sh, or the Slurm job's script
+        for svc in services:
+            result = knob_seen(arm, knob, started.get(svc.key), f"{svc.host}/{svc.name} {where}")
+            if worst is None or result.status == V.NOT_CARRIED or (
+                    result.status == V.UNVERIFIED and worst.status == V.CARRIED):
+                worst = result
         return worst or knob_seen(arm, knob, None, f"no {role} service in {inventory}")
 
     def prefill_tokens() -> float | None:
         total = 0.0
+        placed = {s.key: s for s in running_stack(project.root, inventory).services} if is_slurm(stack) else {}
         for svc in prefills:
-            value = prompt_tokens_total(svc.url, svc.family.metrics.prompt_tokens)
+            value = prompt_tokens_total(placed.get(svc.key, svc).url, svc.family.metrics.prompt_tokens)
             if value is None:
                 return None
             total += value

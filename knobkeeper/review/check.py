@@ -371,9 +371,12 @@ def _lint_files(run: _Run, inv: str, render) -> list[RenderedFile]:
         f = group[0]
         where = f"{inv} {_hosts(g.host for g in group)}" + (f" service {f.service}" if f.service else "")
         if path.endswith(".sh"):
+            from knobkeeper.deploy.slurm.job import JOB_ROLE, TEMPLATE
+
+            tpl = f"templates/{TEMPLATE}" if f.role == JOB_ROLE else "templates/launch.sh.j2"  # a Slurm job script
             for name, linter in (("bash -n", lint.bash_syntax), ("shellcheck", lint.shellcheck)):
                 for text in linter(f.text) or []:
-                    run.add("templates/launch.sh.j2", f"rendered {path} ({where}) fails {name}: {text}",
+                    run.add(tpl, f"rendered {path} ({where}) fails {name}: {text}",
                             "fix the template (or the data it renders)")
         elif path.endswith(".service"):
             units.append(f)
