@@ -149,6 +149,7 @@ def test_first_deploy_starts_roles_in_order_each_healthy_first(stack):
     assert record.order == ["prefill", "decode", "router"]
     rows = [_row(record, name) for name in PROGRAMS]
     assert [r["action"] for r in rows] == ["started"] * 3
+    assert [r["engine"] for r in rows] == ["sim", "sim", "smg"]  # the pin of each role (local.py pins no version)
     assert all(r["gate"]["result"] == "passed" for r in rows)
     # Records: each role's restart was issued only after the previous role was healthy.
     for before, after in zip(rows, rows[1:]):

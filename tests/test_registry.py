@@ -294,6 +294,37 @@ def test_environ_is_read_not_run_and_a_bad_name_is_refused(bare, tmp_path):
     assert tiny["SGLANG_TINY_NAME"]["default_computed"] == "lambda: 'x'" and tiny["SGLANG_TINY_NAME"]["doc"] == "computed"
 
 
+HOSTILE_ENVIRON = '''
+import os
+open(os.environ.get("KK_PWNED", "/tmp/kk-pwned"), "w").write("ran")
+os.fork()
+while True:
+    pass
+'''
+
+
+def test_a_hostile_environ_py_runs_nothing(bare, tmp_path, monkeypatch):
+    """environ.py is read with ast: its module code (a file write, a fork, an endless loop) and its
+    defaults (a huge power, a file read) never run; a doc with terminal escapes and bidi controls is
+    stored as the engine wrote it and shown escaped."""
+    marker = tmp_path / "pwned"
+    monkeypatch.setenv("KK_PWNED", str(marker))
+    doc = "\x1b]8;;http://evil\x07link\x1b]8;;\x07 \u202eevil\u202c"
+    extra = (f"# {doc}\n    SGLANG_TINY_HUGE = EnvInt(9 ** 9 ** 9)\n"
+             "    SGLANG_TINY_PATH = EnvStr(open('/etc/passwd').read())")
+    wheel = _wheel(tmp_path, "sglang", "9.9.4", HOSTILE_ENVIRON + TINY_ENVIRON.format(extra=extra))
+    result = kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel))
+    assert result.exit_code == 0, result.output
+    assert not marker.exists()
+    knobs = json.loads((bare.inventory_dir / "engines" / "sglang-9.9.4.json").read_text())["knobs"]
+    assert knobs["SGLANG_TINY_HUGE"]["default_computed"] == "9 ** 9 ** 9"
+    assert knobs["SGLANG_TINY_PATH"]["default_computed"] == "open('/etc/passwd').read()"
+    assert knobs["SGLANG_TINY_HUGE"]["doc"] == doc
+    shown = kk(bare, "catalog", "SGLANG_TINY_HUGE").output
+    assert "\x1b" not in shown and "\u202e" not in shown and "\x07" not in shown
+    assert "\\x1b]8;;http://evil\\x07link" in shown and "\\u202eevil" in shown
+
+
 def test_corrupt_registry_file(project):
     path = project.inventory_dir / "engines" / "sglang-0.5.23.json"
     for broken, needle in (("{not json", "not JSON"), (json.dumps({"schema": "x"}), "expected \"schema\""),

@@ -334,6 +334,28 @@ def test_check_reports_declared_vllm_knobs_the_pinned_version_ignores(project, m
     assert [w for w in engine_warnings(project, PROD) if REMOVED in w]
 
 
+def test_check_and_review_show_a_hint_with_terminal_escapes_escaped(project, monkeypatch):
+    """A deprecation note is the engine's own text, stored as written: check and review show it escaped."""
+    monkeypatch.setenv("KNOBKEEPER_CACHE", str(project.root.parent / "no-cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    old = project.inventory_dir / "engines" / "vllm-0.14.0.json"
+    doc = json.loads(old.read_text())
+    doc["deprecated"][REMOVED]["note"] = "use \x1b]8;;http://evil\x07this\x1b]8;;\x07 \u202elave\u202c"
+    old.write_text(json.dumps(doc, indent=2) + "\n")
+    git(project.root, "commit", "-q", "-am", "a hostile note")
+    git(project.root, "checkout", "-q", "-b", "hand-edit")
+    project.knobs_path.write_text(project.knobs_path.read_text() + f'\n[vllm.decode]\n{REMOVED} = "FLASH_ATTN"\n')
+    git(project.root, "commit", "-q", "-am", "by hand")
+    assert kk(project, "record", "--reason", "hand edit").exit_code == 0
+    checked = kk(project, "check")
+    reviewed = kk(project, "review", "--base", "main")
+    assert reviewed.exit_code == 0, reviewed.output
+    for out in (checked.output, reviewed.output):
+        (line,) = [ln for ln in out.splitlines() if f"{REMOVED}: vllm 0.32.0" in ln and "does not declare it" in ln]
+        assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+        assert "use \\x1b]8;;http://evil\\x07this" in line and "\\u202elave" in line
+
+
 # --- the real parser ---------------------------------------------------------------------------------
 
 

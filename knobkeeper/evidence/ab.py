@@ -334,7 +334,8 @@ def engine_of(project, inventory: str, role: str) -> dict:
 
 def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     """Probes backed by the stack: the knob as each of the role's services was started with it
-    (the started.sh record `status` reads), and the prefill services' sglang:prompt_tokens_total
+    (the started.sh record `status` reads, or the Slurm job's script), and the prefill services'
+    prompt-token counter (the family's name: sglang:prompt_tokens_total, vllm:prompt_tokens_total)
     summed over their /metrics when the stack has a prefill role."""
     from knobkeeper.deploy.stack import load_stack, running_stack
     from knobkeeper.deploy.status import started_knobs

@@ -17,7 +17,8 @@ Per run (the level is invalid when any of its runs fails):
     knob not carried            the arm's running engine did not have the arm's value
                                 (`knob_seen`: read from the engine as `status` does, or from the
                                 file's server info; "unverified" is noted, not invalid)
-    prefill not touched         a disaggregated run whose prefill's sglang:prompt_tokens_total
+    prefill not touched         a disaggregated run whose prefill's prompt-token counter (the
+                                family's: sglang:prompt_tokens_total, vllm:prompt_tokens_total)
                                 did not move (decode served without its prefill peer)
     same record as arm A        (import) a candidate record identical to a baseline one: the same
                                 results given for both arms
@@ -62,7 +63,7 @@ def run_reasons(run: Run | Mapping[str, Any], metric: str = METRIC) -> list[str]
     if run.get("same_record_as_arm_A"):
         out.append(f"{_where(run)}: the same result record as a run of arm A (one file given for both arms?)")
     if run.prefill_prompt_tokens == 0:
-        out.append(f"{_where(run)}: prefill not touched (its sglang:prompt_tokens_total did not move)")
+        out.append(f"{_where(run)}: prefill not touched (its prompt-token counter did not move)")
     return out
 
 
