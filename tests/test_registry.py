@@ -374,12 +374,14 @@ def test_pins_come_from_host_and_group_data(project):
                             ("inventory/local.py", "sim", None), ("inventory/local_slurm.py", "sim", None)]
     assert of("decode", "vllm") == [("inventory/example_prod_vllm.py", "vllm", "0.32.0")]
     assert of("router", "vllm") == [("inventory/example_prod_vllm.py", "vllm-router", "0.1.17")]
-    (pin,) = [p for p in engine_pins.pins_for(project.inventory_dir, "", "decode") if p.engine == "sglang"]
+    (pin,) = [p for p in engine_pins.pins_for(project.inventory_dir, "", "decode")
+              if p.inventory == "inventory/example_prod.py"]
     assert pin.hosts == ("decode-1", "decode-2")
     group = project.inventory_dir / "group_data" / "decode.py"
     group.write_text(group.read_text() + '\nengines = {"decode": "sglang"}\nsglang_version = "0.5.6"\n')
     # Host data wins over group data (every inventory here sets engines in host data).
-    assert of("decode") == [("inventory/example_prod.py", "sglang", "0.5.23"), ("inventory/local.py", "sim", None)]
+    assert of("decode") == [("inventory/example_prod.py", "sglang", "0.5.23"), ("inventory/example_slurm.py", "sglang", "0.5.23"),
+                            ("inventory/local.py", "sim", None), ("inventory/local_slurm.py", "sim", None)]
 
 
 def test_launch_script_unsets_only_hand_written_catalog_knobs(project):
