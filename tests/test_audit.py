@@ -398,7 +398,7 @@ def test_timeline_reads_unreadable_deploy_records_as_problems(project):
     assert tl.problems and "deadbeef.json: not a deploy record" in tl.problems[0]
 
 
-# --------------------------------------------------------------------------- issue 18: hostile text, huge windows
+# --------------------------------------------------------------------------- hostile text, huge windows
 
 EVIL = "suspect\x1b[2J\x1b]0;owned\x07\nproblem: all clear \u202etxt.exe"
 

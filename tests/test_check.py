@@ -143,7 +143,7 @@ def test_check_json(project):
     assert "unknown knob 'NO_SUCH_KNOB'" in data["problems"][0]["what"]
 
 
-# --------------------------------------------------------------------------- issue 18: hostile input
+# --------------------------------------------------------------------------- hostile input: misplaced secrets, unsafe names, evidence that contradicts itself
 
 def test_a_tracked_file_under_the_secret_store_fails(project):
     """The store was protected only by .gitignore: a forced add (or a lost ignore line) commits a secret."""

@@ -163,7 +163,7 @@ def test_a_missing_sshd_is_an_error_not_a_skip(tmp_path, monkeypatch):
         start_sshd(tmp_path / "sshd")
 
 
-# --- 1. order across hosts, the engine installed from a wheel ------------------------------------------
+# --- order across hosts, the engine installed from a wheel ------------------------------------------
 
 
 def test_first_deploy_installs_the_engine_and_starts_roles_in_order_across_hosts(fleet):
@@ -206,7 +206,7 @@ def test_first_deploy_installs_the_engine_and_starts_roles_in_order_across_hosts
     assert git(fleet.project.root, "status", "--porcelain") == ""
 
 
-# --- 6. planning without touching ----------------------------------------------------------------------
+# --- planning without touching ----------------------------------------------------------------------
 
 
 def test_plan_and_dry_diff_show_the_restarts_and_change_nothing(fleet):
@@ -249,7 +249,7 @@ def test_plan_and_dry_diff_show_the_restarts_and_change_nothing(fleet):
     assert git(fleet.project.root, "status", "--porcelain") == ""
 
 
-# --- 2. rolling restart within a role -------------------------------------------------------------------
+# --- rolling restart within a role -------------------------------------------------------------------
 
 
 def test_rolling_restart_batch_1_keeps_the_role_up(fleet):
@@ -291,7 +291,7 @@ def test_rolling_restart_batch_1_keeps_the_role_up(fleet):
     assert fleet.info("decode-2")["knobs"][KNOB] == "512"
 
 
-# --- 3. a failing gate: stop, rollback --------------------------------------------------------------------
+# --- a failing gate: stop, rollback --------------------------------------------------------------------
 
 
 def _break_decode_2(fleet) -> None:
@@ -346,7 +346,7 @@ def test_failed_gate_stops_the_run_before_the_router(fleet):
     assert "rolled back" not in (record.error or "")
 
 
-# --- 4. a rerun repairs --------------------------------------------------------------------------------
+# --- a rerun repairs --------------------------------------------------------------------------------
 
 
 def test_rerun_after_failure_repairs_down_services_even_with_unchanged_files(fleet):
@@ -367,7 +367,7 @@ def test_rerun_after_failure_repairs_down_services_even_with_unchanged_files(fle
     assert {s.state for s in status.values()} == {"in sync"}, {h: (s.state, s.differences) for h, s in status.items()}
 
 
-# --- 3. an unreachable host ------------------------------------------------------------------------------
+# --- an unreachable host ------------------------------------------------------------------------------
 
 
 def test_unreachable_host_fails_before_any_restart(fleet):
@@ -384,7 +384,7 @@ def test_unreachable_host_fails_before_any_restart(fleet):
     assert status["decode-1"].state == "drifted"
 
 
-# --- 5. status over SSH ------------------------------------------------------------------------------------
+# --- status over SSH ------------------------------------------------------------------------------------
 
 
 def test_status_over_ssh_reports_in_sync_drifted_and_down_then_a_deploy_repairs(fleet):
@@ -420,7 +420,7 @@ def test_status_over_ssh_reports_in_sync_drifted_and_down_then_a_deploy_repairs(
     assert fleet.info("decode-1")["knobs"][KNOB] == "256"
 
 
-# --- 6. the pinned engine: installed, recorded, checked (issue 12 item 7) --------------------------------
+# --- the pinned engine: installed, recorded, checked ----------------------------------------------------
 
 
 def test_engine_step_installs_the_pinned_sglang_records_it_and_status_reports_a_version_drift(fleet):

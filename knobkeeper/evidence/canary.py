@@ -76,12 +76,12 @@ from typing import Any, Callable
 
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
-from knobkeeper.evidence.defaults import ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, RESTART_NOISE, SCRAPE_INTERVAL_S
+from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
+                                          SCRAPE_INTERVAL_S)
 from knobkeeper.evidence.metrics import Target, WindowStats, queries
 from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
 
 METRIC = "output_tokens_per_s"
-IMBALANCE = 2.0
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
 SETTLE_MIN_S = 10.0

@@ -33,6 +33,7 @@ from functools import lru_cache
 from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 from knobkeeper import fmt
+from knobkeeper.evidence.defaults import ALPHA, IMBALANCE
 
 SCHEMA = "knobkeeper.evidence/2"
 SCHEMA_1 = "knobkeeper.evidence/1"
@@ -418,7 +419,7 @@ class Family(Typed):
     """What the family-wise adjustment covered: every level's throughput and guard tests."""
 
     method: str = "holm"
-    alpha: float = 0.05
+    alpha: float = ALPHA
     size: int = 0
     weights: dict[str, float] = field(default_factory=dict)
     sequential: bool | None = None
@@ -431,7 +432,7 @@ class Judgement(Typed):
     """The judge's answer for one file (knobkeeper.evidence.judge)."""
 
     method: str = ""
-    alpha: float = 0.05
+    alpha: float = ALPHA
     mde: float | None = None
     unit_noise: float | None = None     # a known offset no run averages out (a canary's restarts)
     levels: list[Level] = field(default_factory=list)
@@ -573,7 +574,7 @@ class CanaryBlock(Typed):
     duration_s: float = 0.0
     calibration_s: float = 0.0
     calibration_windows: int = 0
-    imbalance_threshold: float = 2.0
+    imbalance_threshold: float = IMBALANCE
     restart_noise: float = 0.0
     normalisation: str = ""
     windows: list[Window] = field(default_factory=list)
