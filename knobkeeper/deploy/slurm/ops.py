@@ -92,9 +92,9 @@ class SlurmRun:
 
     def _client(self) -> Client:
         if self.client is None:
-            from knobkeeper.deploy.operations import _on_this_host
+            from knobkeeper.deploy.operations import _on
 
-            self.client = Client(self.settings, _on_this_host)
+            self.client = Client(self.settings, lambda command: _on()(command))  # the host whose operation runs, at each call
         return self.client
 
     # --- submit -----------------------------------------------------------------------------------------
@@ -275,10 +275,10 @@ class SlurmRun:
         return words + (f"; its output ends: {tail}" if tail else "")
 
     def _output_tail(self, job_id: str, lines: int = 4) -> str:
-        from knobkeeper.deploy.operations import _on_this_host
+        from knobkeeper.deploy.operations import _on
 
         path = self.settings.output_of(job_id)
-        out = _on_this_host(f"tail -n 40 {path} 2>/dev/null || true")
+        out = _on()(f"tail -n 40 {path} 2>/dev/null || true")
         mine = [line.strip() for line in out if line.strip()]
         told = [line for line in mine if line.startswith("knobkeeper:")]
         return " | ".join((told or mine)[-lines:])
@@ -363,9 +363,9 @@ class _GateError(Exception):
 
 
 def _read_placement(path: str) -> Placement | None:
-    from knobkeeper.deploy.operations import _on_this_host
+    from knobkeeper.deploy.operations import _on
 
-    lines = _on_this_host(f"cat {path} 2>/dev/null || true")
+    lines = _on()(f"cat {path} 2>/dev/null || true")
     return parse_placement(" ".join(lines)) if lines else None
 
 
