@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra import make_infra_repo
+from tests.infra import git, make_infra_repo
 
 
 @pytest.fixture
@@ -22,3 +22,14 @@ def project():
 def shared(tmp_path_factory):
     """One repo per module for the cases that must write nothing (each checks that they did not)."""
     return make_infra_repo(tmp_path_factory.mktemp("shared"))
+
+
+@pytest.fixture
+def bare(tmp_path):
+    """An infra repo without any imported registry (inventory/engines/ removed and committed)."""
+    import shutil
+
+    project = make_infra_repo(tmp_path, name="bare")
+    shutil.rmtree(project.inventory_dir / "engines")
+    git(project.root, "commit", "-q", "-am", "no registries")
+    return project

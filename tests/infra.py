@@ -84,3 +84,13 @@ def one_line_exit_2(done, needle: str) -> None:
     err = done.stderr.decode() if isinstance(done.stderr, bytes) else done.stderr
     assert done.returncode == 2, (done.returncode, err)
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and needle in err, err
+
+
+def refused(result, *needles: str) -> str:
+    """A refused command run through `kk` (CliRunner): exit 2, one line naming every needle; the line."""
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

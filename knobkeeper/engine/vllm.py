@@ -152,11 +152,7 @@ def _blocks(tree: ast.Module, what: str) -> tuple[ast.If, ast.Dict]:
 
 def read_envs(source: EngineSource) -> dict[str, Any]:
     """{"knobs", "deprecated"} of vllm/envs.py and the package's deprecation warnings."""
-    what = f"{source.where}: {REGISTRY_FILE}"
-    text = source.text(REGISTRY_FILE)
-    if text is None:
-        raise UserError(f"{source.where}: {source.distribution} {source.version} has no {REGISTRY_FILE}")
-    tree = parse_python(text, what)
+    text, tree, what = source.registry_file(REGISTRY_FILE)
     checking, environment = _blocks(tree, what)
     declared: dict[str, ast.AnnAssign] = {}
     for stmt in checking.body:
