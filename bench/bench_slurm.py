@@ -33,16 +33,12 @@ from knobkeeper.changelog.ops import set_knob
 from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.slurm.localcluster import start_cluster, stop_cluster
 from knobkeeper.timeutil import parse_time
-from tests.infra import make_infra_repo
+from tests.infra import FAST_ENGINE_ARGS, make_infra_repo
 from tests.procs import free_port, start, stop, wait_http
 
 REPEATS = int(os.environ.get("KK_BENCH_REPEATS", "5"))
 INV = "inventory/local_slurm.py"
-FAST = {"engine_args": {"prefill": ["--time-scale", "0.05"], "decode": ["--time-scale", "0.05"],
-                        "router": ["--worker-startup-timeout-secs", "60", "--worker-startup-check-interval", "1",
-                                   "--health-check-interval-secs", "2", "--shutdown-grace-period-secs", "2",
-                                   "--log-level", "warn"]},
-        "stop_timeout": 10}
+FAST = {"engine_args": FAST_ENGINE_ARGS, "stop_timeout": 10}
 
 
 def _med(xs: list[float]) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from tests.infra import FAST_ENGINE_ARGS
 from tests.sshd import Fleet, loopback_addresses
 
 
@@ -106,13 +107,6 @@ def write_inventory(path: Path, fleet: Fleet, hosts_root: Path, host_extra: Host
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 ENGINE_PYTHON = "{prefix}/venv/bin/python"
-# Fast engines: the sims at a tenth of GPU time, a router that registers workers quickly.
-FAST_ENGINE_ARGS = {
-    "prefill": ["--time-scale", "0.05"],
-    "decode": ["--time-scale", "0.05"],
-    "router": ["--worker-startup-timeout-secs", "60", "--worker-startup-check-interval", "1",
-               "--health-check-interval-secs", "2", "--shutdown-grace-period-secs", "2", "--log-level", "warn"],
-}
 
 
 def stack_data(host: FleetHost, root: Path, wheels: list[str] | None = None, python: str = ENGINE_PYTHON) -> dict[str, Any]:

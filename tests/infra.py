@@ -21,6 +21,16 @@ COPIED = ("inventory", "templates", "deploy.py", "config.py")
 GITIGNORE = ".knobkeeper-state/\n.knobkeeper-secrets/\n__pycache__/\n"
 
 
+# Fast engines for the sim stacks the tests start: the sims at a twentieth of GPU time, a router that
+# registers workers quickly and lets go of them fast.
+FAST_ENGINE_ARGS = {
+    "prefill": ["--time-scale", "0.05"],
+    "decode": ["--time-scale", "0.05"],
+    "router": ["--worker-startup-timeout-secs", "60", "--worker-startup-check-interval", "1",
+               "--health-check-interval-secs", "2", "--shutdown-grace-period-secs", "2", "--log-level", "warn"],
+}
+
+
 def git(root: Path, *args: str, check: bool = True) -> str:
     done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
     if check and done.returncode != 0:

@@ -22,18 +22,13 @@ from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.local import _alive, program_pids, stop_local, supervisord_pid
 from knobkeeper.deploy.status import stack_status
 from knobkeeper.timeutil import parse_time
-from tests.infra import git, make_infra_repo
+from tests.infra import FAST_ENGINE_ARGS, git, make_infra_repo
 from tests.procs import free_port
 
 PROGRAMS = ["knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router"]
 NASTY = "it's \"quoted\" $(touch {marker}) `touch {marker}` $HOME; rm -rf nothing &\nline two\ttab \\ end"
 FAST = {
-    "engine_args": {
-        "prefill": ["--time-scale", "0.05"],
-        "decode": ["--time-scale", "0.05"],
-        "router": ["--worker-startup-timeout-secs", "60", "--worker-startup-check-interval", "1",
-                   "--health-check-interval-secs", "2", "--shutdown-grace-period-secs", "2", "--log-level", "warn"],
-    },
+    "engine_args": FAST_ENGINE_ARGS,
     "stop_timeout": 10,
 }
 

@@ -26,7 +26,7 @@ from knobkeeper.deploy.stack import load_stack, running_stack
 from knobkeeper.deploy.status import stack_status
 from knobkeeper.errors import UserError
 from knobkeeper.timeutil import parse_time
-from tests.infra import git, kk, make_infra_repo
+from tests.infra import FAST_ENGINE_ARGS, git, kk, make_infra_repo
 from tests.procs import free_port
 from tests.slurm import slurm_cluster_fixture
 
@@ -37,12 +37,7 @@ ORDER = ["knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router"]
 # (22.05); the job carries each launch script line by line behind a `|` so the value survives.
 BLANK = "first line\n\nafter an empty line; it's $HOME `x` \\ end"
 FAST = {
-    "engine_args": {
-        "prefill": ["--time-scale", "0.05"],
-        "decode": ["--time-scale", "0.05"],
-        "router": ["--worker-startup-timeout-secs", "60", "--worker-startup-check-interval", "1",
-                   "--health-check-interval-secs", "2", "--shutdown-grace-period-secs", "2", "--log-level", "warn"],
-    },
+    "engine_args": FAST_ENGINE_ARGS,
     "stop_timeout": 10,
     "slurm_timeout": 10,
 }
