@@ -212,6 +212,26 @@ def check_links(run: _Run) -> None:
             ident = getattr(e, key)
             if ident and ident not in entry_ids:
                 run.add(rel, f"{key} = {ident!r} names an entry that does not exist", "restore the missing entry from git")
+        _check_backing(run, rel, e, [i for i in e.evidence if i in evidence_ids])
+
+
+def _check_backing(run: _Run, rel: str, e: Entry, idents: list[str]) -> None:
+    """Each evidence an entry names backs its change (Evidence.backs: that knob, on that role, with
+    the entry's new value as its candidate). An unreadable file is check_evidence's problem."""
+    from knobkeeper.evidence import store
+
+    for ident in idents:
+        try:
+            doc = store.load(run.project, ident)
+        except UserError:
+            continue
+        value = doc.candidate if e.new is None else e.new  # an unset is backed by what was tested
+        shown = (lambda v: run.catalog.get(e.knob).display(v)) if run.catalog is not None and e.knob in run.catalog \
+            else fmt.value
+        problem = doc.backs(e.knob, e.scope, value, show=shown)
+        if problem:
+            run.add(rel, f"its evidence does not back it: {problem}",
+                    "name the evidence of this change (a new entry with the right --evidence); entries are immutable")
 
 
 def _claimed_schema(path: Path, default: str) -> str:
@@ -232,6 +252,7 @@ def check_evidence(run: _Run) -> None:
     project = run.project
     files = store.paths(project)
     run.result.counts["evidence"] = len(files)
+    committed = _committed_claims(project) if files else {}
     fix = "regenerate it with `knobkeeper ab import` or restore it from git"
     for path in files:
         rel = run.rel(path)
@@ -253,6 +274,33 @@ def check_evidence(run: _Run) -> None:
         for text in store.verify(doc):
             run.add(rel, f"judgement does not follow from its runs: {text}",
                     "re-judge it from its runs (`knobkeeper ab import` again) or restore it from git")
+        for text in doc.disagreements(committed.get(rel)):
+            run.add(rel, f"disagrees with itself: {text}",
+                    f"restore it from git (`git log --follow -- {rel}` shows what it held) or measure again")
+
+
+_ADDED = re.compile(r"evidence: (?P<knob>[^=\s]+)=(?P<value>.*?) on (?P<role>\S+) \(")
+
+
+def _committed_claims(project: Project) -> dict[str, dict[str, str]]:
+    """What the commit that added each evidence file said it held, by the file's path: the store's
+    summary `evidence: KNOB=VALUE on ROLE (...)` gives knob, value and role (one `git log` for all).
+    Files added otherwise (by hand, by a merge) claim nothing here."""
+    from knobkeeper import gitio
+
+    folder = project.rel(project.evidence_dir)
+    done = gitio.run(project.root, "-c", "core.quotepath=off", "log", "--diff-filter=A", "--no-renames",
+                     "--format=%x00%H%x00%s", "--name-only", "--", folder)
+    claims: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        if line.startswith("\0"):
+            sha, _, subject = line[1:].partition("\0")
+            found = _ADDED.match(subject)
+            current = {**found.groupdict(), "commit": sha} if found else None
+        elif current is not None and line.endswith(".json") and line.rsplit("/", 1)[0] == folder:
+            claims.setdefault(line, current)   # newest first: keep the latest add of a path
+    return claims
 
 
 def check_incidents(run: _Run) -> None:
