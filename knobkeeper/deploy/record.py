@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper import fmt
+from knobkeeper.changelog.filecache import plain_file, refusal
 from knobkeeper.changelog.store import Message, atomic_write, commit_change
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, parse_time
@@ -195,13 +196,14 @@ def save(project: Project, record: DeployRecord, commit: bool) -> Path:
 
 
 def read_record(path: Path) -> DeployRecord:
-    return DeployRecord.from_json(json.loads(path.read_text()))
+    return DeployRecord.from_json(json.loads(plain_file(path).read_text()))
 
 
 def find_record(project: Project, deploy_id: str) -> DeployRecord | None:
     for folder in (project.deploys_dir, project.state_dir / "deploys"):
         for path in sorted(folder.glob(f"*-{deploy_id}.json")) if folder.is_dir() else []:
-            return read_record(path)
+            if not refusal(path, project.root):
+                return read_record(path)
     return None
 
 
@@ -213,8 +215,8 @@ def load_records(project: Project, problems: list[str] | None = None) -> list[De
         return []
     out = []
     for path in sorted(folder.glob("*.json")):
-        if path.name.startswith("."):
-            continue
+        if path.name.startswith(".") or refusal(path, project.root):
+            continue   # a link is no record (check and report name it: filecache.refused_files)
         try:
             out.append(read_record(path))
         except (OSError, ValueError, TypeError, KeyError) as exc:

@@ -19,6 +19,7 @@ from typing import Any
 
 from knobkeeper import fmt
 from knobkeeper.changelog.entries import Entry, parse_entry_file, replay
+from knobkeeper.changelog.filecache import refusal
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 from knobkeeper.review.body import drift
@@ -151,6 +152,16 @@ def check_secret_store(run: _Run) -> None:
                 f"`git rm --cached {path}`, keep {store}/ ignored, and rotate the secret (it is in git history)")
 
 
+def check_refused_files(run: _Run) -> None:
+    """No entry, incident, evidence or deploy record is a symbolic link or resolves outside the
+    repository: every reader leaves such a file out, and this is the one place that names it."""
+    from knobkeeper.changelog.filecache import LINK_FIX, refused_files
+
+    for path, why in refused_files(run.project):
+        run.entries_ok = run.entries_ok and path.parent != run.project.entries_dir and path != run.project.entries_dir
+        run.add(run.rel(path), why, LINK_FIX)
+
+
 def check_entries(run: _Run) -> None:
     """Every entry file parses, and knobs.toml holds what the entries replay to."""
     from knobkeeper.changelog.entries import in_history_order
@@ -159,7 +170,7 @@ def check_entries(run: _Run) -> None:
     project = run.project
     settle(project)  # a crashed change is rolled back before anything is judged
     paths = sorted(project.entries_dir.glob("*.toml")) if project.entries_dir.is_dir() else []
-    for path in paths:
+    for path in [p for p in paths if not refusal(p, project.root)]:   # links: check_refused_files
         try:
             run.entries.append(parse_entry_file(path))
         except UserError as exc:
@@ -308,7 +319,8 @@ def check_incidents(run: _Run) -> None:
     from knobkeeper.changelog.incidents import parse_incident_file
 
     project = run.project
-    paths = sorted(project.incidents_dir.glob("*.toml")) if project.incidents_dir.is_dir() else []
+    paths = sorted(p for p in project.incidents_dir.glob("*.toml") if not refusal(p, project.root)) \
+        if project.incidents_dir.is_dir() else []
     run.result.counts["incidents"] = len(paths)
     entry_ids = {e.id for e in run.entries}
     for path in paths:
@@ -469,7 +481,7 @@ def _role_of(render, host: str, service: str) -> str:
     return next(iter(render.service_files(host, service).values())).role
 
 
-CHECKS = (check_catalog, check_declared, check_secret_store, check_entries, check_links, check_evidence,
+CHECKS = (check_catalog, check_declared, check_secret_store, check_refused_files, check_entries, check_links, check_evidence,
           check_incidents, check_immutable_entries, check_render, check_engine_contract)
 
 
