@@ -162,6 +162,16 @@ def check_refused_files(run: _Run) -> None:
         run.add(run.rel(path), why, LINK_FIX)
 
 
+def check_abandoned_canary(run: _Run) -> None:
+    """No canary died with its candidate still on some of a role's services (deploy/canary_state)."""
+    from knobkeeper.deploy.canary_state import abandoned_line, marker_path
+
+    line = abandoned_line(run.project)
+    if line:
+        what, _, fix = line.partition("; ")
+        run.add(run.rel(marker_path(run.project)), what, fix)
+
+
 def check_entries(run: _Run) -> None:
     """Every entry file parses, and knobs.toml holds what the entries replay to."""
     from knobkeeper.changelog.entries import in_history_order
@@ -481,7 +491,7 @@ def _role_of(render, host: str, service: str) -> str:
     return next(iter(render.service_files(host, service).values())).role
 
 
-CHECKS = (check_catalog, check_declared, check_secret_store, check_refused_files, check_entries, check_links, check_evidence,
+CHECKS = (check_catalog, check_declared, check_secret_store, check_refused_files, check_abandoned_canary, check_entries, check_links, check_evidence,
           check_incidents, check_immutable_entries, check_render, check_engine_contract)
 
 
