@@ -280,7 +280,10 @@ def recover_interrupted(project: Project, locked: bool = False) -> list[DeployRe
             if find_record(project, record.id) is None:
                 record.result, record.error = "interrupted", interrupted_error(record)
                 record.finished_at = record.finished_at or iso(utcnow())
-                save(project, record, commit=bool(data.get("commit", True)))
+                try:
+                    save(project, record, commit=bool(data.get("commit", True)))
+                except UserError:
+                    continue   # cannot commit here (a detached HEAD, a merge): kept for a later command
                 saved.append(record)
             path.unlink(missing_ok=True)
     finally:
