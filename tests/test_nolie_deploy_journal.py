@@ -96,3 +96,34 @@ def test_a_sigkilled_deploy_leaves_a_record_the_next_command_completes():
     assert [r.role for r in record.services if r.restart_issued_at] == ["prefill"]
     assert not journal.exists()
     assert git(project.root, "log", "-1", "--format=%(trailers:key=Deploy,valueonly)").strip() == "5151ab1e"
+
+
+def test_a_deploy_dies_with_its_sigkilled_caller(tmp_path):
+    """Finding 4's second half: the pyinfra run is in its own session, yet it must not outlive a
+    canary (or any caller) killed outright: it gets SIGTERM when its parent dies."""
+    project = make_infra_repo(Path(tempfile.mkdtemp(prefix="kk-")))
+    pid_file = tmp_path / "pyinfra.pid"
+    (project.root / "deploy.py").write_text(   # stands for a long candidate deploy
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)\n")
+    caller = subprocess.Popen([sys.executable, "-c",
+                               "import sys; from pathlib import Path; from knobkeeper.deploy.api import run_deploy; "
+                               "from knobkeeper.project import Project; "
+                               "run_deploy(Project(Path(sys.argv[1])), 'inventory/local.py', allow_dirty=True, timeout=600)",
+                               str(project.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pyinfra_pid = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline and caller.poll() is None:
+            time.sleep(0.1)
+        pyinfra_pid = int(pid_file.read_text())
+        os.kill(caller.pid, signal.SIGKILL)
+        caller.wait(30)
+        deadline = time.monotonic() + 30
+        while _alive(pyinfra_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pyinfra_pid), "the deploy outlived its killed caller"
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+        if pyinfra_pid and _alive(pyinfra_pid):
+            os.kill(pyinfra_pid, signal.SIGKILL)
