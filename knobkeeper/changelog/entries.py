@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import tomlkit
 
-from knobkeeper.changelog.filecache import find_one, load_folder
+from knobkeeper.changelog.filecache import find_one, load_folder, plain_file
 from knobkeeper.changelog.order import commit_order
 from knobkeeper.changelog.store import settle
 from knobkeeper.errors import UserError
@@ -129,7 +129,7 @@ def _from_dict(path: Path, data: dict[str, Any]) -> Entry:
 
 
 def parse_entry_file(path: Path) -> Entry:
-    return _from_dict(path, read_toml(path))
+    return _from_dict(path, read_toml(plain_file(path)))
 
 
 def load_entries(project: Project) -> list[Entry]:

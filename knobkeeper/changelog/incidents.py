@@ -45,7 +45,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from knobkeeper.changelog.filecache import load_folder
+from knobkeeper.changelog.filecache import load_folder, plain_file
 from knobkeeper.changelog.store import settle
 from knobkeeper.fmt import short
 from knobkeeper.errors import UserError
@@ -185,7 +185,7 @@ def _from_dict(path: Path, data: dict[str, Any]) -> Incident:
 
 
 def parse_incident_file(path: Path) -> Incident:
-    return _from_dict(path, read_toml(path))
+    return _from_dict(path, read_toml(plain_file(path)))
 
 
 def _from_json(data: dict[str, Any]) -> Incident:

@@ -77,9 +77,24 @@ def _one_id(project: Project, folder: Path, suffix: str, ident: str, option: str
     return matches[0].stem.rsplit("-", 1)[-1]
 
 
-def _check_evidence(project: Project, ids: list[str]) -> list[str]:
-    """Evidence ids must name files in changelog/evidence/; returns the full ids."""
-    return [_one_id(project, project.evidence_dir, ".json", i, "--evidence", "evidence", "knobkeeper ab show") for i in ids]
+def _check_evidence(project: Project, ids: list[str], knob: Knob, role: str, value: Value | None) -> list[str]:
+    """Evidence ids must name files in changelog/evidence/ whose evidence backs this change (the
+    same knob, on the same role, with `value` as its candidate: Evidence.backs); returns the full ids."""
+    full = [_one_id(project, project.evidence_dir, ".json", i, "--evidence", "evidence", "knobkeeper ab show") for i in ids]
+    for ident in full:
+        problem = _load_evidence(project, ident).backs(knob.name, role, value, show=knob.display)
+        if problem:
+            raise UserError(f"--evidence {ident}: {problem}; give the evidence of this change")
+    return full
+
+
+def _load_evidence(project: Project, ident: str):
+    """The evidence `ident` through THE evidence reader (knobkeeper.evidence.store). Imported here,
+    not at the top: the store commits through changelog.store, and the binding of evidence to its
+    change is the typed model's (Evidence.backs), which this layer only asks."""
+    from knobkeeper.evidence import store
+
+    return store.load(project, ident)
 
 
 def _check_incident(project: Project, ident: str) -> str:
@@ -186,9 +201,9 @@ def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str
         knob = catalog.for_role(name, role)
         value = knob.parse(raw_value)
         reason = _reason(reason, f"set {name}")
-        evidence_ids = _check_evidence(project, evidence or [])
-        engine_warnings = settable(project.inventory_dir, knob, role, allow_undeclared)
         stored: Value = fingerprint(value) if knob.secret else value
+        evidence_ids = _check_evidence(project, evidence or [], knob, role, stored)
+        engine_warnings = settable(project.inventory_dir, knob, role, allow_undeclared)
         old = value_of(declared, role, name)
         if old == stored and type(old) is type(stored):
             if knob.secret and secret_value(project, role, name, str(stored)) is None:
@@ -336,8 +351,9 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
         if verdict is not None:
             refutes = refutes or verdict.refutes
         _require_secret_value(project, knob, role, original.new, "restore")
-        extra = _check_evidence(project, evidence or [])
-        carried = list(dict.fromkeys([*original.evidence, *extra]))
+        extra = _check_evidence(project, evidence or [], knob, role, original.new)
+        carried, dropped = _still_backing(project, original.evidence, knob, role, original.new)
+        carried = list(dict.fromkeys([*carried, *extra]))
         why = reason.strip() if reason and reason.strip() else f"restore {original.id}: revert {revert.id} did not hold"
         if verdict is not None and verdict.reason:
             why = f"{reason.strip()}; {verdict.reason}" if reason and reason.strip() else verdict.reason
@@ -347,9 +363,29 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
                            refutes=revert.id if refutes else None)
         text = with_value(load_document(project.knobs_path), role, name, original.new)
         change = _write(project, catalog, [entry], text, options)
+        change.warnings += dropped
         if verdict is not None:
             change.warnings += verdict.warnings
         return change
+
+
+def _still_backing(project: Project, ids: list[str], knob: Knob, role: str,
+                   value: Value | None) -> tuple[list[str], list[str]]:
+    """(the ids of `ids` whose evidence backs restoring `value`, a warning per one left behind).
+    The original entry's evidence is carried over only where it backs the value restored: an entry
+    written before set checked the binding may name another knob's A/B, and a restore must not
+    carry that claim forward; refusing instead would leave such a knob unrestorable."""
+    kept, warnings = [], []
+    for ident in ids:
+        try:
+            problem = _load_evidence(project, ident).backs(knob.name, role, value, show=knob.display)
+        except UserError as exc:
+            problem = str(exc)
+        if problem:
+            warnings.append(f"not carried over from the restored entry: {problem}")
+        else:
+            kept.append(ident)
+    return kept, warnings
 
 
 def unexplained_edits(project: Project) -> list[tuple[str, str, Value | None, Value | None]]:

@@ -313,7 +313,10 @@ def commit_change(
     old = {rel: _read_old(path) for path, rel in zip(files, rels)}
     old_private = {project.rel(path): _read_old(path) for path in private_files}
     journal = _journal_path(project)
-    atomic_write(journal, json.dumps({"head": gitio.head_sha(project.root), "files": old, "private": old_private}))
+    try:
+        atomic_write(journal, json.dumps({"head": gitio.head_sha(project.root), "files": old, "private": old_private}))
+    except OSError as exc:   # disk full, a file size limit: nothing was written yet
+        raise UserError(f"{journal}: cannot write ({exc.strerror or exc}); nothing was changed") from None
     fds = _lock_fds(project)
     try:
         for path, content in private_files.items():
@@ -328,11 +331,18 @@ def commit_change(
         _fault("before-commit")
         gitio.commit_paths(project.root, rels, message.text(), pass_fds=fds)
         sha = gitio.head_sha(project.root)
-    except BaseException:
+    except BaseException as exc:
         try:
             _roll_back(project, old, old_private)
-        finally:
-            journal.unlink(missing_ok=True)
+        except OSError as again:   # the disk is still full: the journal stays, the next command finishes it
+            raise UserError(f"{project.root}: cannot write ({getattr(exc, 'strerror', None) or exc}) nor put the "
+                            f"files back ({again.strerror or again}); free space, then any knobkeeper command "
+                            f"rolls the change back from {journal}") from None
+        journal.unlink(missing_ok=True)
+        if isinstance(exc, OSError):   # disk full, a file size limit: one line, and the tree is as it was
+            where = getattr(exc, "filename", None) or project.root
+            raise UserError(f"{where}: cannot write ({exc.strerror or exc}); nothing was changed "
+                            f"(the files and the history are as they were)") from None
         raise
     journal.unlink(missing_ok=True)
     return sha

@@ -25,7 +25,7 @@ def _seconds(text: str, option: str) -> float:
 
 @click.command("canary")
 @click.argument("spec", metavar="KNOB=VALUE", required=False)
-@click.option("--role", required=True, help="The role whose hosts are split into canary and baseline, e.g. decode.")
+@click.option("--role", default=None, help="(required but with --abort) The role whose hosts are split into canary and baseline, e.g. decode.")
 @click.option("--inventory", default=DEFAULT_INVENTORY, show_default=True, help="The inventory to deploy.")
 @click.option("--hosts", "hosts", type=int, default=None, help="How many of the role's workers get the candidate (default 1).")
 @click.option("--host", "host_names", multiple=True, metavar="HOST", help="A canary host by name (repeatable).")
@@ -47,6 +47,9 @@ def _seconds(text: str, option: str) -> float:
               help="How often the scrape path samples.")
 @click.option("--promote", is_flag=True, help="On 'better': `set` the value with the evidence and deploy the whole role.")
 @click.option("--reason", default=None, help="The reason of the entry --promote writes.")
+@click.option("--abort", "abort", is_flag=True,
+              help="Put back what a canary that died left on its candidate (a deploy of those services to the "
+                   "declared state), and clear its marker.")
 @click.option("--print-scrape-config", is_flag=True,
               help="Print the prometheus.yml that scrapes this inventory's workers and router, and exit.")
 @repo_option
@@ -54,7 +57,7 @@ def _seconds(text: str, option: str) -> float:
 @example("knobkeeper canary SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --hosts 1 --duration 10m "
          "--interval 30s --promote")
 def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, calibrate, restart_noise, alpha, source,
-               scrape, scrape_interval, promote, reason, print_scrape_config, repo, as_json):
+               scrape, scrape_interval, promote, reason, abort, print_scrape_config, repo, as_json):
     """Put KNOB=VALUE on some of a role's hosts, compare them with the rest over the same windows.
 
     The router spreads live traffic. Per window the canary hosts' throughput (tokens/s at the
@@ -70,6 +73,14 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
     from knobkeeper.evidence import canary as C
 
     project = find_project(repo)
+    if abort:
+        data, result = C.abort(project)
+        done = f"canary {data['knob']}={C._raw(data['value'])} on {', '.join(data.get('services') or [])}: put back " \
+               f"to the declared state (deploy {result.deploy_id})"
+        emit_json({"aborted": data, "deploy": result.deploy_id}) if as_json else click.echo(done)
+        return
+    if role is None:
+        raise UserError("--role: missing (the role whose hosts are split, e.g. --role decode)")
     if print_scrape_config:
         from knobkeeper.deploy.stack import load_stack
         from knobkeeper.evidence.metrics import scrape_config

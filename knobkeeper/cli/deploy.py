@@ -87,7 +87,9 @@ def status_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json:
     from knobkeeper.deploy.status import stack_status, status_table
     from knobkeeper.project import find_project
 
-    rows = stack_status(find_project(repo), inventory, _data(data))
+    project = find_project(repo)
+    rows = stack_status(project, inventory, _data(data))
+    _say_abandoned_canary(project)
     if as_json:
         emit_json([r.to_json() for r in rows])
         return
@@ -106,11 +108,22 @@ def plan_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json: b
     from knobkeeper.deploy.plan import plan_text, restart_plan
     from knobkeeper.project import find_project
 
-    plan = restart_plan(find_project(repo), inventory, _data(data))
+    project = find_project(repo)
+    plan = restart_plan(project, inventory, _data(data))
+    _say_abandoned_canary(project)
     if as_json:
         emit_json(plan)
     else:
         click.echo(plan_text(plan))
+
+
+def _say_abandoned_canary(project) -> None:
+    """`warning: canary X=V on S abandoned at T; put back with ...` on stderr (deploy/canary_state)."""
+    from knobkeeper.deploy.canary_state import abandoned_line
+
+    line = abandoned_line(project)
+    if line:
+        click.echo(f"warning: {line}", err=True)
 
 
 def _data(items: tuple[str, ...]) -> dict:

@@ -151,7 +151,7 @@ def run_deploy(
     started = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=project.root, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=_parent_death_hook(),
     )
     chunks: list[str] = []
     reader = threading.Thread(target=_read, args=(proc, chunks, echo), daemon=True)
@@ -170,6 +170,28 @@ def run_deploy(
         returncode=proc.returncode if proc.returncode is not None else -9, output="".join(chunks),
         record=find_record(project, deploy_id), deploy_id=deploy_id, seconds=time.monotonic() - started,
     )
+
+
+def _parent_death_hook():
+    """A preexec_fn that makes the pyinfra child get SIGTERM when its parent dies (Linux
+    PR_SET_PDEATHSIG), or None where there is no prctl. The run is in its own session, so a
+    SIGKILLed caller (a canary, `ab run`) would otherwise leave it deploying its candidate for
+    minutes; killed, its record journal says how far it got. libc is looked up here, in the parent:
+    the child between fork and exec may only call what is already resolved (no imports)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:          # the parent died before prctl took effect
+            os._exit(1)
+
+    return hook
 
 
 def _read(proc: subprocess.Popen, chunks: list[str], echo: bool) -> None:

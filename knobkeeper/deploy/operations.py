@@ -75,7 +75,8 @@ from knobkeeper.deploy.health import GateOutcome, Settling, require_up, settled,
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.plan import decide, role_batches
-from knobkeeper.deploy.record import DeployRecord, Gate, Rollback, ServiceRow, save
+from knobkeeper.deploy.record import (DeployRecord, Gate, Rollback, ServiceRow, deploy_lock, drop_journal, journal_path,
+                                      recover_interrupted, save, write_journal)
 from knobkeeper.deploy.observe import parse_service_state, state_command
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
 from knobkeeper.deploy.stack import stack_from_inventory
@@ -155,8 +156,9 @@ class Run:
         if self.options.only and self.options.restart != "none" and not slurm:
             # Seconds, not a role's full gate: a partial deploy stands on roles it does not restart.
             require_up(self.stack, self.scope, self.inventory_path)
-        lock = self.project.state_dir / "deploy.lock"
+        lock = deploy_lock(self.project)
         self.lock = lock_file(lock, wait=False, busy=f"another deploy of this repo is running (lock {lock})")
+        recover_interrupted(self.project, locked=True)   # a killed run's record first, in its place in history
         self.source = source_of(self.project.root)
         self.rendered = render_stack(self.project, self.stack, knob_overrides=self.options.knob_overrides,
                                      source=self.source, check_secrets=True)
@@ -235,6 +237,11 @@ class Run:
 
     def mark_issued(self, svc: Service) -> None:
         self.row(svc).restart_issued_at = iso(utcnow())
+        self.journal()   # before the restart: a kill from here on leaves a record to complete
+
+    def journal(self) -> None:
+        if self.state.current_stage >= StateStage.Execute:
+            write_journal(self.project, self.record, self.options.record)
 
     # gates ----------------------------------------------------------------------------------------
 
@@ -284,6 +291,7 @@ class Run:
         row.pid = outcome.pid
         if row.acted:
             row.healthy_at = healthy_at or row.gate.checked_at
+            self.journal()
 
     def settle_pending(self) -> None:
         """Wait out every pending settle, all at once (each on its own host), and record each gate;
@@ -316,6 +324,7 @@ class Run:
             rollback.status = "nothing to roll back to (no previous started.sh)"
             return f"no rollback of {svc.key}: it had no previous launch script"
         rollback.restart_issued_at = iso(utcnow())
+        self.journal()
         ok, output = (host or current_host).run_shell_command(
             StringCommand(f"{restore_shell(svc)} && {restart_shell(plan, svc)}"))
         if not ok:
@@ -358,9 +367,11 @@ class Run:
         self.record.error = self.error
         try:
             self.saved = save(self.project, self.record, commit=self.options.record)
+            drop_journal(self.project, self.record.id)
         except Exception as exc:  # the run's outcome stands; say why the record is missing
             self.saved = Path("/dev/null")
-            print(f"knobkeeper: could not save deploy record {self.record.id}: {exc}", file=sys.stderr)
+            print(f"knobkeeper: could not save deploy record {self.record.id}: {exc}; its journal "
+                  f"{journal_path(self.project, self.record.id)} is completed by the next command", file=sys.stderr)
             return
         finally:
             unlock_file(self.lock)

@@ -23,21 +23,33 @@ job serves and which it replaced.
 
 record=false keeps the record out of git: it is written under .knobkeeper-state/deploys/ instead,
 so a caller (the A/B harness) still gets its timings.
+
+A record survives a kill: the run writes it, as far as it got, to a journal
+(.git/knobkeeper/deploys-running/<id>.json) before each restart it issues and after each gate, and
+drops the journal once the record is saved. A deploy process that dies (SIGKILL, a reboot) leaves
+its journal; the next deploy, and every reader of the records, completes it first
+(`recover_interrupted`): result "interrupted", error "interrupted after restarting prefill at T",
+saved where the run would have saved it. It runs only while no deploy holds the deploy lock, so a
+live run's journal is never taken for a dead one's.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from knobkeeper import fmt
+from knobkeeper.changelog.filecache import plain_file, refusal
 from knobkeeper.changelog.store import Message, atomic_write, commit_change
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, parse_time
 
 ACTIONS = ("restarted", "started", "unchanged")
+RESULTS = ("running", "ok", "failed", "interrupted")
+JOURNAL = "deploys-running"
 GATES = ("passed", "failed", "skipped", "not-run")
 
 
@@ -249,26 +261,102 @@ def save(project: Project, record: DeployRecord, commit: bool) -> Path:
 
 
 def read_record(path: Path) -> DeployRecord:
-    return DeployRecord.from_json(json.loads(path.read_text()))
+    return DeployRecord.from_json(json.loads(plain_file(path).read_text()))
 
 
 def find_record(project: Project, deploy_id: str) -> DeployRecord | None:
     for folder in (project.deploys_dir, project.state_dir / "deploys"):
         for path in sorted(folder.glob(f"*-{deploy_id}.json")) if folder.is_dir() else []:
-            return read_record(path)
+            if not refusal(path, project.root):
+                return read_record(path)
     return None
 
 
+def deploy_lock(project: Project) -> Path:
+    """The lock every deploy run holds from its start to its record (deploy/operations.py)."""
+    return project.state_dir / "deploy.lock"
+
+
+def journal_path(project: Project, deploy_id: str) -> Path:
+    return project.private_dir / JOURNAL / f"{deploy_id}.json"
+
+
+def write_journal(project: Project, record: DeployRecord, commit: bool) -> None:
+    """The run's record as far as it got, where the next command finds it if this process dies."""
+    atomic_write(journal_path(project, record.id),
+                 json.dumps({"commit": commit, "pid": os.getpid(), "record": record.to_json()}))
+
+
+def drop_journal(project: Project, deploy_id: str) -> None:
+    journal_path(project, deploy_id).unlink(missing_ok=True)
+
+
+def interrupted_error(record: DeployRecord) -> str:
+    """`interrupted after restarting prefill at T` (the roles whose restart was issued, the last time),
+    or `interrupted before restarting anything`."""
+    issued = [r for r in record.services if r.restart_issued_at]
+    if not issued:
+        return "interrupted before restarting anything (the deploy process died)"
+    last = max(r.restart_issued_at for r in issued if r.restart_issued_at)
+    roles = list(dict.fromkeys(r.role for r in sorted(issued, key=lambda r: r.restart_issued_at or "")))
+    unhealthy = [r.key for r in issued if not r.healthy_at]
+    tail = f"; not seen healthy since: {', '.join(unhealthy)}" if unhealthy else ""
+    return (f"interrupted after restarting {', '.join(roles)} at {last} (the deploy process died{tail}; "
+            f"see `knobkeeper status`)")
+
+
+def recover_interrupted(project: Project, locked: bool = False) -> list[DeployRecord]:
+    """Complete and save the record of every deploy whose process died (see the module doc); the
+    records it saved. `locked`: the caller holds the deploy lock; otherwise it is tried without
+    waiting, and nothing is done while a deploy is running."""
+    from knobkeeper.changelog.store import lock_file, unlock_file
+    from knobkeeper.errors import UserError
+    from knobkeeper.timeutil import iso, utcnow
+
+    folder = project.private_dir / JOURNAL
+    if not folder.is_dir() or not any(folder.glob("*.json")):
+        return []
+    handle = None
+    if not locked:
+        try:
+            handle = lock_file(deploy_lock(project), wait=False)
+        except UserError:
+            return []   # a deploy is running: its journal is alive
+    saved = []
+    try:
+        for path in sorted(folder.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+                record = DeployRecord.from_json(data["record"])
+            except (OSError, ValueError, KeyError, TypeError):
+                path.unlink(missing_ok=True)   # torn while written: the run had not restarted anything yet
+                continue
+            if find_record(project, record.id) is None:
+                record.result, record.error = "interrupted", interrupted_error(record)
+                record.finished_at = record.finished_at or iso(utcnow())
+                try:
+                    save(project, record, commit=bool(data.get("commit", True)))
+                except UserError:
+                    continue   # cannot commit here (a detached HEAD, a merge): kept for a later command
+                saved.append(record)
+            path.unlink(missing_ok=True)
+    finally:
+        if handle is not None:
+            unlock_file(handle)
+    return saved
+
+
 def load_records(project: Project, problems: list[str] | None = None) -> list[DeployRecord]:
-    """Committed records, oldest first, as typed rows. A file that does not read as a record is
-    left out and named in `problems` (when given)."""
+    """Committed records, oldest first, as typed rows (a dead deploy's completed first). A file that
+    does not read as a record is left out and named in `problems` (when given)."""
+    recover_interrupted(project)
     folder = project.deploys_dir
     if not folder.is_dir():
         return []
     out = []
     for path in sorted(folder.glob("*.json")):
-        if path.name.startswith("."):
-            continue
+        if path.name.startswith(".") or refusal(path, project.root):
+            continue   # a link is no record (check and report name it: filecache.refused_files)
         try:
             out.append(read_record(path))
         except (OSError, ValueError, TypeError, KeyError) as exc:

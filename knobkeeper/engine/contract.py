@@ -30,8 +30,10 @@ def exported(stack: Any, svc: Any) -> dict[str, str]:
                                                              (data.get("environment") or {}).items()}}
 
 
-def parse_stack(stack: Any, label: str, wheelhouse: Path | None = None) -> tuple[list[Parsed], list[str]]:
-    """Every service with a parser through its pinned version's parser; (parsed, skipped lines)."""
+def parse_stack(stack: Any, label: str, wheelhouse: Path | None = None,
+                notes: list[str] | None = None) -> tuple[list[Parsed], list[str]]:
+    """Every service with a parser through its pinned version's parser; (parsed, skipped lines).
+    `notes`: one line per repair of a side environment (sideenv.parse_launch_args)."""
     from knobkeeper.engine.sideenv import parse_launch_args
 
     by_version: dict[tuple[str, str], list[Any]] = {}
@@ -50,7 +52,7 @@ def parse_stack(stack: Any, label: str, wheelhouse: Path | None = None) -> tuple
         fam = services[0].family
         try:
             results = parse_launch_args(engine, version, [fam.parser_argv(stack.command(s)) for s in services],
-                                        wheelhouse=wheelhouse)
+                                        wheelhouse=wheelhouse, notes=notes)
         except UserError as exc:
             skipped.append(f"skipped: {label}: {engine} {version}'s parser: {exc}")
             continue
@@ -95,6 +97,7 @@ def pairing(label: str, stack: Any, parsed: list[Parsed]) -> tuple[list[str], li
 
 def contract_problems(stack: Any, label: str, wheelhouse: Path | None = None) -> tuple[list[str], list[str], list[str]]:
     """(problems, skipped, warnings): flags and pairing in one parse (what `check` wants)."""
-    parsed, skipped = parse_stack(stack, label, wheelhouse)
+    notes: list[str] = []
+    parsed, skipped = parse_stack(stack, label, wheelhouse, notes)
     problems, warnings = pairing(label, stack, parsed)
-    return flag_problems(label, stack, parsed) + problems, skipped, warnings
+    return flag_problems(label, stack, parsed) + problems, skipped, notes + warnings

@@ -16,6 +16,12 @@ torch). Warm: the parser's verdicts are cached per argv beside the side environm
 
 Offline: `wheel=` (a local engine wheel) and `wheelhouse=` (a folder of wheels for everything,
 pip --no-index --find-links) work without a network.
+
+It repairs itself: a verdict cache that is not {argv: verdict} (a `[]`, integers, a hand edit) is
+ignored with one note and rewritten; a "ready" environment whose parser does not import (a module
+deleted, a half-copied folder) is rebuilt once, and if it still does not import the error names
+the folder to delete; the `site-XXXX` folder a killed build left (up to a few hundred MB) is removed
+the next time the environment is used (under the build lock, where no build can be running).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from knobkeeper.errors import UserError
 
 TORCH = "torch==2.13.0"
 READY = "ready.json"
+BROKEN = "broken.txt"   # a rebuild did not make the parser import: reported, never rebuilt again
 
 
 def side_env_dir(engine: str, version: str) -> Path:
@@ -76,11 +83,13 @@ def ensure_side_env(engine: str, version: str, wheel: Path | None = None, wheelh
         raise UserError(f"engine {engine}: knobkeeper runs no flag parser for it")
     home = side_env_dir(engine, version)
     site = home / "site"
-    if _ready(home, spec.deps):
+    if _ready(home, spec.deps) and not _stale_builds(home):
         return site
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait, then use its build
+        for stale in _stale_builds(home):  # under the lock no build runs: these are a killed one's
+            shutil.rmtree(stale, ignore_errors=True)
         if _ready(home, spec.deps):
             return site
         if wheel is not None:
@@ -103,9 +112,20 @@ def ensure_side_env(engine: str, version: str, wheel: Path | None = None, wheelh
             raise UserError(f"side environment for {engine} {version}: pip install failed: {_pip_failure(done)}")
         shutil.rmtree(site, ignore_errors=True)
         os.replace(build, site)
+        (home / BROKEN).unlink(missing_ok=True)
         (home / READY).write_text(json.dumps({"engine": engine, "version": version, "wheel": Path(wheel).name,
                                               "deps": list(spec.deps), "packages": wanted[1:]}) + "\n")
     return site
+
+
+def _stale_builds(home: Path) -> list[Path]:
+    """The temporary build folders (`site-XXXX`) in `home`: a build in progress, or a killed one's."""
+    return sorted(p for p in home.glob("site-*") if p.is_dir()) if home.is_dir() else []
+
+
+def _unready(home: Path) -> None:
+    """Mark the environment for a rebuild (the next ensure_side_env builds it again)."""
+    (home / READY).unlink(missing_ok=True)
 
 
 def _ready(home: Path, deps: tuple[str, ...]) -> bool:
@@ -126,34 +146,69 @@ def _child_env(site: Path, tmp: str) -> dict[str, str]:
     return env
 
 
+def _read_verdicts(path: Path, notes: list[str] | None) -> dict[str, dict]:
+    """The verdict cache {argv JSON: {"ok": bool, ...}}; anything else in the file is ignored (with
+    one note) and rewritten by the next parse."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and all(isinstance(v, dict) and isinstance(v.get("ok"), bool) for v in data.values()):
+        return data
+    if notes is not None:
+        notes.append(f"{path}: not a verdict cache (expected {{argv: verdict}}); ignored, rebuilt from the parser")
+    return {}
+
+
+def _run_parser(engine: str, version: str, site: Path, missing: list[list[str]]) -> tuple[list[dict] | None, str]:
+    """The parser's verdicts for `missing`, or (None, its last line of error) when it did not run."""
+    spec = family(engine).parser
+    with tempfile.TemporaryDirectory(prefix="knobkeeper-parse-") as tmp:
+        src, dst = Path(tmp) / "argv.json", Path(tmp) / "out.json"
+        src.write_text(json.dumps(missing))
+        done = subprocess.run([sys.executable, "-c", spec.child, str(src), str(dst)], capture_output=True,
+                              text=True, env=_child_env(site, tmp), cwd=tmp, timeout=300)
+        if done.returncode != 0 or not dst.exists():
+            return None, (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return json.loads(dst.read_text()), ""
+
+
 def parse_launch_args(engine: str, version: str, argvs: list[list[str]], wheel: Path | None = None,
-                      wheelhouse: Path | None = None) -> list[dict]:
+                      wheelhouse: Path | None = None, notes: list[str] | None = None) -> list[dict]:
     """Each argv (what the family's parser_argv took from a rendered command) through the pinned
     version's own parser: {"ok": True, "args": {...}} or {"ok": False, "message": argparse's message}.
 
     Verdicts are cached per (version, argv) beside the side environment: the parser is a pure function
-    of its arguments, and a warm `check` should not pay torch's import (2-15 s) again.
+    of its arguments, and a warm `check` should not pay torch's import (2-15 s) again. A parser that
+    does not import in a "ready" environment has it rebuilt once; `notes` gets one line per repair.
     """
-    spec = family(engine).parser
     site = ensure_side_env(engine, version, wheel, wheelhouse)
+    broken = site.parent / BROKEN
+    if broken.exists():  # rebuilt once already and it still did not import: say so, do not rebuild again
+        raise UserError(broken.read_text().strip())
     verdicts_path = site.parent / "verdicts.json"
-    try:
-        verdicts = json.loads(verdicts_path.read_text())
-    except (OSError, ValueError):
-        verdicts = {}
+    verdicts = _read_verdicts(verdicts_path, notes)
     keys = [json.dumps(argv) for argv in argvs]
     missing = [json.loads(k) for k in dict.fromkeys(keys) if k not in verdicts]
     if missing:
-        with tempfile.TemporaryDirectory(prefix="knobkeeper-parse-") as tmp:
-            src, dst = Path(tmp) / "argv.json", Path(tmp) / "out.json"
-            src.write_text(json.dumps(missing))
-            done = subprocess.run([sys.executable, "-c", spec.child, str(src), str(dst)], capture_output=True,
-                                  text=True, env=_child_env(site, tmp), cwd=tmp, timeout=300)
-            if done.returncode != 0 or not dst.exists():
-                last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-                raise UserError(f"{engine} {version}'s parser did not run in {site}: {last}")
-            for argv, result in zip(missing, json.loads(dst.read_text())):
-                verdicts[json.dumps(argv)] = result
+        results, error = _run_parser(engine, version, site, missing)
+        if results is None and ("ImportError" in error or "ModuleNotFoundError" in error):
+            if notes is not None:
+                notes.append(f"{site}: {engine} {version}'s parser did not import ({error}); rebuilt the side environment")
+            _unready(site.parent)
+            site = ensure_side_env(engine, version, wheel, wheelhouse)
+            results, error = _run_parser(engine, version, site, missing)
+            if results is None:
+                message = (f"{engine} {version}'s parser does not import in {site} even after a rebuild: {error}; "
+                           f"delete {site.parent} and run the command again")
+                broken.write_text(message + "\n")
+                raise UserError(message)
+        if results is None:
+            raise UserError(f"{engine} {version}'s parser did not run in {site}: {error}")
+        for argv, result in zip(missing, results):
+            verdicts[json.dumps(argv)] = result
         tmp_path = verdicts_path.with_suffix(f".{os.getpid()}.tmp")
         tmp_path.write_text(json.dumps(verdicts))
         os.replace(tmp_path, verdicts_path)

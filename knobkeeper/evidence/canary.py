@@ -69,16 +69,20 @@ fails the canary whatever its throughput. One error among thousands is not a fin
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from statistics import median
 from typing import Any, Callable
 
+from knobkeeper.changelog.store import unlock_file
+from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
                                           SCRAPE_INTERVAL_S)
 from knobkeeper.evidence.metrics import Target, WindowStats, queries
+from knobkeeper.timeutil import iso, utcnow
 from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
 
 METRIC = "output_tokens_per_s"
@@ -664,6 +668,9 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
     from knobkeeper.evidence.store import parse_knob_spec
     from knobkeeper.knobs.state import read_declared, value_of
 
+    line = canary_state.abandoned_line(project)   # an earlier canary's candidate may still be on
+    if line:
+        raise UserError(line)
     options = options or Options()
     options.check()
     knob, value = parse_knob_spec(project, spec, role, "KNOB=VALUE")
@@ -676,7 +683,73 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
     source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
               else ScrapeSource(plan.targets, options.scrape_interval))
     setup = Setup.build(project, inventory=inventory, **evidence_setup(stack, role))
-    return run(project, plan, source, deploy_switch(project, inventory, plan), options, setup)
+    handle = canary_state.hold(project)   # for the whole run: its death is what makes a marker abandoned
+    try:
+        return run(project, plan, source, marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan)),
+                   _heartbeat(project, options), setup)
+    finally:
+        unlock_file(handle)
+
+
+def marked_switch(project, inventory: str, plan: Plan, switch: Switch) -> Switch:
+    """`switch` with the canary's marker (knobkeeper.deploy.canary_state): written before the
+    candidate deploy starts (a kill during that deploy leaves it too), removed once the canary hosts
+    are put back or the value is promoted; a put-back that fails leaves it, naming what is still on."""
+    def apply(targets, knobs):
+        now = iso(utcnow())
+        canary_state.write_marker(project, {
+            "knob": plan.knob, "value": plan.value, "role": plan.role, "inventory": inventory,
+            "services": [t.key for t in targets], "hosts": sorted({t.host for t in targets}),
+            "applied_at": now, "seen_at": now, "pid": os.getpid()})
+        switch.apply(targets, knobs)
+
+    def settled(step: Callable[[], None]) -> Callable[[], None]:
+        def done() -> None:
+            step()
+            canary_state.clear_marker(project)
+        return done
+
+    return Switch(apply=apply, restore=settled(switch.restore),
+                  promote_rest=settled(switch.promote_rest) if switch.promote_rest is not None else None)
+
+
+def _heartbeat(project, options: Options) -> Options:
+    """`options` whose on_window also stamps the marker's `seen_at` (when an abandoned canary was last alive)."""
+    inner = options.on_window
+
+    def on_window(k: int, n: int) -> None:
+        data = canary_state.read_marker(project)
+        if data is not None:
+            canary_state.write_marker(project, {**data, "seen_at": iso(utcnow())})
+        if inner is not None:
+            inner(k, n)
+
+    options.on_window = on_window
+    return options
+
+
+def abort(project) -> tuple[dict, Any]:
+    """`knobkeeper canary --abort`: deploy the services an abandoned canary left on its candidate back
+    to the declared state (recorded as a deploy, canary phase "abort") and remove its marker;
+    (the marker, the deploy result)."""
+    from knobkeeper.deploy.api import run_deploy
+
+    data = canary_state.abandoned(project)
+    if data is None:
+        running = canary_state.read_marker(project)
+        if running is not None:
+            raise UserError(f"--abort: canary {running.get('knob')}={running.get('value')} is still running "
+                            f"(pid {running.get('pid')}); stop it (Ctrl-C puts it back)")
+        raise UserError("--abort: no abandoned canary in this repo (nothing to put back)")
+    tag = {k: data.get(k) for k in ("knob", "value", "hosts", "services")}
+    result = run_deploy(project, data["inventory"], only=data["role"], limit=list(data.get("hosts") or []) or None,
+                        extra_data={"canary": {**tag, "phase": "abort"}})
+    if not result.ok:
+        raise UserError(f"--abort: the deploy of {', '.join(data.get('services') or [])} back to the declared state "
+                        f"failed ({result.error}); they are still on {data['knob']}={data['value']}; run "
+                        f"`knobkeeper deploy {data['inventory']} --only {data['role']}`")
+    canary_state.clear_marker(project)
+    return data, result
 
 
 def report_lines(out: Outcome) -> list[str]:

@@ -729,17 +729,34 @@ class Evidence(Typed):
 
     def backs(self, knob: str, role: str, value: Any, show: Callable[[Any], str] = fmt.value) -> str | None:
         """Why this evidence does not back setting `knob` to `value` on `role`, or None when it does:
-        it must test that knob on that role, with that value as its candidate. `show` writes a value
-        (a catalog's display: a secret as its fingerprint)."""
-        if self.knob != knob or self.role != role:
+        it must test that knob on that role, with that value as its candidate. `role` may be a scope
+        ("vllm.decode"): its stack must then be the one the evidence measured (when it names one).
+        `show` writes a value (a catalog's display: a secret as its fingerprint)."""
+        stack, _, plain_role = role.rpartition(".")
+        own_stack, _, own_role = self.role.rpartition(".")
+        own_stack = own_stack or self.setup.stack or ""
+        if self.knob != knob or own_role != plain_role or (stack and own_stack and stack != own_stack):
             return f"evidence {self.id} tests {self.knob} on {self.role}, not {knob} on {role}"
         if not same_value(self.candidate, value):
             return f"stale evidence {self.id}: it tested {show(self.candidate)}, the change sets {show(value)}"
         return None
 
-    def disagreements(self) -> list[str]:
-        """Every way the file's own description (knob, arms, setup) contradicts its runs."""
+    def disagreements(self, committed: Mapping[str, Any] | None = None) -> list[str]:
+        """Every way the file's own description (knob, role, arms, setup) contradicts its runs, or
+        `committed`: what the commit that added the file said it held ({"knob", "role", "value",
+        "commit"}, from the store's summary line `evidence: KNOB=VALUE on ROLE (...)`). A hand
+        edit of `knob`, `role` or `arms.B.knobs` leaves that commit as it was, so it shows here;
+        to hide it one would have to rewrite history, which `check --base` and review see."""
         out = []
+        if committed:
+            where = f"the commit that added it ({str(committed.get('commit', ''))[:10]})"
+            for name, mine in (("knob", self.knob), ("role", self.role)):
+                theirs = committed.get(name)
+                if theirs is not None and theirs != mine:
+                    out.append(f"{name}: the file says {fmt.value(mine)}, {where} says {fmt.value(theirs)}")
+            if "value" in committed and fmt.value(self.candidate) != committed["value"]:
+                out.append(f"arms.B.knobs: the file says {self.knob}={fmt.value(self.candidate)}, {where} says "
+                           f"{committed.get('knob', self.knob)}={committed['value']}")
         for name, arm in sorted(self.arms.items()):
             if self.knob not in arm.knobs:
                 out.append(f"arms.{name}.knobs: does not name the knob under test {self.knob}")

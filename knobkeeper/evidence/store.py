@@ -222,9 +222,12 @@ def write(project: Project, doc: Evidence, raw_files: Iterable[tuple[str, Path |
 
 def paths(project: Project) -> list[Path]:
     """Every evidence file, oldest first."""
-    if not project.evidence_dir.is_dir():
-        return []
-    return sorted(p for p in project.evidence_dir.glob("*.json") if not p.name.startswith("."))
+    from knobkeeper.changelog.filecache import refusal
+
+    if not project.evidence_dir.is_dir() or refusal(project.evidence_dir, project.root):
+        return []   # a link is no evidence (check and report name it: filecache.refused_files)
+    return sorted(p for p in project.evidence_dir.glob("*.json")
+                  if not p.name.startswith(".") and not refusal(p, project.root))
 
 
 def find(project: Project, ident: str) -> Path:
@@ -244,8 +247,10 @@ def find(project: Project, ident: str) -> Path:
 
 def read(path: Path, where: str) -> Evidence:
     """The evidence in the file at `path` (validated), or UserError naming `where`."""
+    from knobkeeper.changelog.filecache import plain_file
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(plain_file(path).read_text())
     except json.JSONDecodeError as exc:
         raise UserError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
     problems = validate(data)

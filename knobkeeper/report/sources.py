@@ -33,6 +33,7 @@ class Sources:
 def read_sources(project: Project, since: datetime, until: datetime, role: str | None) -> Sources:
     from knobkeeper import audit
     from knobkeeper.changelog.entries import load_entries
+    from knobkeeper.changelog.filecache import LINK_FIX, refused_files
     from knobkeeper.changelog.incidents import load_incidents
     from knobkeeper.changelog.queries import declared_knobs
     from knobkeeper.deploy.record import load_records
@@ -46,9 +47,11 @@ def read_sources(project: Project, since: datetime, until: datetime, role: str |
     tl = audit.timeline(project, since, until)
     docs, problems = read_evidence(project)
     records = load_records(project, tl.problems)  # an unreadable record is named, the rest still count
+    # Links every reader left out are named here, one line each, beside the other problems.
+    refused = [f"{project.rel(path)}: {why}; {LINK_FIX}" for path, why in refused_files(project)]
     return Sources(entries=entries, incidents=incidents, declared=declared, statuses=statuses, reclaim=reclaim,
                    events=tl.events, records=records, evidence=docs, evidence_problems=problems,
-                   catalog=load_catalog(project.catalog_path), problems=list(tl.problems))
+                   catalog=load_catalog(project.catalog_path), problems=refused + list(tl.problems))
 
 
 def read_evidence(project: Project) -> tuple[list[dict], list[str]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from knobkeeper import fmt
 from knobkeeper.changelog.entries import Entry, parse_entry_file, replay
+from knobkeeper.changelog.filecache import refusal
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 from knobkeeper.review.body import drift
@@ -151,6 +152,26 @@ def check_secret_store(run: _Run) -> None:
                 f"`git rm --cached {path}`, keep {store}/ ignored, and rotate the secret (it is in git history)")
 
 
+def check_refused_files(run: _Run) -> None:
+    """No entry, incident, evidence or deploy record is a symbolic link or resolves outside the
+    repository: every reader leaves such a file out, and this is the one place that names it."""
+    from knobkeeper.changelog.filecache import LINK_FIX, refused_files
+
+    for path, why in refused_files(run.project):
+        run.entries_ok = run.entries_ok and path.parent != run.project.entries_dir and path != run.project.entries_dir
+        run.add(run.rel(path), why, LINK_FIX)
+
+
+def check_abandoned_canary(run: _Run) -> None:
+    """No canary died with its candidate still on some of a role's services (deploy/canary_state)."""
+    from knobkeeper.deploy.canary_state import abandoned_line, marker_path
+
+    line = abandoned_line(run.project)
+    if line:
+        what, _, fix = line.partition("; ")
+        run.add(run.rel(marker_path(run.project)), what, fix)
+
+
 def check_entries(run: _Run) -> None:
     """Every entry file parses, and knobs.toml holds what the entries replay to."""
     from knobkeeper.changelog.entries import in_history_order
@@ -159,7 +180,7 @@ def check_entries(run: _Run) -> None:
     project = run.project
     settle(project)  # a crashed change is rolled back before anything is judged
     paths = sorted(project.entries_dir.glob("*.toml")) if project.entries_dir.is_dir() else []
-    for path in paths:
+    for path in [p for p in paths if not refusal(p, project.root)]:   # links: check_refused_files
         try:
             run.entries.append(parse_entry_file(path))
         except UserError as exc:
@@ -212,6 +233,26 @@ def check_links(run: _Run) -> None:
             ident = getattr(e, key)
             if ident and ident not in entry_ids:
                 run.add(rel, f"{key} = {ident!r} names an entry that does not exist", "restore the missing entry from git")
+        _check_backing(run, rel, e, [i for i in e.evidence if i in evidence_ids])
+
+
+def _check_backing(run: _Run, rel: str, e: Entry, idents: list[str]) -> None:
+    """Each evidence an entry names backs its change (Evidence.backs: that knob, on that role, with
+    the entry's new value as its candidate). An unreadable file is check_evidence's problem."""
+    from knobkeeper.evidence import store
+
+    for ident in idents:
+        try:
+            doc = store.load(run.project, ident)
+        except UserError:
+            continue
+        value = doc.candidate if e.new is None else e.new  # an unset is backed by what was tested
+        shown = (lambda v: run.catalog.get(e.knob).display(v)) if run.catalog is not None and e.knob in run.catalog \
+            else fmt.value
+        problem = doc.backs(e.knob, e.scope, value, show=shown)
+        if problem:
+            run.add(rel, f"its evidence does not back it: {problem}",
+                    "name the evidence of this change (a new entry with the right --evidence); entries are immutable")
 
 
 def _claimed_schema(path: Path, default: str) -> str:
@@ -232,6 +273,7 @@ def check_evidence(run: _Run) -> None:
     project = run.project
     files = store.paths(project)
     run.result.counts["evidence"] = len(files)
+    committed = _committed_claims(project) if files else {}
     fix = "regenerate it with `knobkeeper ab import` or restore it from git"
     for path in files:
         rel = run.rel(path)
@@ -253,6 +295,33 @@ def check_evidence(run: _Run) -> None:
         for text in store.verify(doc):
             run.add(rel, f"judgement does not follow from its runs: {text}",
                     "re-judge it from its runs (`knobkeeper ab import` again) or restore it from git")
+        for text in doc.disagreements(committed.get(rel)):
+            run.add(rel, f"disagrees with itself: {text}",
+                    f"restore it from git (`git log --follow -- {rel}` shows what it held) or measure again")
+
+
+_ADDED = re.compile(r"evidence: (?P<knob>[^=\s]+)=(?P<value>.*?) on (?P<role>\S+) \(")
+
+
+def _committed_claims(project: Project) -> dict[str, dict[str, str]]:
+    """What the commit that added each evidence file said it held, by the file's path: the store's
+    summary `evidence: KNOB=VALUE on ROLE (...)` gives knob, value and role (one `git log` for all).
+    Files added otherwise (by hand, by a merge) claim nothing here."""
+    from knobkeeper import gitio
+
+    folder = project.rel(project.evidence_dir)
+    done = gitio.run(project.root, "-c", "core.quotepath=off", "log", "--diff-filter=A", "--no-renames",
+                     "--format=%x00%H%x00%s", "--name-only", "--", folder)
+    claims: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        if line.startswith("\0"):
+            sha, _, subject = line[1:].partition("\0")
+            found = _ADDED.match(subject)
+            current = {**found.groupdict(), "commit": sha} if found else None
+        elif current is not None and line.endswith(".json") and line.rsplit("/", 1)[0] == folder:
+            claims.setdefault(line, current)   # newest first: keep the latest add of a path
+    return claims
 
 
 def check_incidents(run: _Run) -> None:
@@ -260,7 +329,8 @@ def check_incidents(run: _Run) -> None:
     from knobkeeper.changelog.incidents import parse_incident_file
 
     project = run.project
-    paths = sorted(project.incidents_dir.glob("*.toml")) if project.incidents_dir.is_dir() else []
+    paths = sorted(p for p in project.incidents_dir.glob("*.toml") if not refusal(p, project.root)) \
+        if project.incidents_dir.is_dir() else []
     run.result.counts["incidents"] = len(paths)
     entry_ids = {e.id for e in run.entries}
     for path in paths:
@@ -424,7 +494,7 @@ def _role_of(render, host: str, service: str) -> str:
     return next(iter(render.service_files(host, service).values())).role
 
 
-CHECKS = (check_catalog, check_declared, check_secret_store, check_entries, check_links, check_evidence,
+CHECKS = (check_catalog, check_declared, check_secret_store, check_refused_files, check_abandoned_canary, check_entries, check_links, check_evidence,
           check_incidents, check_immutable_entries, check_render, check_engine_contract)
 
 

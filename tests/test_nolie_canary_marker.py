@@ -1,0 +1,103 @@
+"""Issue 25 finding 4: a canary that dies leaves a marker. A real second process stands for the
+canary: it holds the canary's lock and writes the marker as the candidate deploy starts, then is
+SIGKILLed by its PID. `check`, `plan` and the next canary then say "canary X=V on S abandoned at T;
+put back with `knobkeeper canary --abort`", and --abort deploys those services back (the deploy is
+the only part stood in for: one call of run_deploy, checked for what it is asked) and clears it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from knobkeeper.deploy import canary_state
+from knobkeeper.deploy.api import DeployResult
+from knobkeeper.errors import UserError
+from knobkeeper.evidence import canary as C
+from knobkeeper.review.check import check
+from tests.infra import cli, kk, one_line_exit_2
+
+KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
+SERVICE = "@local/knobkeeper-decode"
+
+CANARY = textwrap.dedent(f"""
+    import sys, time
+    from pathlib import Path
+    from types import SimpleNamespace
+    from knobkeeper.deploy import canary_state
+    from knobkeeper.evidence import canary as C
+    from knobkeeper.project import Project
+
+    project = Project(Path(sys.argv[1]))
+    handle = canary_state.hold(project)
+    plan = C.Plan({KNOB!r}, 512, None, "decode", [], [])
+    def candidate_deploy(targets, knobs):       # stands for the deploy in flight when the kill comes
+        print("deploying", flush=True)
+        time.sleep(120)
+    switch = C.marked_switch(project, "inventory/local.py", plan, C.Switch(apply=candidate_deploy, restore=lambda: None))
+    switch.apply([SimpleNamespace(key={SERVICE!r}, host="@local")], {{{KNOB!r}: 512}})
+""")
+
+
+def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, monkeypatch):
+    proc = subprocess.Popen([sys.executable, "-c", CANARY, str(project.root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "deploying"
+        # Alive: not abandoned; another canary is refused, --abort too.
+        assert canary_state.abandoned_line(project) is None
+        with pytest.raises(UserError, match=f"canary {KNOB}=512 on {SERVICE} is running"):
+            canary_state.hold(project)
+        one_line_exit_2(cli(project, "canary", "--abort"), "is still running")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    marker = canary_state.read_marker(project)
+    line = (f"canary {KNOB}=512 on {SERVICE} abandoned at {marker['seen_at']}; put back with "
+            f"`knobkeeper canary --abort` (or a deploy of role decode)")
+    assert canary_state.abandoned_line(project) == line
+    problems = [p.line() for p in check(project).problems]
+    assert problems == [f"{project.rel(canary_state.marker_path(project))}: {line}"], problems
+    planned = cli(project, "plan", "inventory/local.py")
+    assert planned.returncode == 0 and f"warning: {line}" in planned.stderr.decode(), planned.stderr
+    with pytest.raises(UserError) as refused:           # the next canary, before anything deploys
+        C.canary(project, f"{KNOB}=256", role="decode", inventory="inventory/local.py")
+    assert str(refused.value) == line
+
+    calls = []
+
+    def fake_deploy(project_, inventory, **kw):
+        calls.append((inventory, kw))
+        return DeployResult(0, "", None, "d3p10y00", 1.0)
+
+    monkeypatch.setattr("knobkeeper.deploy.api.run_deploy", fake_deploy)
+    monkeypatch.setattr(DeployResult, "ok", property(lambda self: True))
+    result = kk(project, "canary", "--abort")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"canary {KNOB}=512 on {SERVICE}: put back to the declared state (deploy d3p10y00)"
+    ((inventory, kw),) = calls
+    assert inventory == "inventory/local.py" and kw["only"] == "decode" and kw["limit"] == ["@local"]
+    assert kw["extra_data"]["canary"] == {"knob": KNOB, "value": 512, "hosts": ["@local"], "services": [SERVICE],
+                                          "phase": "abort"}
+    assert canary_state.read_marker(project) is None and check(project).ok
+    one_line_exit_2(cli(project, "canary", "--abort"), "no abandoned canary")
+
+
+def test_a_canary_that_puts_back_leaves_no_marker(project):
+    plan = C.Plan(KNOB, 512, None, "decode", [], [])
+    applied = []
+    switch = C.marked_switch(project, "inventory/local.py", plan,
+                             C.Switch(apply=lambda t, k: applied.append(k), restore=lambda: None))
+    from types import SimpleNamespace
+
+    switch.apply([SimpleNamespace(key=SERVICE, host="@local")], {KNOB: 512})
+    assert canary_state.read_marker(project)["services"] == [SERVICE] and applied
+    switch.restore()
+    assert canary_state.read_marker(project) is None
