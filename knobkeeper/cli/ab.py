@@ -146,7 +146,8 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
     apply (zero tokens, lost requests, errors, the knob not carried, duplicates); a set with no
     valid level is refused. One arm's files must come from one version of one tool. Failed
     requests are read where the file records them; where it does not, the import says
-    "errors: not recorded by TOOL VERSION" (and the runs carry errors_recorded: false).
+    "errors: not recorded by TOOL VERSION": the runs keep errors null, the tool named in
+    not_recorded, and the errors gate is marked not applied (never passed with 0).
 
     \b
     What to run against the local stack (router http://127.0.0.1:30080, model knobkeeper-sim;
