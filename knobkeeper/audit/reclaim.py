@@ -88,7 +88,7 @@ def view_evidence(project: Project, ident: str, now: datetime, stale_days: float
         view.stale_why.append(f"created {doc.created!r} is not a time")
     if view.age_days is not None and view.age_days > stale_days:
         view.stale_why.append(f"{view.age_days:.0f} days old (older than {stale_days:g})")
-    engine_version = engine_version or current_engine_version(project, setup.get("inventory"), doc.get("role"))
+    engine_version = engine_version or current_engine_version(project, doc.setup.inventory, doc.get("role"))
     if engine_version and view.engine_version and view.engine_version != engine_version:
         view.stale_why.append(f"measured on engine {view.engine_version}, current is {engine_version}")
     view.stale = bool(view.stale_why)
