@@ -252,8 +252,9 @@ def test_import_carries_the_candidates_lost_requests(tmp_path, tool, base, cand)
     runs = {(r["arm"], r["concurrency"]): r for r in doc["runs"]}
     assert sorted({c for _, c in runs}) == LEVELS
     for level in LEVELS:
-        assert runs["A", level]["errors"] == 0 and runs["A", level]["errors_recorded"] is True
-        assert runs["B", level]["errors_recorded"] is True
+        # a recorded count: an int, and no `not_recorded` naming a tool that could not tell
+        assert runs["A", level]["errors"] == 0 and "not_recorded" not in runs["A", level]
+        assert "not_recorded" not in runs["B", level] and "errors_recorded" not in runs["B", level]
         assert runs["B", level]["completed"] + runs["B", level]["errors"] == PROMPTS
     assert sum(runs["B", level]["errors"] for level in LEVELS) > 0
     # the candidate failed ~20% of its requests: the validity gate (error rate above 5%) names it
@@ -274,9 +275,35 @@ def test_import_of_a_file_that_does_not_record_errors_says_so(tmp_path):
     ident = out.output.split()[1]
     [path] = (project.root / "changelog" / "evidence").glob(f"*-{ident}.json")
     doc = json.loads(path.read_text())
-    # today's schema holds errors as an int: the runs say that this 0 was not read from the file
-    assert all(r["errors"] == 0 and r["errors_recorded"] is False for r in doc["runs"])
-    assert doc["source"]["tool"] == "sglang bench_serving 0.5.23"
+    # errors unknown, never a silent 0: null, with the tool that did not record them named
+    by = "sglang bench_serving 0.5.23"
+    assert all(r["errors"] is None and r["not_recorded"] == {"errors": by} for r in doc["runs"])
+    assert doc["source"]["tool"] == by
+    # the errors gate was NOT applied (said per level), not passed with 0
+    for row in doc["validity"]["levels"]:
+        assert row["not_applied"] == [f"errors gate not applied: errors not recorded by {by}"]
+    # the setup the file carries: model, lengths, dataset, the tool and its version
+    setup = doc["setup"]
+    assert setup["bench_tool"] == "sglang bench_serving" and setup["bench_version"] == "0.5.23"
+    assert setup.get("model") is None and setup["workload"]["dataset"] == "random-ids"   # the line has no model
+    assert (setup["workload"]["input_len"], setup["workload"]["output_len"]) == (64, 32)
+    shown = CliRunner().invoke(ab, ["show", ident, "--repo", str(project.root)])
+    assert shown.exit_code == 0, shown.output
+    assert f"errors: not recorded by {by}" in shown.output
+    assert "random-ids 64 in / 32 out tokens" in shown.output
+    assert f"measured by {by}" in shown.output
+    # review and the report say the same
+    from knobkeeper.evidence.model import Evidence
+    from knobkeeper.review import markdown
+
+    lines: list[str] = []
+    markdown._evidence_doc(ident, Evidence.from_json(doc), lines.append)
+    text = "\n".join(lines)
+    assert f"errors: not recorded by {by}" in text and f"measured by {by}" in text
+    from knobkeeper.report import page
+
+    html = page._evidence_block(Evidence.from_json(doc))
+    assert f"errors: not recorded by {by}" in html and "random-ids 64 in / 32 out tokens" in html
 
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, nothing written

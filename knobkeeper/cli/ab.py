@@ -57,6 +57,9 @@ def _print_doc(doc, *, header: bool = True) -> None:
     if header:
         con.print(safe(f"evidence {doc.id}  {doc.knob} on {doc.role}: A={fmt.value(doc.baseline)}  "
                        f"B={fmt.value(doc.candidate)}  [{doc.source.tool}, {doc.created[:19]}Z]"))
+    con.print(safe(" · ".join(x for x in (doc.engine_text(), doc.setup.measured_text()) if x)))
+    for note in doc.unrecorded_notes():
+        con.print(safe(note))
     family = doc.judgement.family
     title = f"{doc.metric} per level (B vs A)"
     if family:
@@ -143,7 +146,8 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
     apply (zero tokens, lost requests, errors, the knob not carried, duplicates); a set with no
     valid level is refused. One arm's files must come from one version of one tool. Failed
     requests are read where the file records them; where it does not, the import says
-    "errors: not recorded by TOOL VERSION" (and the runs carry errors_recorded: false).
+    "errors: not recorded by TOOL VERSION": the runs keep errors null, the tool named in
+    not_recorded, and the errors gate is marked not applied (never passed with 0).
 
     \b
     What to run against the local stack (router http://127.0.0.1:30080, model knobkeeper-sim;
@@ -208,14 +212,34 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
 @click.option("--api", type=click.Choice(["chat", "completions", "generate"]), default="chat", show_default=True)
 @click.option("--input-len", type=int, default=128, show_default=True)
 @click.option("--output-len", type=int, default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="The prompts' seed: the same for every arm, level and repeat.")
+@click.option("--bench", "bench", default="loadgen", show_default=True,
+              type=click.Choice(["loadgen", "vllm", "sglang", "guidellm", "aiperf"]),
+              help="Who loads each level: knobkeeper's load generator, or your installed tool "
+                   "(vllm bench serve, sglang.bench_serving, guidellm, aiperf).")
+@click.option("--bench-python", default=None, envvar="KNOBKEEPER_BENCH_PYTHON", metavar="PYTHON",
+              help="The python of the environment the --bench tool is installed in (env "
+                   "KNOBKEEPER_BENCH_PYTHON). Default: the tool's command on PATH (vllm, guidellm, aiperf; "
+                   "python3 for sglang).")
+@click.option("--bench-arg", "bench_args", multiple=True, metavar="ARG",
+              help="One more word for every --bench command, as given (repeat it: --bench-arg=--num-warmups "
+                   "--bench-arg=2).")
+@click.option("--tokenizer", default=None, metavar="DIR",
+              help="The --bench tool's tokenizer (a local directory; default: the tool's, from the model name).")
 @click.option("--no-commit", is_flag=True, help="Write and stage the evidence but do not commit.")
 @click.option("--keep-invalid", is_flag=True, help="Write the evidence even when no level passes the validity gates.")
 @repo_option
 @json_option
 @example("knobkeeper ab run --inventory inventory/local.py --role decode --set SGLANG_SM120_MMA_TARGET_CTAS=512 "
-         "--concurrency 64,80,96 --max-repeats 12 --requests 600")
+         "--concurrency 64,80,96 --max-repeats 12 --requests 600\n"
+         "  knobkeeper ab run --inventory inventory/local.py --role decode --set SGLANG_SM120_MMA_TARGET_CTAS=512 "
+         "--concurrency 8,32 --requests 64 --api completions --input-len 64 --output-len 32 "
+         "--bench vllm --bench-python ~/venvs/vllm/bin/python --tokenizer ~/tok --bench-arg=--num-warmups "
+         "--bench-arg=2")
 def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, requests, duration, endpoint, api,
-            input_len, output_len, no_commit, keep_invalid, repo, as_json):
+            input_len, output_len, seed, bench, bench_python, bench_args, tokenizer, no_commit, keep_invalid, repo,
+            as_json):
     """A/B a knob on the live stack: switch arms through the deploy, load every level, judge, restore.
 
     Arms are interleaved ABBA so drift cancels; each block restarts the role, checks the engine
@@ -223,6 +247,20 @@ def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, r
     sequential: after 3, 5, 7, 10, ... repeats the settled levels stop (the error rate stays
     controlled over every level and the TTFT/TPOT guards); --repeats N runs a fixed design.
     The declared state is ALWAYS restored at the end (also on Ctrl-C or error).
+
+    \b
+    --bench TOOL: your own tool loads every arm, level and repeat (the block's warm-up stays
+    knobkeeper's), with the same prompt shape (--api, --input-len, --output-len) and --seed,
+    --requests prompts at the level's concurrency; its result file is kept beside the evidence
+    and read as `ab import` reads it (its failed requests, or "errors: not recorded"). The tool
+    is found as --bench-python PYTHON -m TOOL (or $KNOBKEEPER_BENCH_PYTHON), else through its
+    command on PATH; one that is not installed is said before any arm is switched, one that
+    exits non-zero stops the run with its last lines and the declared state is restored.
+      vllm      vllm bench serve --dataset-name random --ignore-eos --save-result (chat, completions)
+      sglang    python -m sglang.bench_serving --dataset-name random-ids --output-details (generate,
+                completions, chat; behind smg use --api generate)
+      guidellm  guidellm run --profile kind=concurrent --constraint kind=max_requests (chat, completions)
+      aiperf    aiperf profile --use-server-token-count (chat, completions)
     """
     from knobkeeper.evidence.ab import Design, ab_run
 
@@ -234,9 +272,19 @@ def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, r
         raise UserError("--repeats and --max-repeats: give only one (fixed or sequential design)")
     project = find_project(repo)
     design = Design(_levels(levels), repeats=repeats, max_repeats=max_repeats, requests=requests, duration=duration,
-                    api=api, input_len=input_len, output_len=output_len, keep_invalid=keep_invalid)
+                    api=api, input_len=input_len, output_len=output_len, keep_invalid=keep_invalid, seed=seed)
+    located = None
+    if bench != "loadgen":
+        from knobkeeper.evidence.bench import locate
+
+        if requests is None:
+            raise UserError(f"--bench {bench}: give --requests (the tools run a number of prompts, not a duration)")
+        located = locate(bench, bench_python)   # not installed: said here, before any arm is switched
+    elif bench_args:
+        raise UserError("--bench-arg: only with --bench TOOL (the default loadgen takes none)")
     doc = ab_run(project, inventory=inventory, role=role, set_spec=set_spec, baseline=baseline, design=design,
-                 endpoint=endpoint, no_commit=no_commit, progress=not as_json)
+                 endpoint=endpoint, no_commit=no_commit, progress=not as_json, bench=located,
+                 bench_args=list(bench_args), tokenizer=tokenizer)
     _print_new(doc, as_json)
 
 

@@ -31,6 +31,7 @@ import json
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from knobkeeper.errors import UserError
@@ -64,6 +65,7 @@ class Harness:
     endpoint: str | Callable[[], str] | None
     probes: Probes = field(default_factory=Probes)
     load: LoadFn | None = None
+    warm_up: LoadFn | None = None       # the block's warm-up load (default: `load`)
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Design:
     model: str | None = None
     load_options: dict[str, Any] = field(default_factory=dict)
     keep_invalid: bool = False
+    seed: int = 0                       # the prompts' seed, the same for every arm, level and repeat
 
     def check(self) -> None:
         """UserError (one line, naming the option) for a design that cannot run."""
@@ -120,7 +123,10 @@ def schedule(repeats: int) -> list[tuple[int, str]]:
 
 
 def _run_fields(summary: dict) -> dict[str, Any]:
-    """The evidence run's fields from a load summary (knobkeeper.loadgen)."""
+    """The evidence run's fields from a load summary (knobkeeper.loadgen), or the run a benchmark
+    tool's reader read (`summary["run"]`: knobkeeper.evidence.bench), as the reader read it."""
+    if "run" in summary:
+        return dict(summary["run"])
     keep = ("output_tokens_per_s", "requests_per_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "completed",
             "errors", "errors_by_kind", "warmup_errors", "window_s", "client_cpu_util")
     out = {k: summary.get(k) for k in keep}
@@ -158,12 +164,14 @@ class Stopping:
 
 
 def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Mapping[str, Mapping],
-            setup: Setup | Mapping | None = None, progress: bool | Any = False) -> Evidence:
+            setup: Setup | Mapping | None = None, progress: bool | Any = False,
+            raw_files: list[tuple[str, Path]] | None = None) -> Evidence:
     """Run the A/B and return the judged evidence (not yet written).
 
     `arms`: {"A": {"label":..., "knobs": {...}}, "B": {...}}; `setup`: what the caller knows of the
     stack (the workload and the schedule are filled in here). `progress`: True for a rich progress
-    bar on stderr, or a rich Console to draw it on.
+    bar on stderr, or a rich Console to draw it on. `raw_files`: where the result files a benchmark
+    tool wrote are listed, as (`A-r1-c8-<file>`, path), for `store.write` to keep beside the evidence.
     """
     from knobkeeper.evidence.store import build_doc
 
@@ -191,7 +199,7 @@ def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Map
                 bar.update(task, description=f"switch to {arm} (repeat {repeat}/{design.cap})")
             harness.switch_arm(arms[arm])
             blocks += 1
-            runs += _block(harness, design, load, arm, repeat, list(todo), arms[arm],
+            runs += _block(harness, design, load, arm, repeat, list(todo), arms[arm], raw_files,
                            lambda conc: bar.update(task, description=f"{arm} @{conc} (repeat {repeat}/{design.cap})")
                            if bar is not None else None,
                            lambda: bar.advance(task) if bar is not None else None)
@@ -221,22 +229,28 @@ def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Map
 
 
 def _block(harness: Harness, design: Design, load: LoadFn, arm: str, repeat: int, todo: list[int], arm_spec: dict,
-           on_level: Callable[[int], Any], on_done: Callable[[], Any]) -> list[Run]:
+           raw_files: list | None, on_level: Callable[[int], Any], on_done: Callable[[], Any]) -> list[Run]:
     """One block of one arm (already switched to): check the knob, warm up, then every open level once."""
     probes = harness.probes
     url = _url(harness.endpoint)
     seen = probes.knob(arm_spec) if probes.knob is not None else None
     warm_conc = max(todo)
     shape = {"api": design.api, "model": design.model, "input_len": design.input_len, "output_len": design.output_len}
-    load(url, warm_conc, requests=design.warmup_requests or warm_conc, warmup=0, **shape,
-         **design.load_options)
+    (harness.warm_up or load)(url, warm_conc, requests=design.warmup_requests or warm_conc, warmup=0, **shape,
+                              **design.load_options)
     runs = []
     for conc in todo:
         on_level(conc)
         before = probes.prefill_tokens() if probes.prefill_tokens is not None else None
-        summary = load(url, conc, requests=design.requests, duration=design.duration,
-                       warmup=design.level_warmup, **shape, **design.load_options)
-        run = Run.from_json({"arm": arm, "repeat": repeat, "concurrency": conc, **_run_fields(summary)})
+        try:
+            summary = load(url, conc, requests=design.requests, duration=design.duration,
+                           warmup=design.level_warmup, **shape, **design.load_options)
+        except UserError as exc:   # a benchmark tool that failed: say where in the schedule
+            raise UserError(f"arm {arm} repeat {repeat} @{conc}: {exc}") from None
+        run = Run.from_json({**_run_fields(summary), "arm": arm, "repeat": repeat, "concurrency": conc})
+        if summary.get("raw_file") is not None and raw_files is not None:
+            path = Path(summary["raw_file"])
+            raw_files.append((f"{arm}-r{repeat}-c{conc}-{path.name}", path))
         run.knob_seen = seen
         if before is not None:
             after = probes.prefill_tokens()
@@ -401,13 +415,19 @@ def server_info_knobs(base_url: str, timeout: float = 5.0) -> dict | None:
 
 def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design, baseline: str = "current",
            endpoint: str | None = None, no_commit: bool = False, progress: bool | Any = False,
-           harness: Harness | None = None) -> Evidence:
+           harness: Harness | None = None, bench: Any = None, bench_args: list[str] | tuple[str, ...] = (),
+           tokenizer: str | None = None) -> Evidence:
     """`knobkeeper ab run`: A/B through the deploy, then write + commit the evidence; returns the doc.
 
     Neither `design.repeats` nor `design.max_repeats`: the sequential design with the fixed design's
     power at 3% noise (judge.sequential_repeats). `harness` replaces the deploy-backed one (tests,
-    or a custom harness; its probes then default to none: the runs say "unverified").
+    or a custom harness; its probes then default to none: the runs say "unverified"). `bench`: a
+    located benchmark tool (knobkeeper.evidence.bench.locate) that loads every level instead of the
+    built-in load generator, with `bench_args` appended and `tokenizer` for its --tokenizer; its
+    result files are kept beside the evidence.
     """
+    import tempfile
+
     from knobkeeper.deploy.api import terminate_as_interrupt
     from knobkeeper.evidence.store import write
 
@@ -415,6 +435,11 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     if design.repeats is None and design.max_repeats is None:
         design = dataclasses.replace(design, max_repeats=J.sequential_repeats(levels=len(set(design.levels)),
                                                                               guards=True))
+    if bench is not None and design.requests is None:
+        raise UserError(f"--bench {bench.tool.name}: give --requests (the tools run a number of prompts, "
+                        f"not a duration)")
+    if bench is not None and design.api not in bench.tool.apis:
+        raise UserError(f"--api {design.api}: {bench.tool.label} is run with one of {', '.join(bench.tool.apis)}")
     engine = {"engine": "custom switcher"} if harness is not None else engine_of(project, inventory, role)
     harness = harness or deploy_harness(project, inventory, role, knob)
     if endpoint:
@@ -422,7 +447,25 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     if not harness.endpoint:
         raise UserError("--endpoint: required (the inventory names no router endpoint)")
     setup = Setup.build(project, inventory=inventory, **engine)
-    with terminate_as_interrupt():  # a CI job's SIGTERM restores the declared state, as Ctrl-C does
-        doc = measure(harness, design, knob=knob, role=role, arms=arms, setup=setup, progress=progress)
-    write(project, doc, no_commit=no_commit)
+    raw: list[tuple[str, Path]] = []
+    with tempfile.TemporaryDirectory(prefix="kk-bench-") as scratch:
+        if bench is not None:
+            from knobkeeper.evidence.bench import ToolLoad
+            from knobkeeper.loadgen import run_load
+
+            tool_load = ToolLoad(bench, Path(scratch), list(bench_args), tokenizer, design.seed)
+            harness = dataclasses.replace(harness, load=tool_load, warm_up=harness.warm_up or run_load)
+            setup.bench_tool, setup.bench_version = bench.tool.label, bench.version
+            if tokenizer:
+                setup.extra["tokenizer"] = tokenizer
+        with terminate_as_interrupt():  # a CI job's SIGTERM restores the declared state, as Ctrl-C does
+            doc = measure(harness, design, knob=knob, role=role, arms=arms, setup=setup, progress=progress,
+                          raw_files=raw)
+        if bench is not None:
+            said = tool_load.setup or {}
+            doc.setup.model = doc.setup.model or said.get("model")
+            doc.setup.served_model_name = doc.setup.served_model_name or said.get("served_model_name")
+            doc.setup.workload.dataset = said.get("dataset")
+            doc.source.format = bench.tool.name
+        write(project, doc, raw, no_commit=no_commit)
     return doc

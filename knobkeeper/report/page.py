@@ -456,7 +456,7 @@ def _evidence_block(doc) -> str:
                 else "schema 1: p-values unadjusted for multiple comparisons")
     head = (f'<div class="evidence" id="ev-{esc(doc.id)}"><h3><code>{esc(doc.id)}</code> {esc(labels["B"])} '
             f'vs {esc(labels["A"])} on {esc(doc.role)}</h3><p class="who">created {esc(when(doc.created))} · '
-            f'{esc(doc.engine_text())} · model {esc(doc.setup.model or "?")} · source {esc(doc.source.tool)}'
+            f'{esc(doc.engine_text())} · {esc(doc.setup.measured_text() or "model ?")} · source {esc(doc.source.tool)}'
             f' · metric {esc(doc.metric)} · {esc(adjusted)}</p><div class="ev-body">')
     chart = svg.evidence_chart(arms, labels, doc.anomalies, verdicts, doc.metric) if arms else \
         '<p class="empty">No runs to plot.</p>'
@@ -473,6 +473,7 @@ def _evidence_block(doc) -> str:
              f'<th>p adjusted</th><th>verdict</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
     extra = [f'<li class="warn">&#9888; anomaly: {esc(an.text())}</li>' for an in doc.anomalies]
     extra += [f'<li class="warn">invalid: {esc(reason)}</li>' for reason in doc.validity.reasons]
+    extra += [f'<li class="warn">{esc(note)}</li>' for note in doc.unrecorded_notes()]
     extra += [f'<li class="warn">@{esc(row.concurrency)}: {esc(note)}</li>'
               for row in doc.validity.levels for note in row.not_applied]
     guards = doc.judgement.guards

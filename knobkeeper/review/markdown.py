@@ -88,6 +88,14 @@ def _evidence_doc(ident: str, doc, w) -> None:
       f"{fmt.cell(doc.engine_text())}, metric `{fmt.cell(doc.metric)}`): "
       f"A = {fmt.cell(fmt.value(doc.baseline))}, B = {fmt.cell(fmt.value(doc.candidate))}")
     w("")
+    measured = doc.setup.measured_text()
+    if measured:
+        w(f"Measured: {fmt.cell(measured)}")
+        w("")
+    for note in doc.unrecorded_notes():
+        w(f"- **{fmt.cell(note)}**: the errors gate was not applied to those runs")
+    if doc.unrecorded_notes():
+        w("")
     w("| concurrency | n (A/B) | mean A | mean B | effect | 95% CI | p | p adjusted | verdict |")
     w("|---|---|---|---|---|---|---|---|---|")
     reasons = doc.validity.invalid
