@@ -118,6 +118,11 @@ def _print_new(doc, as_json: bool, notes: list[str] | tuple[str, ...] = ()) -> N
     _print_doc(doc, header=False)
 
 
+# The one --keep-invalid of both producers (import and run): the validity gates are the same.
+keep_invalid_option = click.option("--keep-invalid", is_flag=True,
+                                   help="Write the evidence even when no level passes the validity gates.")
+
+
 @ab.command("import", cls=_MultiValueCommand)
 @click.option("--baseline", "baseline", multiple=True, required=True, metavar="FILE...",
               help="Result files of the baseline arm (A).")
@@ -132,7 +137,7 @@ def _print_new(doc, as_json: bool, notes: list[str] | tuple[str, ...] = ()) -> N
 @click.option("--inventory", default=None, help="The inventory the results came from (recorded).")
 @click.option("--engine", default=None, help="Engine name to record (default: from the format).")
 @click.option("--no-commit", is_flag=True, help="Write and stage the files but do not commit.")
-@click.option("--keep-invalid", is_flag=True, help="Write the evidence even when no level passes the validity gates.")
+@keep_invalid_option
 @repo_option
 @json_option
 @example("knobkeeper ab import --baseline base-*.jsonl --candidate ctas512-*.jsonl --role decode "
@@ -228,7 +233,7 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
 @click.option("--tokenizer", default=None, metavar="DIR",
               help="The --bench tool's tokenizer (a local directory; default: the tool's, from the model name).")
 @click.option("--no-commit", is_flag=True, help="Write and stage the evidence but do not commit.")
-@click.option("--keep-invalid", is_flag=True, help="Write the evidence even when no level passes the validity gates.")
+@keep_invalid_option
 @repo_option
 @json_option
 @example("knobkeeper ab run --inventory inventory/local.py --role decode --set SGLANG_SM120_MMA_TARGET_CTAS=512 "
