@@ -86,6 +86,13 @@ class Stack:
         assert code == 200, body
         return json.loads(body)["workers"]
 
+    def router_state(self) -> str:
+        """For a failed gate: is the router still running, and the last lines of its log."""
+        router = self.procs["router"]
+        alive = "running" if router.poll() is None else f"exited {router.returncode}"
+        tail = (self.tmp / f"{self.engine}.log").read_text(errors="replace").splitlines()[-5:]
+        return f"router {alive}; its log ends: " + " | ".join(tail)
+
     def close(self) -> None:
         for p in reversed(list(self.procs.values())):
             stop(p)
@@ -134,7 +141,7 @@ def test_smg_sees_a_worker_restarted_on_the_same_address_healthy_again(tmp_path)
     s = Stack(tmp_path, "smg", FAST_HEALTH)
     try:
         ok, why = gate("smg", s.url, 2, timeout=60)
-        assert ok, why
+        assert ok, (why, s.router_state())
         assert {(w["worker_type"], w["status"]) for w in s.workers()} == {("prefill", "ready"), ("decode", "ready")}
         stop(s.procs.pop("decode"))
         deadline = time.monotonic() + 60
