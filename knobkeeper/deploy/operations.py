@@ -69,6 +69,7 @@ import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
 from knobkeeper.changelog.store import lock_file, unlock_file
+from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, parse_versions, pinned_versions,
                                       version_drift, versions_command)
 from knobkeeper.deploy.health import GateOutcome, Settling, require_up, settled, wait_gate
@@ -143,6 +144,8 @@ class Run:
                             "(fix the host or its ssh_* data and run again)")
         self.stack: Stack = stack_from_inventory(inventory, name)
         self.options.check_roles(self.stack.order, self.inventory_path)
+        # A running canary owns its role; its own deploys are this process's parent (deploy/canary_state).
+        refuse_deploy(self.project, self.inventory_path, self.options.scope(list(self.stack.order)), os.getppid())
         dirty = dirty_paths(self.project.root)
         if dirty and not self.options.allow_dirty:
             raise UserError("uncommitted changes in " + ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")

@@ -9,6 +9,20 @@ rolled back by itself when worse, promoted with the evidence attached when bette
 `Options` takes every default from knobkeeper.evidence.defaults (the CLI shows them); `Switch` is how the candidate goes on and
 comes off the canary hosts (the deploy, or a test's restart).
 
+A canary owns its role while it runs
+------------------------------------
+From its start (before the first calibration window) to its put-back or promote, the canary holds
+its lock and marker (knobkeeper.deploy.canary_state): a `set`, `unset`, `revert` or `restore` of
+a knob on that role, and a deploy whose scope holds that role, are refused with one line naming the
+canary (exit 2, nothing written); its own promote and deploys pass. The alternative, letting the
+change through and aborting the canary with its evidence marked invalid, was rejected: the change
+would land while the canary's candidate is on (the colleague's deploy restarts the canary hosts too,
+or the canary's put-back deploys the colleague's value unannounced), an hour of windows would be
+thrown away by anyone's routine `set`, and the person changing the role is the one at a prompt
+who can wait or Ctrl-C the canary, which puts its hosts back. It refuses to start when another
+canary holds the repo, when an earlier one was abandoned, or when a worker of the role is not in
+sync with what is declared (`status`'s view): arm A must be the declared value.
+
 The design: windows, a calibration, and a difference of differences
 -------------------------------------------------------------------
 The run is cut into windows of `interval` s. Per window and per worker host, the engine's own metrics
@@ -75,7 +89,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Callable
 
-from knobkeeper.changelog.store import unlock_file
+from knobkeeper.changelog.store import repo_lock
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
@@ -678,17 +692,43 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
     if role not in stack.roles:
         raise UserError(f"--role {role}: not a role of {inventory} (roles: {', '.join(stack.order)})")
     canary_t, baseline_t = choose(targets_of(stack, [role]), role, hosts, host_names)
-    declared = value_of(read_declared(project.knobs_path), stack.scope(role), knob) if project.knobs_path.exists() else None
-    plan = Plan(knob, value, declared, role, canary_t, baseline_t)
-    source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
-              else ScrapeSource(plan.targets, options.scrape_interval))
-    setup = Setup.build(project, inventory=inventory, **evidence_setup(stack, role))
     handle = canary_state.hold(project)   # for the whole run: its death is what makes a marker abandoned
     try:
+        with repo_lock(project):   # a `set` of the role is before this (and read below) or refused after it
+            now = iso(utcnow())
+            canary_state.write_marker(project, {
+                "knob": knob, "value": value, "role": role, "scope": stack.scope(role), "inventory": inventory,
+                "services": [t.key for t in canary_t], "hosts": sorted({t.host for t in canary_t}),
+                "phase": "calibrating", "started_at": now, "seen_at": now, "pid": os.getpid()})
+            declared = (value_of(read_declared(project.knobs_path), stack.scope(role), knob)
+                        if project.knobs_path.exists() else None)
+        require_in_sync(project, inventory, role)
+        plan = Plan(knob, value, declared, role, canary_t, baseline_t)
+        source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
+                  else ScrapeSource(plan.targets, options.scrape_interval))
+        setup = Setup.build(project, inventory=inventory, **evidence_setup(stack, role))
         return run(project, plan, source, marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan)),
                    _heartbeat(project, options), setup)
     finally:
-        unlock_file(handle)
+        data = canary_state.read_marker(project)
+        if data is not None and data.get("pid") == os.getpid() and not data.get("applied_at"):
+            canary_state.clear_marker(project)   # nothing was applied: nothing to put back
+        canary_state.release(project, handle)
+
+
+def require_in_sync(project, inventory: str, role: str) -> None:
+    """UserError unless every worker of `role` runs what is declared (deploy/status): a calibration
+    measured with a drifted worker (an abandoned candidate, a hand edit, a deploy not run since a
+    `set`) would be evidence of a baseline that is not the declared value."""
+    from knobkeeper.deploy.status import stack_status
+
+    off = [row for row in stack_status(project, inventory) if row.role == role and row.state != "in sync"]
+    if off:
+        row = off[0]
+        more = f" (and {len(off) - 1} more)" if len(off) > 1 else ""
+        raise UserError(f"canary: {row.host}/{row.service} is {row.state} ({row.detail or row.manager_state}){more}: "
+                        f"the {role} workers must run the declared state; run `knobkeeper deploy {inventory} "
+                        f"--only {role}` first (see `knobkeeper status {inventory}`)")
 
 
 def marked_switch(project, inventory: str, plan: Plan, switch: Switch) -> Switch:
@@ -698,9 +738,10 @@ def marked_switch(project, inventory: str, plan: Plan, switch: Switch) -> Switch
     def apply(targets, knobs):
         now = iso(utcnow())
         canary_state.write_marker(project, {
-            "knob": plan.knob, "value": plan.value, "role": plan.role, "inventory": inventory,
+            "role": plan.role, "scope": plan.role, "started_at": now, **(canary_state.read_marker(project) or {}),
+            "knob": plan.knob, "value": plan.value, "inventory": inventory,
             "services": [t.key for t in targets], "hosts": sorted({t.host for t in targets}),
-            "applied_at": now, "seen_at": now, "pid": os.getpid()})
+            "phase": "candidate", "applied_at": now, "seen_at": now, "pid": os.getpid()})
         switch.apply(targets, knobs)
 
     def settled(step: Callable[[], None]) -> Callable[[], None]:
