@@ -76,7 +76,7 @@ from knobkeeper.deploy.health import GateOutcome, Settling, require_up, settled,
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.plan import decide, role_batches
-from knobkeeper.deploy.record import (DeployRecord, Gate, Rollback, ServiceRow, deploy_lock, drop_journal, journal_path,
+from knobkeeper.deploy.record import (DEPLOY_BUSY, DeployRecord, Gate, Rollback, ServiceRow, deploy_lock, drop_journal, journal_path,
                                       recover_interrupted, save, write_journal)
 from knobkeeper.deploy.observe import parse_service_state, state_command
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
@@ -160,7 +160,7 @@ class Run:
             # Seconds, not a role's full gate: a partial deploy stands on roles it does not restart.
             require_up(self.stack, self.scope, self.inventory_path)
         lock = deploy_lock(self.project)
-        self.lock = lock_file(lock, wait=False, busy=f"another deploy of this repo is running (lock {lock})")
+        self.lock = lock_file(lock, wait=False, busy=f"{DEPLOY_BUSY} (lock {lock})")
         recover_interrupted(self.project, locked=True)   # a killed run's record first, in its place in history
         self.source = source_of(self.project.root)
         self.rendered = render_stack(self.project, self.stack, knob_overrides=self.options.knob_overrides,

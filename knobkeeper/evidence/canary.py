@@ -92,6 +92,7 @@ from typing import Any, Callable
 from knobkeeper.changelog.store import repo_lock
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
+from knobkeeper.deploy.record import DEPLOY_BUSY
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
                                           SCRAPE_INTERVAL_S)
@@ -129,6 +130,7 @@ class Options:
     scrape_interval: float = SCRAPE_INTERVAL_S
     promote: bool = False
     reason: str | None = None
+    lock_wait: float = 600.0   # s a canary deploy waits for another deploy of the repo to finish
     on_window: Callable[[int, int], None] | None = None
 
     def check(self) -> None:
@@ -183,6 +185,10 @@ class Plan:
         if calibrated:
             return restart_noise / math.sqrt(len(self.canary))
         return restart_noise * math.sqrt(1 / len(self.canary) + 1 / len(self.baseline))
+
+
+class NothingApplied(UserError):
+    """The candidate deploy did not start (the deploy lock stayed held): nothing to put back."""
 
 
 class CanaryWorse(Exception):
@@ -459,7 +465,11 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
         calibration_edges = (_windows_of(n_calibration, options.interval, options.on_window, 0, total)
                              if n_calibration else [])
         applied = True
-        switch.apply(plan.canary, {plan.knob: plan.value})
+        try:
+            switch.apply(plan.canary, {plan.knob: plan.value})
+        except NothingApplied:
+            applied = False
+            raise
         deployed = time.time()
         time.sleep(options.settle_s)
         edges = _windows_of(n_windows, options.interval, options.on_window, n_calibration, total)
@@ -490,9 +500,10 @@ def measure(plan: Plan, source, switch: Switch, options: Options | None = None, 
     """Calibrate, deploy the candidate to the canary hosts, collect the windows, judge; returns the
     evidence (unwritten).
 
-    `switch.restore()` runs on every failure, Ctrl-C or SIGTERM once the candidate went on, and after
-    a "worse" verdict (then CanaryWorse carries the evidence). On any other verdict the canary stays
-    in place: the caller promotes it or calls restore().
+    `switch.restore()` runs on every failure, Ctrl-C or SIGTERM once the candidate went on. After the
+    windows, whatever the verdict, the canary stays in place: a "worse" one raises CanaryWorse with
+    the evidence, and the caller writes it, then rolls back (`run`: the windows measured are kept
+    whether or not the put-back works); on any other the caller promotes it or calls restore().
     """
     from knobkeeper.deploy.api import terminate_as_interrupt
     from knobkeeper.evidence.store import build_doc
@@ -503,8 +514,6 @@ def measure(plan: Plan, source, switch: Switch, options: Options | None = None, 
     started = time.time()
     with terminate_as_interrupt():  # SIGTERM as Ctrl-C: the same `except` puts the hosts back
         seen = _collect(plan, source, switch, options)
-        if seen.verdict == "worse":
-            switch.restore()
     before = "canary hosts before the change, relative to the baseline hosts" if seen.calibrated else "baseline hosts"
     after = "canary hosts with the candidate, relative to the baseline hosts" if seen.calibrated else "canary hosts"
     arms = {"A": {"label": before, "knobs": {plan.knob: plan.baseline_value}},
@@ -608,13 +617,16 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
     """
     from knobkeeper.evidence.store import write
 
+    from knobkeeper.deploy.api import terminate_as_interrupt
+
     options = options or Options()
     if options.promote and switch.promote_rest is None:
         raise UserError("--promote: no deploy to promote with")
     try:
         doc = measure(plan, source, switch, options, setup)
     except CanaryWorse as worse:
-        path = write(project, worse.doc)
+        with terminate_as_interrupt():
+            path = _written_then_put_back(project, worse.doc, switch)
         return Outcome(worse.doc, "worse", "rolled back", project.rel(path))
     verdict = doc.canary.verdict
     if verdict == "better" and options.promote:
@@ -632,9 +644,27 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
             raise
         switch.promote_rest()
         return Outcome(doc, verdict, "promoted", project.rel(path), change.entry.id)
-    switch.restore()
-    path = write(project, doc)
+    with terminate_as_interrupt():
+        path = _written_then_put_back(project, doc, switch)
     return Outcome(doc, verdict, "put back", project.rel(path))
+
+
+def _written_then_put_back(project, doc: Evidence, switch: Switch):
+    """Write the evidence (one commit), then put the canary hosts back, also when the write fails
+    or is interrupted: the windows measured are kept whatever the put-back does. A put-back that
+    fails says so with the evidence written (its message names the hosts left on the candidate)."""
+    from knobkeeper.evidence.store import write
+
+    try:
+        path = write(project, doc)
+    except BaseException:
+        switch.restore()
+        raise
+    try:
+        switch.restore()
+    except UserError as exc:
+        raise UserError(f"{exc}; evidence {doc.id} kept ({project.rel(path)})") from None
+    return path
 
 
 def _raw(value: Any) -> str:
@@ -643,7 +673,7 @@ def _raw(value: Any) -> str:
     return str(value)
 
 
-def deploy_switch(project, inventory: str, plan: Plan) -> Switch:
+def deploy_switch(project, inventory: str, plan: Plan, lock_wait: float = Options.lock_wait) -> Switch:
     """The Switch backed by the real deploy (knobkeeper.deploy.api.run_deploy).
 
     apply: the role only, the canary hosts only (pyinfra --limit), the candidate as a knob override
@@ -651,24 +681,70 @@ def deploy_switch(project, inventory: str, plan: Plan) -> Switch:
     change and only they restart, also on a host that runs baseline workers too (never in
     knobs.toml); recorded as a deploy with options.canary = {"phase": "candidate", ...};
     restore: the same workers back to the declared state (phase "rollback"); promote_rest: the whole
-    role at the declared state (after the `set`), phase "promote". Every gate holds as usual.
+    role at the declared state (after the `set`), phase "promote". Every gate holds as usual. Each
+    waits up to `lock_wait` s for another deploy of the repo to finish (progress on stderr) instead
+    of failing on the deploy lock; a put-back that still fails names the services left on the
+    candidate and `knobkeeper canary --abort`; a candidate deploy that never started raises
+    NothingApplied (nothing to roll back).
     """
-    from knobkeeper.deploy.api import run_deploy
+    from knobkeeper.deploy import api
 
     hosts = sorted({t.host for t in plan.canary})
     services = [t.key for t in plan.canary]
     tag = {"knob": plan.knob, "value": plan.value, "hosts": hosts, "services": services}
+    left_on = (f"{', '.join(services)} (hosts {', '.join(hosts)}) still on {plan.knob}={_raw(plan.value)}; put them "
+               f"back with `knobkeeper canary --abort`")
 
     def deploy(phase: str, overrides: dict | None, limit: list[str] | None) -> None:
-        result = run_deploy(project, inventory, only=plan.role, knob_overrides=overrides, limit=limit,
-                            extra_data={"canary": {**tag, "phase": phase}})
-        if not result.ok:
-            raise UserError(f"canary: {phase} deploy of {inventory} failed: {result.error}")
+        deadline = time.monotonic() + lock_wait
+        while True:
+            busy = _wait_for_deploy_lock(project, deadline, phase, lock_wait)
+            if busy is not None:
+                break
+            result = api.run_deploy(project, inventory, only=plan.role, knob_overrides=overrides, limit=limit,
+                                    extra_data={"canary": {**tag, "phase": phase}})
+            if result.ok:
+                return
+            if DEPLOY_BUSY not in (result.error or ""):
+                break
+            # taken between our look and pyinfra's: wait again, within the same bound
+        busy = busy or (result.error if DEPLOY_BUSY in (result.error or "") else None)
+        if phase == "candidate" and busy is not None:
+            raise NothingApplied(f"canary: the candidate deploy of {inventory} did not start ({busy}); "
+                                 f"nothing was applied, nothing to put back")
+        why = busy or f"the {phase} deploy of {inventory} failed: {result.error}"
+        if phase == "candidate":
+            raise UserError(f"canary: {why}")
+        raise UserError(f"canary: {phase} not done ({why}); {left_on}")
 
     return Switch(apply=lambda targets, knobs: deploy("candidate", {t.key: dict(knobs) for t in targets},
                                                       sorted({t.host for t in targets})),
                   restore=lambda: deploy("rollback", None, hosts),
                   promote_rest=lambda: deploy("promote", None, None))
+
+
+def _wait_for_deploy_lock(project, deadline: float, phase: str, lock_wait: float) -> str | None:
+    """Wait until no other deploy of the repo holds the deploy lock, or `deadline` (monotonic) passes;
+    None when free (released at once: pyinfra takes it), else why not. Progress on stderr every 10 s."""
+    import sys
+
+    from knobkeeper.changelog.store import lock_file, unlock_file
+    from knobkeeper.deploy.record import deploy_lock
+
+    lock, started, said = deploy_lock(project), time.monotonic(), None
+    while True:
+        try:
+            unlock_file(lock_file(lock, wait=False))
+            return None
+        except UserError:
+            now = time.monotonic()
+            if now >= deadline:
+                return f"{DEPLOY_BUSY} (lock {project.rel(lock)}) for {lock_wait:g} s"
+            if said is None or now - said >= 10:
+                said = now
+                print(f"knobkeeper: canary {phase}: waiting for another deploy of this repo to finish "
+                      f"({now - started:.0f} s of {max(0.0, deadline - started):.0f} s)", file=sys.stderr, flush=True)
+            time.sleep(min(0.5, max(0.0, deadline - now)))
 
 
 def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY, hosts: int | None = None,
@@ -707,7 +783,8 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
         source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
                   else ScrapeSource(plan.targets, options.scrape_interval))
         setup = Setup.build(project, inventory=inventory, **evidence_setup(stack, role))
-        return run(project, plan, source, marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan)),
+        return run(project, plan, source,
+                   marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan, options.lock_wait)),
                    _heartbeat(project, options), setup)
     finally:
         data = canary_state.read_marker(project)
@@ -742,7 +819,13 @@ def marked_switch(project, inventory: str, plan: Plan, switch: Switch) -> Switch
             "knob": plan.knob, "value": plan.value, "inventory": inventory,
             "services": [t.key for t in targets], "hosts": sorted({t.host for t in targets}),
             "phase": "candidate", "applied_at": now, "seen_at": now, "pid": os.getpid()})
-        switch.apply(targets, knobs)
+        try:
+            switch.apply(targets, knobs)
+        except NothingApplied:   # not on anywhere: back to a marker that leaves nothing to put back
+            data = canary_state.read_marker(project) or {}
+            canary_state.write_marker(project, {k: v for k, v in data.items() if k != "applied_at"}
+                                      | {"phase": "calibrating"})
+            raise
 
     def settled(step: Callable[[], None]) -> Callable[[], None]:
         def done() -> None:
