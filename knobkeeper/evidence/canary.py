@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass
 from statistics import median
@@ -189,6 +190,14 @@ class Plan:
 
 class NothingApplied(UserError):
     """The candidate deploy did not start (the deploy lock stayed held): nothing to put back."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the canary; `line` says what was put back (the CLI prints it, exit 130)."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.line = line
 
 
 class CanaryWorse(Exception):
@@ -783,9 +792,12 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
         source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
                   else ScrapeSource(plan.targets, options.scrape_interval))
         setup = Setup.build(project, inventory=inventory, **evidence_setup(stack, role))
-        return run(project, plan, source,
-                   marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan, options.lock_wait)),
-                   _heartbeat(project, options), setup)
+        done: dict[str, bool] = {}
+        switch = marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan, options.lock_wait), done)
+        try:
+            return run(project, plan, source, switch, _heartbeat(project, options), setup)
+        except KeyboardInterrupt as stop:
+            raise Interrupted(_interrupted_line(plan, done, str(stop))) from None
     finally:
         data = canary_state.read_marker(project)
         if data is not None and data.get("pid") == os.getpid() and not data.get("applied_at"):
@@ -808,10 +820,26 @@ def require_in_sync(project, inventory: str, role: str) -> None:
                         f"--only {role}` first (see `knobkeeper status {inventory}`)")
 
 
-def marked_switch(project, inventory: str, plan: Plan, switch: Switch) -> Switch:
+def _interrupted_line(plan: Plan, done: dict[str, bool], why: str) -> str:
+    """`canary K=V stopped by SIGTERM: S put back to the declared state; no evidence written` (or what else was so)."""
+    by = "SIGTERM" if why == f"signal {signal.SIGTERM}" else "Ctrl-C" if not why else why
+    services = ", ".join(t.key for t in plan.canary)
+    if done.get("put_back"):
+        state = f"{services} put back to the declared state (a recorded deploy)"
+    elif done.get("applied"):
+        state = f"{services} may still be on the candidate: put them back with `knobkeeper canary --abort`"
+    else:
+        state = "nothing was deployed"
+    return f"canary {plan.knob}={_raw(plan.value)} stopped by {by}: {state}; no evidence written"
+
+
+def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dict[str, bool] | None = None) -> Switch:
     """`switch` with the canary's marker (knobkeeper.deploy.canary_state): written before the
     candidate deploy starts (a kill during that deploy leaves it too), removed once the canary hosts
-    are put back or the value is promoted; a put-back that fails leaves it, naming what is still on."""
+    are put back or the value is promoted; a put-back that fails leaves it, naming what is still on.
+    `done` gets "applied" once the candidate deploy started and "put_back" once it came off."""
+    done = {} if done is None else done
+
     def apply(targets, knobs):
         now = iso(utcnow())
         canary_state.write_marker(project, {
@@ -819,19 +847,22 @@ def marked_switch(project, inventory: str, plan: Plan, switch: Switch) -> Switch
             "knob": plan.knob, "value": plan.value, "inventory": inventory,
             "services": [t.key for t in targets], "hosts": sorted({t.host for t in targets}),
             "phase": "candidate", "applied_at": now, "seen_at": now, "pid": os.getpid()})
+        done["applied"] = True
         try:
             switch.apply(targets, knobs)
-        except NothingApplied:   # not on anywhere: back to a marker that leaves nothing to put back
+        except NothingApplied:
+            done["applied"] = False   # not on anywhere: back to a marker that leaves nothing to put back
             data = canary_state.read_marker(project) or {}
             canary_state.write_marker(project, {k: v for k, v in data.items() if k != "applied_at"}
                                       | {"phase": "calibrating"})
             raise
 
     def settled(step: Callable[[], None]) -> Callable[[], None]:
-        def done() -> None:
+        def finished() -> None:
             step()
             canary_state.clear_marker(project)
-        return done
+            done["put_back"] = True
+        return finished
 
     return Switch(apply=apply, restore=settled(switch.restore),
                   promote_rest=settled(switch.promote_rest) if switch.promote_rest is not None else None)
