@@ -73,6 +73,11 @@ held no requests (no traffic), or when the most and least loaded host differ by 
 `imbalance` x (default 2: the router is not spreading the load). No valid window at all: the canary
 is put back and the command fails.
 
+Restarts: a worker whose process start time changes, or whose token or request counter goes down,
+within a window restarted there (ScrapeSource); that window is invalid with reason "restarted", the
+requests in flight before the crash count as its errors (the errors test sees them), and
+RESTARTS_FAIL restarts of the canary workers over the canary windows fail the candidate.
+
 Guards: TTFT and TPOT percentiles, as ratios the same way, in the judgement's family (lower is
 better). Errors: aborted requests on the canary hosts against the baseline hosts over the canary
 windows, an exact one-sided binomial test (given the total, the canary's share of the errors is its
@@ -105,6 +110,11 @@ METRIC = "output_tokens_per_s"
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
 SETTLE_MIN_S = 10.0
+# A worker whose process is replaced during a window (a crash supervisord restarted): that window is
+# invalid ("restarted"), the requests in flight at the crash count as errors, and this many restarts
+# of the canary workers fail the candidate whatever the valid windows say (its worst windows are
+# exactly the ones a crash makes invalid).
+RESTARTS_FAIL = 3
 GUARD_FIELDS = ("ttft_ms", "tpot_ms")
 GUARD_KEYS = ("p50", "p99")
 CALIBRATION, CANARY = "calibration", "canary"
@@ -256,7 +266,9 @@ def assess_windows(plan: Plan, stats: dict[str, list[WindowStats]], phase: str, 
         reasons, flight = [], {}
         for key, s in row.items():
             load, rate = per_request_rate(s)
-            if not s.output_tokens_per_s or not load or not rate:
+            if getattr(s, "restarts", 0):   # its counters started again: the window's numbers are not its own
+                reasons.append(f"restarted: {key} ({s.restarts}x)")
+            elif not s.output_tokens_per_s or not load or not rate:
                 reasons.append(f"no traffic on {key}")
             else:
                 flight[key] = (load, rate)
@@ -425,12 +437,21 @@ def errors_test(plan: Plan, windows: list[Window], alpha: float = ALPHA) -> Erro
                       failed=p < errors_alpha(alpha))
 
 
+def restarts_of(plan: Plan, windows: list[Window]) -> int:
+    """How often the canary workers' processes were replaced during the canary windows."""
+    return sum(int(w.hosts[t.key].get("restarts") or 0) for w in windows if w.phase == CANARY for t in plan.canary)
+
+
 def decide(plan: Plan, windows: list[Window], judged: Judgement | None, alpha: float = ALPHA) -> tuple[str, list[str]]:
     """(verdict, failed guards): the level's verdict, "worse" when any guard or the errors test failed."""
     failed = [f"{g.metric} {g.effect * 100:+.1f}%" for g in (judged.regressions if judged else [])]
     errors = errors_test(plan, windows, alpha)
     if errors.failed:
         failed.append(errors.text())
+    restarts = restarts_of(plan, windows)
+    if restarts >= RESTARTS_FAIL:
+        failed.append(f"restarts: the canary workers restarted {restarts} times in the canary windows "
+                      f"({RESTARTS_FAIL} fail the candidate)")
     levels = judged.levels if judged else []
     verdict = levels[0].verdict if levels else "inconclusive"
     return ("worse" if failed else verdict), failed
