@@ -123,7 +123,7 @@ def refuse_change(project: Project, scope: str, verb: str) -> None:
     data = running(project)
     if data is None:
         return
-    owned = data.get("scope") or data.get("role")
+    owned = str(data.get("scope") or data.get("role") or "")
     if scope == owned or scope.rpartition(".")[2] == owned or owned.rpartition(".")[2] == scope:
         raise UserError(f"{verb} on {scope}: {_owner_line(data)}")
 
