@@ -122,6 +122,14 @@ def refuse_unexplained_edits(project: Project) -> None:
                     f"commit them with their entries (git commit) or undo them first")
 
 
+def _canary_free(project: Project, role: str, verb: str) -> None:
+    """A running canary owns its role (knobkeeper.deploy.canary_state): no change of a knob there
+    under its measurement. Imported here: the canary's state lives with the deploy."""
+    from knobkeeper.deploy.canary_state import refuse_change
+
+    refuse_change(project, role, verb)
+
+
 def _reason(reason: str | None, what: str) -> str:
     if reason is None or not reason.strip():
         raise UserError(f"{what}: --reason is required (say why, for whoever audits this later)")
@@ -197,6 +205,7 @@ def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str
     """Declare KNOB=VALUE for ROLE (refused when the engine version pinned for ROLE does not read it)."""
     options = options or CommitOptions()
     with repo_lock(project):
+        _canary_free(project, role, f"set {name}")
         catalog, declared = _context(project)
         knob = catalog.for_role(name, role)
         value = knob.parse(raw_value)
@@ -225,6 +234,8 @@ def set_knobs(project: Project, items: list[tuple[str, str, str]], reason: str, 
     writes its inventory beside them: `knobkeeper import srtctl`). Secrets are refused (their values
     belong in the store, through `set`); a knob already at its value gets no entry."""
     with repo_lock(project):
+        for role in dict.fromkeys(r for r, _, _ in items):
+            _canary_free(project, role, "set")
         catalog, declared = _context(project)
         document = load_document(project.knobs_path)
         text = project.knobs_path.read_text()
@@ -268,6 +279,7 @@ def unset_knob(project: Project, name: str, role: str, reason: str | None,
     """Remove KNOB from ROLE's declared state (the engine's own default applies)."""
     options = options or CommitOptions()
     with repo_lock(project):
+        _canary_free(project, role, f"unset {name}")
         catalog, declared = _context(project)
         catalog.for_role(name, role)
         reason = _reason(reason, f"unset {name}")
@@ -306,6 +318,7 @@ def revert_knob(project: Project, name: str, role: str, reason: str | None, inci
     """Take back the latest set/restore of KNOB on ROLE; its value returns to what it was before."""
     options = options or CommitOptions()
     with repo_lock(project):
+        _canary_free(project, role, f"revert {name}")
         catalog, declared = _context(project)
         knob = catalog.for_role(name, role)
         reason = _reason(reason, f"revert {name}")
@@ -343,6 +356,7 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
     """
     options = options or CommitOptions()
     with repo_lock(project):
+        _canary_free(project, role, f"restore {name}")
         catalog, declared = _context(project)
         knob = catalog.for_role(name, role)
         entries = load_entries(project)

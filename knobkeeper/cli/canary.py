@@ -109,8 +109,12 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
                         else _seconds(calibrate, "--calibrate"),
                         restart_noise=restart_noise, alpha=alpha, promote=promote, reason=reason,
                         scrape_interval=_seconds(scrape_interval, "--scrape-interval"), on_window=progress)
-    out = C.canary(project, spec, role=role, inventory=inventory, hosts=hosts, host_names=list(host_names) or None,
-                   prometheus=prometheus, options=options)
+    try:
+        out = C.canary(project, spec, role=role, inventory=inventory, hosts=hosts,
+                       host_names=list(host_names) or None, prometheus=prometheus, options=options)
+    except C.Interrupted as stopped:   # one line saying what was put back, not click's "Aborted!"
+        click.echo(stopped.line, err=True)
+        sys.exit(130)
     if as_json:
         emit_json({"verdict": out.verdict, "action": out.action, "evidence": out.doc.id, "entry": out.entry})
     else:

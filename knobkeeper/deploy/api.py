@@ -79,8 +79,11 @@ def _preflight(project: Project, inventory: str, options: DeployOptions) -> None
     from knobkeeper.deploy.render import render_stack
     from knobkeeper.deploy.stack import load_stack
 
+    from knobkeeper.deploy.canary_state import refuse_deploy
+
     stack = load_stack(project.root, inventory)
     options.check_roles(list(stack.order), inventory)
+    refuse_deploy(project, inventory, options.scope(list(stack.order)))   # a running canary owns its role
     render_stack(project, stack, knob_overrides=options.knob_overrides, check_secrets=True)
 
 

@@ -5,11 +5,18 @@ that dies (SIGKILL, a reboot) does not leave its candidate running unseen.
                                    "applied_at", "seen_at", "pid"}
     .git/knobkeeper/canary.lock   flocked by the canary for its whole run
 
-The marker is written before the candidate deploy starts and removed once the canary hosts are
-put back or the value is promoted. A marker whose lock nobody holds is an abandoned canary (the
-lock dies with its process, whatever its PID is reused for): `status`, `plan`, `check` and the
-next canary say so, and `knobkeeper canary --abort` deploys those services back to the declared
-state and removes it. Only this module reads or writes the two files.
+The marker is written when the canary starts (phase "calibrating", no `applied_at`: it owns its
+role from its first window), stamped `applied_at` before the candidate deploy starts, and removed
+once the canary hosts are put back or the value is promoted. A marker whose lock nobody holds is an
+abandoned canary (the lock dies with its process, whatever its PID is reused for): `status`, `plan`,
+`check` and the next canary say so, and `knobkeeper canary --abort` deploys those services back to
+the declared state and removes it; one that never got to `applied_at` left nothing on and is removed
+by the first reader that finds it. Only this module reads or writes the two files.
+
+While a canary runs (marker present, lock held by another process) it owns its role:
+`refuse_change` (set, unset, revert, restore) and `refuse_deploy` (a deploy whose scope holds the
+role) raise one line naming it. The canary's own process (its promote's `set`) and its own deploys
+(a child of that process) pass.
 """
 
 from __future__ import annotations
@@ -32,11 +39,22 @@ def lock_path(project: Project) -> Path:
     return project.private_dir / "canary.lock"
 
 
+# Roots whose canary lock this process holds: its own `set` (the promote) is not refused.
+_held_here: set[Path] = set()
+
+
 def hold(project: Project):
-    """The canary's lock (an open handle; unlock_file releases it), or UserError naming the running canary."""
+    """The canary's lock (an open handle; `release` gives it back), or UserError naming the running canary."""
     running = read_marker(project)
     what = f"canary {_what(running)} is running" if running else "another canary of this repo is running"
-    return lock_file(lock_path(project), wait=False, busy=f"{what}; wait for it or stop it (Ctrl-C puts it back)")
+    handle = lock_file(lock_path(project), wait=False, busy=f"{what}; wait for it or stop it (Ctrl-C puts it back)")
+    _held_here.add(project.root)
+    return handle
+
+
+def release(project: Project, handle) -> None:
+    _held_here.discard(project.root)
+    unlock_file(handle)
 
 
 def write_marker(project: Project, data: dict[str, Any]) -> None:
@@ -69,8 +87,56 @@ def abandoned(project: Project) -> dict[str, Any] | None:
         handle = lock_file(lock_path(project), wait=False)
     except UserError:
         return None   # the canary is alive
-    unlock_file(handle)
+    try:
+        if not data.get("applied_at"):   # died before its candidate deploy: nothing of it is on
+            clear_marker(project)
+            return None
+    finally:
+        unlock_file(handle)
     return data
+
+
+def running(project: Project) -> dict[str, Any] | None:
+    """The marker of a canary running in another process (its lock held), else None."""
+    if project.root in _held_here:
+        return None
+    data = read_marker(project)
+    if data is None:
+        return None
+    try:
+        handle = lock_file(lock_path(project), wait=False)
+    except UserError:
+        return data
+    unlock_file(handle)
+    return None
+
+
+def _owner_line(data: dict[str, Any]) -> str:
+    phase = "on its candidate" if data.get("applied_at") else "calibrating"
+    return (f"canary {_what(data)} holds role {data.get('scope') or data.get('role')} ({phase}, pid {data.get('pid')}, "
+            f"since {data.get('started_at') or data.get('applied_at')}); wait for it or stop it (Ctrl-C puts it back)")
+
+
+def refuse_change(project: Project, scope: str, verb: str) -> None:
+    """UserError when a running canary owns `scope` (a role, or stack.role): `verb` of a knob there
+    would change the baseline under its measurement and the value its promote compares with."""
+    data = running(project)
+    if data is None:
+        return
+    owned = str(data.get("scope") or data.get("role") or "")
+    if scope == owned or scope.rpartition(".")[2] == owned or owned.rpartition(".")[2] == scope:
+        raise UserError(f"{verb} on {scope}: {_owner_line(data)}")
+
+
+def refuse_deploy(project: Project, inventory: str, roles: list[str], parent: int | None = None) -> None:
+    """UserError when a running canary owns a role among `roles` of `inventory` (a deploy's scope);
+    `parent`: the pid that started this deploy (pyinfra's parent): the canary's own deploys pass."""
+    data = running(project)
+    if data is None or (parent is not None and parent == data.get("pid")):
+        return
+    same = (project.root / inventory).resolve() == (project.root / str(data.get("inventory"))).resolve()
+    if same and data.get("role") in roles:
+        raise UserError(f"deploy of {inventory} (roles {', '.join(roles)}): {_owner_line(data)}")
 
 
 def abandoned_line(project: Project) -> str | None:

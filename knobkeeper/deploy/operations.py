@@ -69,13 +69,14 @@ import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
 from knobkeeper.changelog.store import lock_file, unlock_file
+from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, parse_versions, pinned_versions,
                                       version_drift, versions_command)
 from knobkeeper.deploy.health import GateOutcome, Settling, require_up, settled, wait_gate
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.plan import decide, role_batches
-from knobkeeper.deploy.record import (DeployRecord, Gate, Rollback, ServiceRow, deploy_lock, drop_journal, journal_path,
+from knobkeeper.deploy.record import (DEPLOY_BUSY, DeployRecord, Gate, Rollback, ServiceRow, deploy_lock, drop_journal, journal_path,
                                       recover_interrupted, save, write_journal)
 from knobkeeper.deploy.observe import parse_service_state, state_command
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
@@ -143,6 +144,8 @@ class Run:
                             "(fix the host or its ssh_* data and run again)")
         self.stack: Stack = stack_from_inventory(inventory, name)
         self.options.check_roles(self.stack.order, self.inventory_path)
+        # A running canary owns its role; its own deploys are this process's parent (deploy/canary_state).
+        refuse_deploy(self.project, self.inventory_path, self.options.scope(list(self.stack.order)), os.getppid())
         dirty = dirty_paths(self.project.root)
         if dirty and not self.options.allow_dirty:
             raise UserError("uncommitted changes in " + ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
@@ -157,7 +160,7 @@ class Run:
             # Seconds, not a role's full gate: a partial deploy stands on roles it does not restart.
             require_up(self.stack, self.scope, self.inventory_path)
         lock = deploy_lock(self.project)
-        self.lock = lock_file(lock, wait=False, busy=f"another deploy of this repo is running (lock {lock})")
+        self.lock = lock_file(lock, wait=False, busy=f"{DEPLOY_BUSY} (lock {lock})")
         recover_interrupted(self.project, locked=True)   # a killed run's record first, in its place in history
         self.source = source_of(self.project.root)
         self.rendered = render_stack(self.project, self.stack, knob_overrides=self.options.knob_overrides,

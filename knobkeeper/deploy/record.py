@@ -272,6 +272,10 @@ def find_record(project: Project, deploy_id: str) -> DeployRecord | None:
     return None
 
 
+# How a deploy that found the deploy lock held fails (operations.Run; the canary waits and retries on it).
+DEPLOY_BUSY = "another deploy of this repo is running"
+
+
 def deploy_lock(project: Project) -> Path:
     """The lock every deploy run holds from its start to its record (deploy/operations.py)."""
     return project.state_dir / "deploy.lock"

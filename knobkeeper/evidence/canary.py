@@ -9,6 +9,20 @@ rolled back by itself when worse, promoted with the evidence attached when bette
 `Options` takes every default from knobkeeper.evidence.defaults (the CLI shows them); `Switch` is how the candidate goes on and
 comes off the canary hosts (the deploy, or a test's restart).
 
+A canary owns its role while it runs
+------------------------------------
+From its start (before the first calibration window) to its put-back or promote, the canary holds
+its lock and marker (knobkeeper.deploy.canary_state): a `set`, `unset`, `revert` or `restore` of
+a knob on that role, and a deploy whose scope holds that role, are refused with one line naming the
+canary (exit 2, nothing written); its own promote and deploys pass. The alternative, letting the
+change through and aborting the canary with its evidence marked invalid, was rejected: the change
+would land while the canary's candidate is on (the colleague's deploy restarts the canary hosts too,
+or the canary's put-back deploys the colleague's value unannounced), an hour of windows would be
+thrown away by anyone's routine `set`, and the person changing the role is the one at a prompt
+who can wait or Ctrl-C the canary, which puts its hosts back. It refuses to start when another
+canary holds the repo, when an earlier one was abandoned, or when a worker of the role is not in
+sync with what is declared (`status`'s view): arm A must be the declared value.
+
 The design: windows, a calibration, and a difference of differences
 -------------------------------------------------------------------
 The run is cut into windows of `interval` s. Per window and per worker host, the engine's own metrics
@@ -59,6 +73,11 @@ held no requests (no traffic), or when the most and least loaded host differ by 
 `imbalance` x (default 2: the router is not spreading the load). No valid window at all: the canary
 is put back and the command fails.
 
+Restarts: a worker whose process start time changes, or whose token or request counter goes down,
+within a window restarted there (ScrapeSource); that window is invalid with reason "restarted", the
+requests in flight before the crash count as its errors (the errors test sees them), and
+RESTARTS_FAIL restarts of the canary workers over the canary windows fail the candidate.
+
 Guards: TTFT and TPOT percentiles, as ratios the same way, in the judgement's family (lower is
 better). Errors: aborted requests on the canary hosts against the baseline hosts over the canary
 windows, an exact one-sided binomial test (given the total, the canary's share of the errors is its
@@ -70,14 +89,16 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass
 from statistics import median
 from typing import Any, Callable
 
-from knobkeeper.changelog.store import unlock_file
+from knobkeeper.changelog.store import repo_lock
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
+from knobkeeper.deploy.record import DEPLOY_BUSY
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
                                           SCRAPE_INTERVAL_S)
@@ -89,6 +110,11 @@ METRIC = "output_tokens_per_s"
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
 SETTLE_MIN_S = 10.0
+# A worker whose process is replaced during a window (a crash supervisord restarted): that window is
+# invalid ("restarted"), the requests in flight at the crash count as errors, and this many restarts
+# of the canary workers fail the candidate whatever the valid windows say (its worst windows are
+# exactly the ones a crash makes invalid).
+RESTARTS_FAIL = 3
 GUARD_FIELDS = ("ttft_ms", "tpot_ms")
 GUARD_KEYS = ("p50", "p99")
 CALIBRATION, CANARY = "calibration", "canary"
@@ -115,6 +141,7 @@ class Options:
     scrape_interval: float = SCRAPE_INTERVAL_S
     promote: bool = False
     reason: str | None = None
+    lock_wait: float = 600.0   # s a canary deploy waits for another deploy of the repo to finish
     on_window: Callable[[int, int], None] | None = None
 
     def check(self) -> None:
@@ -169,6 +196,18 @@ class Plan:
         if calibrated:
             return restart_noise / math.sqrt(len(self.canary))
         return restart_noise * math.sqrt(1 / len(self.canary) + 1 / len(self.baseline))
+
+
+class NothingApplied(UserError):
+    """The candidate deploy did not start (the deploy lock stayed held): nothing to put back."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the canary; `line` says what was put back (the CLI prints it, exit 130)."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.line = line
 
 
 class CanaryWorse(Exception):
@@ -227,7 +266,9 @@ def assess_windows(plan: Plan, stats: dict[str, list[WindowStats]], phase: str, 
         reasons, flight = [], {}
         for key, s in row.items():
             load, rate = per_request_rate(s)
-            if not s.output_tokens_per_s or not load or not rate:
+            if getattr(s, "restarts", 0):   # its counters started again: the window's numbers are not its own
+                reasons.append(f"restarted: {key} ({s.restarts}x)")
+            elif not s.output_tokens_per_s or not load or not rate:
                 reasons.append(f"no traffic on {key}")
             else:
                 flight[key] = (load, rate)
@@ -396,12 +437,21 @@ def errors_test(plan: Plan, windows: list[Window], alpha: float = ALPHA) -> Erro
                       failed=p < errors_alpha(alpha))
 
 
+def restarts_of(plan: Plan, windows: list[Window]) -> int:
+    """How often the canary workers' processes were replaced during the canary windows."""
+    return sum(int(w.hosts[t.key].get("restarts") or 0) for w in windows if w.phase == CANARY for t in plan.canary)
+
+
 def decide(plan: Plan, windows: list[Window], judged: Judgement | None, alpha: float = ALPHA) -> tuple[str, list[str]]:
     """(verdict, failed guards): the level's verdict, "worse" when any guard or the errors test failed."""
     failed = [f"{g.metric} {g.effect * 100:+.1f}%" for g in (judged.regressions if judged else [])]
     errors = errors_test(plan, windows, alpha)
     if errors.failed:
         failed.append(errors.text())
+    restarts = restarts_of(plan, windows)
+    if restarts >= RESTARTS_FAIL:
+        failed.append(f"restarts: the canary workers restarted {restarts} times in the canary windows "
+                      f"({RESTARTS_FAIL} fail the candidate)")
     levels = judged.levels if judged else []
     verdict = levels[0].verdict if levels else "inconclusive"
     return ("worse" if failed else verdict), failed
@@ -445,7 +495,11 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
         calibration_edges = (_windows_of(n_calibration, options.interval, options.on_window, 0, total)
                              if n_calibration else [])
         applied = True
-        switch.apply(plan.canary, {plan.knob: plan.value})
+        try:
+            switch.apply(plan.canary, {plan.knob: plan.value})
+        except NothingApplied:
+            applied = False
+            raise
         deployed = time.time()
         time.sleep(options.settle_s)
         edges = _windows_of(n_windows, options.interval, options.on_window, n_calibration, total)
@@ -476,9 +530,10 @@ def measure(plan: Plan, source, switch: Switch, options: Options | None = None, 
     """Calibrate, deploy the candidate to the canary hosts, collect the windows, judge; returns the
     evidence (unwritten).
 
-    `switch.restore()` runs on every failure, Ctrl-C or SIGTERM once the candidate went on, and after
-    a "worse" verdict (then CanaryWorse carries the evidence). On any other verdict the canary stays
-    in place: the caller promotes it or calls restore().
+    `switch.restore()` runs on every failure, Ctrl-C or SIGTERM once the candidate went on. After the
+    windows, whatever the verdict, the canary stays in place: a "worse" one raises CanaryWorse with
+    the evidence, and the caller writes it, then rolls back (`run`: the windows measured are kept
+    whether or not the put-back works); on any other the caller promotes it or calls restore().
     """
     from knobkeeper.deploy.api import terminate_as_interrupt
     from knobkeeper.evidence.store import build_doc
@@ -489,8 +544,6 @@ def measure(plan: Plan, source, switch: Switch, options: Options | None = None, 
     started = time.time()
     with terminate_as_interrupt():  # SIGTERM as Ctrl-C: the same `except` puts the hosts back
         seen = _collect(plan, source, switch, options)
-        if seen.verdict == "worse":
-            switch.restore()
     before = "canary hosts before the change, relative to the baseline hosts" if seen.calibrated else "baseline hosts"
     after = "canary hosts with the candidate, relative to the baseline hosts" if seen.calibrated else "canary hosts"
     arms = {"A": {"label": before, "knobs": {plan.knob: plan.baseline_value}},
@@ -594,13 +647,16 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
     """
     from knobkeeper.evidence.store import write
 
+    from knobkeeper.deploy.api import terminate_as_interrupt
+
     options = options or Options()
     if options.promote and switch.promote_rest is None:
         raise UserError("--promote: no deploy to promote with")
     try:
         doc = measure(plan, source, switch, options, setup)
     except CanaryWorse as worse:
-        path = write(project, worse.doc)
+        with terminate_as_interrupt():
+            path = _written_then_put_back(project, worse.doc, switch)
         return Outcome(worse.doc, "worse", "rolled back", project.rel(path))
     verdict = doc.canary.verdict
     if verdict == "better" and options.promote:
@@ -618,9 +674,27 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
             raise
         switch.promote_rest()
         return Outcome(doc, verdict, "promoted", project.rel(path), change.entry.id)
-    switch.restore()
-    path = write(project, doc)
+    with terminate_as_interrupt():
+        path = _written_then_put_back(project, doc, switch)
     return Outcome(doc, verdict, "put back", project.rel(path))
+
+
+def _written_then_put_back(project, doc: Evidence, switch: Switch):
+    """Write the evidence (one commit), then put the canary hosts back, also when the write fails
+    or is interrupted: the windows measured are kept whatever the put-back does. A put-back that
+    fails says so with the evidence written (its message names the hosts left on the candidate)."""
+    from knobkeeper.evidence.store import write
+
+    try:
+        path = write(project, doc)
+    except BaseException:
+        switch.restore()
+        raise
+    try:
+        switch.restore()
+    except UserError as exc:
+        raise UserError(f"{exc}; evidence {doc.id} kept ({project.rel(path)})") from None
+    return path
 
 
 def _raw(value: Any) -> str:
@@ -629,7 +703,7 @@ def _raw(value: Any) -> str:
     return str(value)
 
 
-def deploy_switch(project, inventory: str, plan: Plan) -> Switch:
+def deploy_switch(project, inventory: str, plan: Plan, lock_wait: float = Options.lock_wait) -> Switch:
     """The Switch backed by the real deploy (knobkeeper.deploy.api.run_deploy).
 
     apply: the role only, the canary hosts only (pyinfra --limit), the candidate as a knob override
@@ -637,24 +711,70 @@ def deploy_switch(project, inventory: str, plan: Plan) -> Switch:
     change and only they restart, also on a host that runs baseline workers too (never in
     knobs.toml); recorded as a deploy with options.canary = {"phase": "candidate", ...};
     restore: the same workers back to the declared state (phase "rollback"); promote_rest: the whole
-    role at the declared state (after the `set`), phase "promote". Every gate holds as usual.
+    role at the declared state (after the `set`), phase "promote". Every gate holds as usual. Each
+    waits up to `lock_wait` s for another deploy of the repo to finish (progress on stderr) instead
+    of failing on the deploy lock; a put-back that still fails names the services left on the
+    candidate and `knobkeeper canary --abort`; a candidate deploy that never started raises
+    NothingApplied (nothing to roll back).
     """
-    from knobkeeper.deploy.api import run_deploy
+    from knobkeeper.deploy import api
 
     hosts = sorted({t.host for t in plan.canary})
     services = [t.key for t in plan.canary]
     tag = {"knob": plan.knob, "value": plan.value, "hosts": hosts, "services": services}
+    left_on = (f"{', '.join(services)} (hosts {', '.join(hosts)}) still on {plan.knob}={_raw(plan.value)}; put them "
+               f"back with `knobkeeper canary --abort`")
 
     def deploy(phase: str, overrides: dict | None, limit: list[str] | None) -> None:
-        result = run_deploy(project, inventory, only=plan.role, knob_overrides=overrides, limit=limit,
-                            extra_data={"canary": {**tag, "phase": phase}})
-        if not result.ok:
-            raise UserError(f"canary: {phase} deploy of {inventory} failed: {result.error}")
+        deadline = time.monotonic() + lock_wait
+        while True:
+            busy = _wait_for_deploy_lock(project, deadline, phase, lock_wait)
+            if busy is not None:
+                break
+            result = api.run_deploy(project, inventory, only=plan.role, knob_overrides=overrides, limit=limit,
+                                    extra_data={"canary": {**tag, "phase": phase}})
+            if result.ok:
+                return
+            if DEPLOY_BUSY not in (result.error or ""):
+                break
+            # taken between our look and pyinfra's: wait again, within the same bound
+        busy = busy or (result.error if DEPLOY_BUSY in (result.error or "") else None)
+        if phase == "candidate" and busy is not None:
+            raise NothingApplied(f"canary: the candidate deploy of {inventory} did not start ({busy}); "
+                                 f"nothing was applied, nothing to put back")
+        why = busy or f"the {phase} deploy of {inventory} failed: {result.error}"
+        if phase == "candidate":
+            raise UserError(f"canary: {why}")
+        raise UserError(f"canary: {phase} not done ({why}); {left_on}")
 
     return Switch(apply=lambda targets, knobs: deploy("candidate", {t.key: dict(knobs) for t in targets},
                                                       sorted({t.host for t in targets})),
                   restore=lambda: deploy("rollback", None, hosts),
                   promote_rest=lambda: deploy("promote", None, None))
+
+
+def _wait_for_deploy_lock(project, deadline: float, phase: str, lock_wait: float) -> str | None:
+    """Wait until no other deploy of the repo holds the deploy lock, or `deadline` (monotonic) passes;
+    None when free (released at once: pyinfra takes it), else why not. Progress on stderr every 10 s."""
+    import sys
+
+    from knobkeeper.changelog.store import lock_file, unlock_file
+    from knobkeeper.deploy.record import deploy_lock
+
+    lock, started, said = deploy_lock(project), time.monotonic(), None
+    while True:
+        try:
+            unlock_file(lock_file(lock, wait=False))
+            return None
+        except UserError:
+            now = time.monotonic()
+            if now >= deadline:
+                return f"{DEPLOY_BUSY} (lock {project.rel(lock)}) for {lock_wait:g} s"
+            if said is None or now - said >= 10:
+                said = now
+                print(f"knobkeeper: canary {phase}: waiting for another deploy of this repo to finish "
+                      f"({now - started:.0f} s of {max(0.0, deadline - started):.0f} s)", file=sys.stderr, flush=True)
+            time.sleep(min(0.5, max(0.0, deadline - now)))
 
 
 def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY, hosts: int | None = None,
@@ -678,36 +798,92 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
     if role not in stack.roles:
         raise UserError(f"--role {role}: not a role of {inventory} (roles: {', '.join(stack.order)})")
     canary_t, baseline_t = choose(targets_of(stack, [role]), role, hosts, host_names)
-    declared = value_of(read_declared(project.knobs_path), stack.scope(role), knob) if project.knobs_path.exists() else None
-    plan = Plan(knob, value, declared, role, canary_t, baseline_t)
-    source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
-              else ScrapeSource(plan.targets, options.scrape_interval))
-    setup = Setup.build(project, inventory=inventory, **evidence_setup(stack, role))
     handle = canary_state.hold(project)   # for the whole run: its death is what makes a marker abandoned
     try:
-        return run(project, plan, source, marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan)),
-                   _heartbeat(project, options), setup)
+        with repo_lock(project):   # a `set` of the role is before this (and read below) or refused after it
+            now = iso(utcnow())
+            canary_state.write_marker(project, {
+                "knob": knob, "value": value, "role": role, "scope": stack.scope(role), "inventory": inventory,
+                "services": [t.key for t in canary_t], "hosts": sorted({t.host for t in canary_t}),
+                "phase": "calibrating", "started_at": now, "seen_at": now, "pid": os.getpid()})
+            declared = (value_of(read_declared(project.knobs_path), stack.scope(role), knob)
+                        if project.knobs_path.exists() else None)
+        require_in_sync(project, inventory, role)
+        plan = Plan(knob, value, declared, role, canary_t, baseline_t)
+        source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
+                  else ScrapeSource(plan.targets, options.scrape_interval))
+        setup = Setup.build(project, inventory=inventory, **evidence_setup(stack, role))
+        done: dict[str, bool] = {}
+        switch = marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan, options.lock_wait), done)
+        try:
+            return run(project, plan, source, switch, _heartbeat(project, options), setup)
+        except KeyboardInterrupt as stop:
+            raise Interrupted(_interrupted_line(plan, done, str(stop))) from None
     finally:
-        unlock_file(handle)
+        data = canary_state.read_marker(project)
+        if data is not None and data.get("pid") == os.getpid() and not data.get("applied_at"):
+            canary_state.clear_marker(project)   # nothing was applied: nothing to put back
+        canary_state.release(project, handle)
 
 
-def marked_switch(project, inventory: str, plan: Plan, switch: Switch) -> Switch:
+def require_in_sync(project, inventory: str, role: str) -> None:
+    """UserError unless every worker of `role` runs what is declared (deploy/status): a calibration
+    measured with a drifted worker (an abandoned candidate, a hand edit, a deploy not run since a
+    `set`) would be evidence of a baseline that is not the declared value."""
+    from knobkeeper.deploy.status import stack_status
+
+    off = [row for row in stack_status(project, inventory) if row.role == role and row.state != "in sync"]
+    if off:
+        row = off[0]
+        more = f" (and {len(off) - 1} more)" if len(off) > 1 else ""
+        raise UserError(f"canary: {row.host}/{row.service} is {row.state} ({row.detail or row.manager_state}){more}: "
+                        f"the {role} workers must run the declared state; run `knobkeeper deploy {inventory} "
+                        f"--only {role}` first (see `knobkeeper status {inventory}`)")
+
+
+def _interrupted_line(plan: Plan, done: dict[str, bool], why: str) -> str:
+    """`canary K=V stopped by SIGTERM: S put back to the declared state; no evidence written` (or what else was so)."""
+    by = "SIGTERM" if why == f"signal {signal.SIGTERM}" else "Ctrl-C" if not why else why
+    services = ", ".join(t.key for t in plan.canary)
+    if done.get("put_back"):
+        state = f"{services} put back to the declared state (a recorded deploy)"
+    elif done.get("applied"):
+        state = f"{services} may still be on the candidate: put them back with `knobkeeper canary --abort`"
+    else:
+        state = "nothing was deployed"
+    return f"canary {plan.knob}={_raw(plan.value)} stopped by {by}: {state}; no evidence written"
+
+
+def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dict[str, bool] | None = None) -> Switch:
     """`switch` with the canary's marker (knobkeeper.deploy.canary_state): written before the
     candidate deploy starts (a kill during that deploy leaves it too), removed once the canary hosts
-    are put back or the value is promoted; a put-back that fails leaves it, naming what is still on."""
+    are put back or the value is promoted; a put-back that fails leaves it, naming what is still on.
+    `done` gets "applied" once the candidate deploy started and "put_back" once it came off."""
+    done = {} if done is None else done
+
     def apply(targets, knobs):
         now = iso(utcnow())
         canary_state.write_marker(project, {
-            "knob": plan.knob, "value": plan.value, "role": plan.role, "inventory": inventory,
+            "role": plan.role, "scope": plan.role, "started_at": now, **(canary_state.read_marker(project) or {}),
+            "knob": plan.knob, "value": plan.value, "inventory": inventory,
             "services": [t.key for t in targets], "hosts": sorted({t.host for t in targets}),
-            "applied_at": now, "seen_at": now, "pid": os.getpid()})
-        switch.apply(targets, knobs)
+            "phase": "candidate", "applied_at": now, "seen_at": now, "pid": os.getpid()})
+        done["applied"] = True
+        try:
+            switch.apply(targets, knobs)
+        except NothingApplied:
+            done["applied"] = False   # not on anywhere: back to a marker that leaves nothing to put back
+            data = canary_state.read_marker(project) or {}
+            canary_state.write_marker(project, {k: v for k, v in data.items() if k != "applied_at"}
+                                      | {"phase": "calibrating"})
+            raise
 
     def settled(step: Callable[[], None]) -> Callable[[], None]:
-        def done() -> None:
+        def finished() -> None:
             step()
             canary_state.clear_marker(project)
-        return done
+            done["put_back"] = True
+        return finished
 
     return Switch(apply=apply, restore=settled(switch.restore),
                   promote_rest=settled(switch.promote_rest) if switch.promote_rest is not None else None)

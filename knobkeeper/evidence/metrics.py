@@ -77,11 +77,13 @@ class WindowStats:
     decoding: float | None = None
     itl_ms: float | None = None
     requests: int | None = None
+    restarts: int = 0   # times the worker's process was seen replaced in the window (ScrapeSource._restarts)
 
     def as_dict(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "output_tokens_per_s": self.output_tokens_per_s,
                 "running": self.running, "errors": self.errors, "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
-                "decoding": self.decoding, "itl_ms": self.itl_ms, "requests": self.requests}
+                "decoding": self.decoding, "itl_ms": self.itl_ms, "requests": self.requests,
+                **({"restarts": self.restarts} if self.restarts else {})}
 
 
 def queries(window_s: float, names: Metrics = SGLANG_METRICS) -> dict[str, str]:
@@ -113,6 +115,10 @@ def duration_text(seconds: float) -> str:
 
 
 # ---------------------------------------------------------------- parsing and the histogram quantile
+
+# The standard process collector's gauge (prometheus_client, the engines' exporters): a new value is a new process.
+PROCESS_START = "process_start_time_seconds"
+
 
 def parse(text: str) -> dict[str, Any]:
     """One scrape as {"counters": {name: value}, "gauges": {name: value}, "buckets": {name: [(le, count)]},
@@ -257,6 +263,24 @@ class ScrapeSource:
                 for t in self.targets}
 
     @staticmethod
+    def _restarts(span: list[_Sample], names: Metrics = SGLANG_METRICS) -> tuple[int, int]:
+        """(restarts, requests they failed) between consecutive samples: the process's start time
+        (process_start_time_seconds) changed, or its token or request counter went down (a new
+        process counts from 0). Each restart failed the requests in flight at the sample before it
+        (the engine's running gauge; at least one): the new process never counts them."""
+        restarts = lost = 0
+        for p, q in zip(span, span[1:]):
+            began = [x.data["gauges"].get(PROCESS_START) for x in (p, q)]
+            counters = [(series_value(p.data, n) if isinstance(n, Series) else p.data["counters"].get(n),
+                         series_value(q.data, n) if isinstance(n, Series) else q.data["counters"].get(n))
+                        for n in (names.tokens, names.requests) if n is not None]
+            if (None not in began and began[0] != began[1]) or any(
+                    x is not None and y is not None and y < x for x, y in counters):
+                restarts += 1
+                lost += max(1, int(round(p.data["gauges"].get(names.running) or 0)))
+        return restarts, lost
+
+    @staticmethod
     def _window(samples: list[_Sample], start: float, end: float, names: Metrics = SGLANG_METRICS) -> WindowStats:
         before = [s for s in samples if s.t <= start]
         upto = [s for s in samples if s.t <= end]
@@ -268,19 +292,29 @@ class ScrapeSource:
             return stats
         a, b = before[-1], upto[-1]
         dt = b.t - a.t
+        span = [s for s in samples if a.t <= s.t <= b.t]
 
         def increase(name: str | Series | None, kind: str = "counters") -> float | None:
-            if isinstance(name, Series) or name is None:
-                va, vb = series_value(a.data, name), series_value(b.data, name)
-            else:
-                va, vb = a.data.get(kind, {}).get(name), b.data.get(kind, {}).get(name)
+            def value(sample: _Sample) -> float | None:
+                if isinstance(name, Series) or name is None:
+                    return series_value(sample.data, name)
+                return sample.data.get(kind, {}).get(name)
+
+            va, vb = value(a), value(b)
             if va is None or vb is None:
                 return None
-            return vb - va if vb >= va else vb  # a counter reset: the process restarted inside the window
+            total, prev = 0.0, va   # summed sample to sample: a reset (a restart) starts again from 0
+            for sample in span[1:]:
+                v = value(sample)
+                if v is not None:
+                    total += v - prev if v >= prev else v
+                    prev = v
+            return total
 
         tokens = increase(names.tokens)
         stats.output_tokens_per_s = None if tokens is None else tokens / dt
-        stats.errors = int(round(increase(names.aborted) or 0))
+        stats.restarts, lost = ScrapeSource._restarts(span, names)
+        stats.errors = int(round(increase(names.aborted) or 0)) + lost
         finished = increase(names.requests)
         stats.requests = None if finished is None else int(round(finished))
         itl_sum, itl_count = increase(names.itl, "sums"), increase(names.itl, "counts")

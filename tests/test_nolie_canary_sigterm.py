@@ -1,0 +1,61 @@
+"""Issue 25 finding 10 (SIGTERM): `knobkeeper canary` stopped by SIGTERM printed only click's
+"Aborted!". A real second process runs the CLI (the deploy, the metrics source and the host look-up
+of `status` stood in for: the point is the signal path); SIGTERM by its PID once the candidate is
+on: the canary hosts are put back (a rollback deploy), and it says so in one line, exit 130."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from knobkeeper.deploy import canary_state
+
+KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
+
+CANARY = textwrap.dedent(f"""
+    import sys
+    from types import SimpleNamespace
+    import knobkeeper.deploy.api as api
+    import knobkeeper.deploy.status as S
+    import knobkeeper.evidence.metrics as M
+    from knobkeeper.cli import main
+
+    class Source:                                  # windows are never asked for: SIGTERM comes first
+        name = "scrape"
+        def __init__(self, *a, **k): pass
+        def check(self): pass
+        def start(self): pass
+        def stop(self): pass
+
+    def deploy(project, inventory, **kw):
+        print(kw["extra_data"]["canary"]["phase"], flush=True)
+        return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
+
+    S.stack_status = lambda project, inventory: []
+    M.ScrapeSource = Source
+    api.run_deploy = deploy
+    main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "0", "--duration", "60s", "--interval", "30s",
+          "--repo", sys.argv[1]])
+""")
+
+
+def test_sigterm_says_what_was_put_back(project):
+    env = {**os.environ, "KNOBKEEPER_LOCAL_WORKERS": "decode=2"}
+    proc = subprocess.Popen([sys.executable, "-c", CANARY, str(project.root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "candidate"
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert out.strip() == "rollback", out
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip() == (f"canary {KNOB}=512 stopped by SIGTERM: @local/knobkeeper-decode put back to the "
+                           f"declared state (a recorded deploy); no evidence written"), err
+    assert "Aborted!" not in err and canary_state.read_marker(project) is None
