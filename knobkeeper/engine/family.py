@@ -92,6 +92,19 @@ class RegistryReader(NamedTuple):
     read: Any  # Callable[[EngineSource], dict]
 
 
+# How every family's parser child ends (its loop's `try:` parses one argv into `out`): argparse's own
+# message on a rejection, the exception's on anything else, the verdicts written to sys.argv[2].
+PARSER_CHILD_END = r"""
+    except SystemExit as exc:
+        lines = [l for l in err.getvalue().strip().splitlines() if "error:" in l] or err.getvalue().strip().splitlines()
+        text = lines[-1].split("error:", 1)[-1].strip() if lines else f"exit status {exc.code}"
+        out.append({"ok": False, "message": text})
+    except Exception as exc:
+        out.append({"ok": False, "message": f"{type(exc).__name__}: {exc}"})
+json.dump(out, open(sys.argv[2], "w"), default=str)
+"""
+
+
 class ParserSpec(NamedTuple):
     """How to run a family's own argument parser in a side environment (engine/sideenv.py)."""
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import ast
 from typing import Any, Mapping
 
-from knobkeeper.engine.family import (Endpoints, Family, Metrics, Parsed, ParserSpec, RegistryReader, Series,
-                                      Workers, engine_args, model_name)
+from knobkeeper.engine.family import (PARSER_CHILD_END, Endpoints, Family, Metrics, Parsed, ParserSpec,
+                                      RegistryReader, Series, Workers, engine_args, model_name)
 from knobkeeper.engine.source import EngineSource, NotLiteral, comments, doc_above, int_enums, literal, segment
 from knobkeeper.errors import UserError
 
@@ -196,14 +196,7 @@ for argv in argvs:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             parsed = prepare_server_args(list(argv))
         out.append({"ok": True, "args": {f: getattr(parsed, f, None) for f in FIELDS}})
-    except SystemExit as exc:
-        lines = [l for l in err.getvalue().strip().splitlines() if "error:" in l] or err.getvalue().strip().splitlines()
-        text = lines[-1].split("error:", 1)[-1].strip() if lines else f"exit status {exc.code}"
-        out.append({"ok": False, "message": text})
-    except Exception as exc:
-        out.append({"ok": False, "message": f"{type(exc).__name__}: {exc}"})
-json.dump(out, open(sys.argv[2], "w"), default=str)
-"""
+""" + PARSER_CHILD_END
 
 # What must agree between prefill and decode, as the parser resolved it.
 PAIRED = (("model_path", "model path"), ("served_model_name", "served model name"), ("page_size", "page size"),

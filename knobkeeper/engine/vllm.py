@@ -38,8 +38,8 @@ import json
 import re
 from typing import Any, Mapping
 
-from knobkeeper.engine.family import (Endpoints, Family, Metrics, Parsed, ParserSpec, RegistryReader, Series,
-                                      Workers, engine_args, model_name)
+from knobkeeper.engine.family import (PARSER_CHILD_END, Endpoints, Family, Metrics, Parsed, ParserSpec,
+                                      RegistryReader, Series, Workers, engine_args, model_name)
 from knobkeeper.engine.source import (EngineSource, NotLiteral, comments, doc_above, literal, parse_python, segment)
 from knobkeeper.errors import UserError
 
@@ -335,14 +335,7 @@ for argv in argvs:
         if isinstance(config, dict):  # what PD pairing compares (engine_id is a fresh uuid per parse)
             found["kv_transfer_config"] = {k: config.get(k) for k in ("kv_connector", "kv_role", "kv_buffer_device")}
         out.append({"ok": True, "args": found})
-    except SystemExit as exc:
-        lines = [l for l in err.getvalue().strip().splitlines() if "error:" in l] or err.getvalue().strip().splitlines()
-        text = lines[-1].split("error:", 1)[-1].strip() if lines else f"exit status {exc.code}"
-        out.append({"ok": False, "message": text})
-    except Exception as exc:
-        out.append({"ok": False, "message": f"{type(exc).__name__}: {exc}"})
-json.dump(out, open(sys.argv[2], "w"), default=str)
-"""
+""" + PARSER_CHILD_END
 
 VLLM_METRICS = Metrics(
     tokens="vllm:generation_tokens_total", running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
