@@ -19,7 +19,6 @@ imports vLLM) and ~2 s of load (128 prompts, time scale 0.5). About 2 minutes fo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -36,7 +35,7 @@ from knobkeeper.evidence import store
 from knobkeeper.evidence.bench import locate
 from tests.infra import make_infra_repo
 from tests.real_vllm import ensure
-from tests.test_evidence_ab import KNOB, SimSwitcher, _raise_priority
+from tests.test_evidence_ab import KNOB, SimSwitcher, raised_priority
 
 SHAPE = dict(api="completions", input_len=32, output_len=32, requests=128)
 
@@ -66,20 +65,15 @@ def test_ab_run_bench_vllm_on_the_sim_to_a_decided_verdict(tmp_path, engine, mon
     (tmp_path / "effects.toml").write_text(EFFECTS)
     monkeypatch.setenv("KNOBKEEPER_SIM_EFFECTS", str(tmp_path / "effects.toml"))
     sw = SimSwitcher(tmp_path, declared={KNOB: None}, time_scale=0.5)
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    _raise_priority()
     try:
-        bench = locate("vllm", python)
-        doc = AB.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
-                        design=AB.Design([8], max_repeats=5, **SHAPE, load_options={"keepalive": True}),
-                        harness=AB.Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()), bench=bench,
-                        tokenizer=tokenizer)
+        with raised_priority():
+            bench = locate("vllm", python)
+            doc = AB.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
+                            design=AB.Design([8], max_repeats=5, **SHAPE, load_options={"keepalive": True}),
+                            harness=AB.Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()), bench=bench,
+                            tokenizer=tokenizer)
     finally:
         sw.stop()
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, before)
-        except OSError:
-            pass
     print(store.summary_line(doc))
     # the verdict: decided, by the unchanged sequential judgement (looks after 3 and 5 repeats)
     [level] = doc.judgement.levels

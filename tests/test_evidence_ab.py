@@ -27,6 +27,7 @@ more), so 64 stops after 3 repeats and 80 goes on to the cap.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -52,6 +53,20 @@ def _raise_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, -10)
     except OSError:
         pass
+
+
+@contextlib.contextmanager
+def raised_priority():
+    """This process's CPU priority raised for the block (the load generator runs in it), then put back."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    _raise_priority()
+    try:
+        yield
+    finally:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
+        except OSError:
+            pass
 
 
 class SimSwitcher:
@@ -108,16 +123,11 @@ def sim_switcher(tmp_path):
     if not SIM_MAIN.exists():
         pytest.skip("knobkeeper.sim is not there yet")
     sw = SimSwitcher(tmp_path, declared={KNOB: None})
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    _raise_priority()   # the load generator runs in this process
     try:
-        yield sw
+        with raised_priority():
+            yield sw
     finally:
         sw.stop()
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, before)
-        except OSError:
-            pass
 
 
 def _arms(a, b):
