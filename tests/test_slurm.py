@@ -63,9 +63,17 @@ class Site:
             states.setdefault(ident.split("+")[0], state)
         return states
 
-    def scontrol_state(self, job_id: str) -> str:
-        line = self.cluster.client("scontrol", "show", "job", "-o", job_id, check=True).stdout.splitlines()[0]
-        return dict(f.split("=", 1) for f in line.split() if "=" in f)["JobState"]
+    def scontrol_state(self, job_id: str, settle: float = 60.0) -> str:
+        """The job's final state as scontrol shows it. A cancelled job passes through COMPLETING while
+        slurmd stops its steps (seconds on a loaded machine): that is the cancel in progress, so wait
+        it out (bounded) instead of asserting on the moment of the look."""
+        deadline = time.monotonic() + settle
+        while True:
+            line = self.cluster.client("scontrol", "show", "job", "-o", job_id, check=True).stdout.splitlines()[0]
+            state = dict(f.split("=", 1) for f in line.split() if "=" in f)["JobState"]
+            if state != "COMPLETING" or time.monotonic() > deadline:
+                return state
+            time.sleep(0.5)
 
     def placed(self):
         return {s.name: s for s in running_stack(self.project.root, INV, FAST).services}
