@@ -102,6 +102,7 @@ from knobkeeper.deploy.record import DEPLOY_BUSY
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
                                           SCRAPE_INTERVAL_S)
+from knobkeeper.evidence import validity as V
 from knobkeeper.evidence.metrics import Target, WindowStats, queries
 from knobkeeper.timeutil import iso, utcnow
 from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
@@ -113,8 +114,8 @@ SETTLE_MIN_S = 10.0
 # A worker whose process is replaced during a window (a crash supervisord restarted): that window is
 # invalid ("restarted"), the requests in flight at the crash count as errors, and this many restarts
 # of the canary workers fail the candidate whatever the valid windows say (its worst windows are
-# exactly the ones a crash makes invalid).
-RESTARTS_FAIL = 3
+# exactly the ones a crash makes invalid). The same number as ab run's (evidence/validity).
+RESTARTS_FAIL = V.RESTARTS_FAIL
 GUARD_FIELDS = ("ttft_ms", "tpot_ms")
 GUARD_KEYS = ("p50", "p99")
 CALIBRATION, CANARY = "calibration", "canary"
@@ -459,16 +460,40 @@ def decide(plan: Plan, windows: list[Window], judged: Judgement | None, alpha: f
 
 # ---------------------------------------------------------------- measuring
 
+# While it waits, the canary asks its source every this many seconds whether it still can measure
+# (PrometheusSource.poll: Prometheus answers): a source that died stops the canary within a window.
+POLL_S = 5.0
+
+
+def _wait_until(deadline: float, source) -> None:
+    """Sleep until `deadline` (unix s), calling `source.poll()` (where it has one) every POLL_S s."""
+    poll = getattr(source, "poll", None)
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            return
+        time.sleep(min(left, POLL_S))
+        if poll is not None:
+            poll()
+
+
 def _windows_of(count: int, interval: float, on_window: Callable[[int, int], None] | None, done: int,
-                total: int) -> list[float]:
-    """Wait out `count` windows of `interval` s; their edges (unix s)."""
+                total: int, source=None) -> list[float]:
+    """Wait out `count` windows of `interval` s (polling `source`); their edges (unix s)."""
     edges = [time.time()]
     for k in range(count):
-        time.sleep(max(0.0, edges[0] + (k + 1) * interval - time.time()))
+        _wait_until(edges[0] + (k + 1) * interval, source)
         edges.append(time.time())
         if on_window:
             on_window(done + k + 1, total)
     return edges
+
+
+def _stop_quietly(source) -> None:
+    try:
+        source.stop()   # a second stop is harmless; the scrape thread must not outlive the run
+    except Exception:
+        pass
 
 
 @dataclass
@@ -492,7 +517,7 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
     applied = False
     try:
         source.start()
-        calibration_edges = (_windows_of(n_calibration, options.interval, options.on_window, 0, total)
+        calibration_edges = (_windows_of(n_calibration, options.interval, options.on_window, 0, total, source)
                              if n_calibration else [])
         applied = True
         try:
@@ -501,8 +526,8 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
             applied = False
             raise
         deployed = time.time()
-        time.sleep(options.settle_s)
-        edges = _windows_of(n_windows, options.interval, options.on_window, n_calibration, total)
+        _wait_until(deployed + options.settle_s, source)
+        edges = _windows_of(n_windows, options.interval, options.on_window, n_calibration, total, source)
         source.stop()
         calibration = source.windows(calibration_edges) if calibration_edges else None
         runs, windows = window_runs(plan, source.windows(edges), options.imbalance, calibration)
@@ -513,15 +538,24 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
             runs, noise = _unjudged_runs(plan, windows), 0.0
         if not runs:
             reasons = sorted({r for w in windows for r in w.reasons})
-            raise UserError(f"canary: no valid window ({'; '.join(reasons[:3]) or 'no data'}); the canary "
-                            f"hosts were put back")
+            raise UserError(f"canary: no valid window ({'; '.join(reasons[:3]) or 'no data'})")
+    except NothingApplied:
+        _stop_quietly(source)
+        raise
+    except UserError as exc:   # the source died, no valid window, a failed deploy: say what was left
+        _stop_quietly(source)
+        if not applied:
+            raise UserError(f"{exc}; canary stopped, nothing was deployed") from None
+        try:
+            switch.restore()
+        except UserError as failed:
+            raise UserError(f"{exc}; canary stopped: {failed}") from None
+        services, hosts = ", ".join(t.key for t in plan.canary), ", ".join(sorted({t.host for t in plan.canary}))
+        raise UserError(f"{exc}; canary stopped: {services} (hosts {hosts}) put back to the declared state") from None
     except BaseException:
         if applied:
             switch.restore()
-        try:
-            source.stop()   # a second stop is harmless; the scrape thread must not outlive the run
-        except Exception:
-            pass
+        _stop_quietly(source)
         raise
     return _Measured(windows, runs, noise, verdict, failed, bool(calibration), deployed)
 
