@@ -672,12 +672,14 @@ class Outcome:
 
 
 def run(project, plan: Plan, source, switch: Switch, options: Options | None = None,
-        setup: Setup | None = None) -> Outcome:
+        setup: Setup | None = None, done: dict | None = None) -> Outcome:
     """Run the canary, write its evidence (one commit), then roll back, promote or put back.
 
     Promote ("better" and `options.promote`): `set KNOB=VALUE --role R --evidence ID` (the usual
     entry, one commit), then `switch.promote_rest()` deploys the declared state to the whole role.
     Any other verdict but "worse": the canary hosts are put back and knobs.toml is left as it was.
+    `done` gets "evidence" (`ID (path)`) once the evidence is committed: an interruption after that
+    names it.
     """
     from knobkeeper.evidence.store import write
 
@@ -690,7 +692,7 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         doc = measure(plan, source, switch, options, setup)
     except CanaryWorse as worse:
         with terminate_as_interrupt():
-            path = _written_then_put_back(project, worse.doc, switch)
+            path = _written_then_put_back(project, worse.doc, switch, done)
         return Outcome(worse.doc, "worse", "rolled back", project.rel(path))
     verdict = doc.canary.verdict
     if verdict == "better" and options.promote:
@@ -698,6 +700,7 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         from knobkeeper.fmt import pct
 
         path = write(project, doc)
+        _written(project, doc, path, done)
         try:
             change = set_knob(project, plan.knob, _raw(plan.value), plan.role,
                               options.reason or f"canary on {', '.join(t.key for t in plan.canary)}: "
@@ -709,11 +712,16 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         switch.promote_rest()
         return Outcome(doc, verdict, "promoted", project.rel(path), change.entry.id)
     with terminate_as_interrupt():
-        path = _written_then_put_back(project, doc, switch)
+        path = _written_then_put_back(project, doc, switch, done)
     return Outcome(doc, verdict, "put back", project.rel(path))
 
 
-def _written_then_put_back(project, doc: Evidence, switch: Switch):
+def _written(project, doc: Evidence, path, done: dict | None) -> None:
+    if done is not None:
+        done["evidence"] = f"{doc.id} ({project.rel(path)})"
+
+
+def _written_then_put_back(project, doc: Evidence, switch: Switch, done: dict | None = None):
     """Write the evidence (one commit), then put the canary hosts back, also when the write fails
     or is interrupted: the windows measured are kept whatever the put-back does. A put-back that
     fails says so with the evidence written (its message names the hosts left on the candidate)."""
@@ -724,6 +732,7 @@ def _written_then_put_back(project, doc: Evidence, switch: Switch):
     except BaseException:
         switch.restore()
         raise
+    _written(project, doc, path, done)
     try:
         switch.restore()
     except UserError as exc:
@@ -850,7 +859,7 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
         done: dict[str, bool] = {}
         switch = marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan, options.lock_wait), done)
         try:
-            return run(project, plan, source, switch, _heartbeat(project, options), setup)
+            return run(project, plan, source, switch, _heartbeat(project, options), setup, done)
         except KeyboardInterrupt as stop:
             raise Interrupted(_interrupted_line(plan, done, str(stop))) from None
     finally:
@@ -876,7 +885,8 @@ def require_in_sync(project, inventory: str, role: str) -> None:
 
 
 def _interrupted_line(plan: Plan, done: dict[str, bool], why: str) -> str:
-    """`canary K=V stopped by SIGTERM: S put back to the declared state; no evidence written` (or what else was so)."""
+    """`canary K=V stopped by SIGTERM: S put back to the declared state; no evidence written` (or what
+    else was so: `evidence ID (path) written` once it was committed)."""
     by = "SIGTERM" if why == f"signal {signal.SIGTERM}" else "Ctrl-C" if not why else why
     services = ", ".join(t.key for t in plan.canary)
     if done.get("put_back"):
@@ -885,7 +895,8 @@ def _interrupted_line(plan: Plan, done: dict[str, bool], why: str) -> str:
         state = f"{services} may still be on the candidate: put them back with `knobkeeper canary --abort`"
     else:
         state = "nothing was deployed"
-    return f"canary {plan.knob}={_raw(plan.value)} stopped by {by}: {state}; no evidence written"
+    evidence = f"evidence {done['evidence']} written" if done.get("evidence") else "no evidence written"
+    return f"canary {plan.knob}={_raw(plan.value)} stopped by {by}: {state}; {evidence}"
 
 
 def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dict[str, bool] | None = None) -> Switch:
