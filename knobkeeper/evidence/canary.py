@@ -912,7 +912,7 @@ def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dic
             "role": plan.role, "scope": plan.role, "started_at": now, **(canary_state.read_marker(project) or {}),
             "knob": plan.knob, "value": plan.value, "inventory": inventory,
             "services": [t.key for t in targets], "hosts": sorted({t.host for t in targets}),
-            "phase": "candidate", "applied_at": now, "seen_at": now, "pid": os.getpid()})
+            "phase": "candidate-deploy", "applied_at": now, "seen_at": now, "pid": os.getpid()})
         done["applied"] = True
         try:
             switch.apply(targets, knobs)
@@ -922,16 +922,25 @@ def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dic
             canary_state.write_marker(project, {k: v for k, v in data.items() if k != "applied_at"}
                                       | {"phase": "calibrating"})
             raise
+        _phase(project, "candidate")
 
-    def settled(step: Callable[[], None]) -> Callable[[], None]:
+    def settled(step: Callable[[], None], phase: str) -> Callable[[], None]:
         def finished() -> None:
+            _phase(project, phase)
             step()
             canary_state.clear_marker(project)
             done["put_back"] = True
         return finished
 
-    return Switch(apply=apply, restore=settled(switch.restore),
-                  promote_rest=settled(switch.promote_rest) if switch.promote_rest is not None else None)
+    return Switch(apply=apply, restore=settled(switch.restore, "put-back"),
+                  promote_rest=settled(switch.promote_rest, "promote") if switch.promote_rest is not None else None)
+
+
+def _phase(project, phase: str) -> None:
+    """The marker's `phase` now (canary_state.PHASES): which deploy a kill would interrupt."""
+    data = canary_state.read_marker(project)
+    if data is not None:
+        canary_state.write_marker(project, {**data, "phase": phase, "seen_at": iso(utcnow())})
 
 
 def _heartbeat(project, options: Options) -> Options:
@@ -951,8 +960,9 @@ def _heartbeat(project, options: Options) -> Options:
 
 def abort(project) -> tuple[dict, Any]:
     """`knobkeeper canary --abort`: deploy the services an abandoned canary left on its candidate back
-    to the declared state (recorded as a deploy, canary phase "abort") and remove its marker;
-    (the marker, the deploy result)."""
+    to the declared state (recorded as a deploy, canary phase "abort", `abandoned`: the phase it died
+    in), or, killed during its promote, the whole role at the declared state (the promote's deploy),
+    and remove its marker; (the marker, the deploy result)."""
     from knobkeeper.deploy.api import run_deploy
 
     data = canary_state.abandoned(project)
@@ -963,8 +973,11 @@ def abort(project) -> tuple[dict, Any]:
                             f"(pid {running.get('pid')}); stop it (Ctrl-C puts it back)")
         raise UserError("--abort: no abandoned canary in this repo (nothing to put back)")
     tag = {k: data.get(k) for k in ("knob", "value", "hosts", "services")}
-    result = run_deploy(project, data["inventory"], only=data["role"], limit=list(data.get("hosts") or []) or None,
-                        extra_data={"canary": {**tag, "phase": "abort"}})
+    # Killed during its promote: the value is declared, the canary hosts run it; the rest of the role
+    # is what is not done. Otherwise the canary hosts go back to the declared state.
+    limit = None if data.get("phase") == "promote" else list(data.get("hosts") or []) or None
+    result = run_deploy(project, data["inventory"], only=data["role"], limit=limit,
+                        extra_data={"canary": {**tag, "phase": "abort", "abandoned": data.get("phase")}})
     if not result.ok:
         raise UserError(f"--abort: the deploy of {', '.join(data.get('services') or [])} back to the declared state "
                         f"failed ({result.error}); they are still on {data['knob']}={data['value']}; run "
