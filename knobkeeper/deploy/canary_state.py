@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper import fmt
-from knobkeeper.changelog.store import atomic_write, lock_file, unlock_file
+from knobkeeper.changelog.store import LOOK_GRACE_S, atomic_write, lock_file, unlock_file
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 
@@ -65,7 +65,9 @@ def hold(project: Project):
     """The canary's lock (an open handle; `release` gives it back), or UserError naming the running canary."""
     running = read_marker(project)
     what = f"canary {_what(running)} is running" if running else "another canary of this repo is running"
-    handle = lock_file(lock_path(project), wait=False, busy=f"{what}; wait for it or stop it (Ctrl-C puts it back)")
+    # `abandoned` and `running` take the lock for an instant to look: a canary starting then waits it out
+    handle = lock_file(lock_path(project), wait=LOOK_GRACE_S,
+                       busy=f"{what}; wait for it or stop it (Ctrl-C puts it back)")
     _held_here.add(project.root)
     return handle
 
