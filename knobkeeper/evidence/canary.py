@@ -74,9 +74,14 @@ held no requests (no traffic), or when the most and least loaded host differ by 
 is put back and the command fails.
 
 Restarts: a worker whose process start time changes, or whose token or request counter goes down,
-within a window restarted there (ScrapeSource); that window is invalid with reason "restarted", the
-requests in flight before the crash count as its errors (the errors test sees them), and
-RESTARTS_FAIL restarts of the canary workers over the canary windows fail the candidate.
+within a window restarted there (metrics.restarts_in, on knobkeeper's own samples or on the raw
+samples Prometheus holds); that window is invalid with reason "restarted", the requests in flight
+before the crash count as its errors (the errors test sees them), and RESTARTS_FAIL restarts of the
+canary workers over the canary windows fail the candidate.
+
+A source that dies: while it waits out its windows the canary polls the source every POLL_S s
+(PrometheusSource.poll); one that stops answering stops the canary at once, its hosts put back,
+the line saying so.
 
 Guards: TTFT and TPOT percentiles, as ratios the same way, in the judgement's family (lower is
 better). Errors: aborted requests on the canary hosts against the baseline hosts over the canary

@@ -27,6 +27,11 @@ traffic); the gauge is the mean of the samples inside the window; a histogram qu
 Prometheus's own interpolation (`histogram_quantile`) on the bucket increases. Both parse the text
 exposition with prometheus-client's parser (the scrape path) or leave it to Prometheus.
 
+Restarts: a worker whose process was replaced (a new process_start_time_seconds, or its token or
+request counter going down) between two samples restarted there: `restarts_in`, the one rule, for
+the scrape path's samples, the raw samples Prometheus holds (`PrometheusSource.samples`) and `ab
+run`'s samples before and after each run (`ProcessWatch`).
+
 `scrape_config(stack)` renders the prometheus.yml that scrapes every worker's /metrics and the
 router's metrics port, each target labelled `kk_target="<host>/<service>"` so that the PromQL and
 the scrape path name series the same way.
