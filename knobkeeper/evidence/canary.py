@@ -149,6 +149,7 @@ class Options:
     reason: str | None = None
     lock_wait: float = 600.0   # s a canary deploy waits for another deploy of the repo to finish
     on_window: Callable[[int, int], None] | None = None
+    on_written: Callable[[str], None] | None = None   # "ID (path)" once the evidence is committed
 
     def check(self) -> None:
         """UserError (one line, naming the option) for options a canary cannot run with."""
@@ -677,13 +678,13 @@ class Outcome:
 
 
 def run(project, plan: Plan, source, switch: Switch, options: Options | None = None,
-        setup: Setup | None = None, done: dict | None = None) -> Outcome:
+        setup: Setup | None = None) -> Outcome:
     """Run the canary, write its evidence (one commit), then roll back, promote or put back.
 
     Promote ("better" and `options.promote`): `set KNOB=VALUE --role R --evidence ID` (the usual
     entry, one commit), then `switch.promote_rest()` deploys the declared state to the whole role.
     Any other verdict but "worse": the canary hosts are put back and knobs.toml is left as it was.
-    `done` gets "evidence" (`ID (path)`) once the evidence is committed: an interruption after that
+    `options.on_written("ID (path)")` once the evidence is committed: an interruption after that
     names it.
     """
     from knobkeeper.evidence.store import write
@@ -697,7 +698,7 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         doc = measure(plan, source, switch, options, setup)
     except CanaryWorse as worse:
         with terminate_as_interrupt():
-            path = _written_then_put_back(project, worse.doc, switch, done)
+            path = _written_then_put_back(project, worse.doc, switch, options.on_written)
         return Outcome(worse.doc, "worse", "rolled back", project.rel(path))
     verdict = doc.canary.verdict
     if verdict == "better" and options.promote:
@@ -705,7 +706,7 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         from knobkeeper.fmt import pct
 
         path = write(project, doc)
-        _written(project, doc, path, done)
+        _written(project, doc, path, options.on_written)
         try:
             change = set_knob(project, plan.knob, _raw(plan.value), plan.role,
                               options.reason or f"canary on {', '.join(t.key for t in plan.canary)}: "
@@ -717,16 +718,17 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         switch.promote_rest()
         return Outcome(doc, verdict, "promoted", project.rel(path), change.entry.id)
     with terminate_as_interrupt():
-        path = _written_then_put_back(project, doc, switch, done)
+        path = _written_then_put_back(project, doc, switch, options.on_written)
     return Outcome(doc, verdict, "put back", project.rel(path))
 
 
-def _written(project, doc: Evidence, path, done: dict | None) -> None:
-    if done is not None:
-        done["evidence"] = f"{doc.id} ({project.rel(path)})"
+def _written(project, doc: Evidence, path, on_written: Callable[[str], None] | None) -> None:
+    if on_written is not None:
+        on_written(f"{doc.id} ({project.rel(path)})")
 
 
-def _written_then_put_back(project, doc: Evidence, switch: Switch, done: dict | None = None):
+def _written_then_put_back(project, doc: Evidence, switch: Switch,
+                           on_written: Callable[[str], None] | None = None):
     """Write the evidence (one commit), then put the canary hosts back, also when the write fails
     or is interrupted: the windows measured are kept whatever the put-back does. A put-back that
     fails says so with the evidence written (its message names the hosts left on the candidate)."""
@@ -737,7 +739,7 @@ def _written_then_put_back(project, doc: Evidence, switch: Switch, done: dict | 
     except BaseException:
         switch.restore()
         raise
-    _written(project, doc, path, done)
+    _written(project, doc, path, on_written)
     try:
         switch.restore()
     except UserError as exc:
@@ -864,7 +866,8 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
         done: dict[str, bool] = {}
         switch = marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan, options.lock_wait), done)
         try:
-            return run(project, plan, source, switch, _heartbeat(project, options), setup, done)
+            options.on_written = lambda line: done.__setitem__("evidence", line)
+            return run(project, plan, source, switch, _heartbeat(project, options), setup)
         except KeyboardInterrupt as stop:
             raise Interrupted(_interrupted_line(plan, done, str(stop))) from None
     finally:
