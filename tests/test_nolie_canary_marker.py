@@ -60,8 +60,8 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
             proc.wait()
 
     marker = canary_state.read_marker(project)
-    line = (f"canary {KNOB}=512 on {SERVICE} abandoned at {marker['seen_at']}; put back with "
-            f"`knobkeeper canary --abort` (or a deploy of role decode)")
+    line = (f"canary {KNOB}=512 on {SERVICE} abandoned at {marker['seen_at']} during its candidate deploy; put "
+            f"back with `knobkeeper canary --abort` (or a deploy of role decode)")
     assert canary_state.abandoned_line(project) == line
     problems = [p.line() for p in check(project).problems]
     assert problems == [f"{project.rel(canary_state.marker_path(project))}: {line}"], problems
@@ -81,11 +81,12 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
     monkeypatch.setattr(DeployResult, "ok", property(lambda self: True))
     result = kk(project, "canary", "--abort")
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == f"canary {KNOB}=512 on {SERVICE}: put back to the declared state (deploy d3p10y00)"
+    assert result.output.strip() == (f"canary {KNOB}=512 on {SERVICE} (abandoned during its candidate deploy): "
+                                     f"put back to the declared state (deploy d3p10y00)")
     ((inventory, kw),) = calls
     assert inventory == "inventory/local.py" and kw["only"] == "decode" and kw["limit"] == ["@local"]
     assert kw["extra_data"]["canary"] == {"knob": KNOB, "value": 512, "hosts": ["@local"], "services": [SERVICE],
-                                          "phase": "abort"}
+                                          "phase": "abort", "abandoned": "candidate-deploy"}
     assert canary_state.read_marker(project) is None and check(project).ok
     one_line_exit_2(cli(project, "canary", "--abort"), "no abandoned canary")
 
@@ -100,4 +101,75 @@ def test_a_canary_that_puts_back_leaves_no_marker(project):
     switch.apply([SimpleNamespace(key=SERVICE, host="@local")], {KNOB: 512})
     assert canary_state.read_marker(project)["services"] == [SERVICE] and applied
     switch.restore()
+    assert canary_state.read_marker(project) is None
+
+
+# A canary killed in each deploy phase (a real second process, SIGKILL by PID while the step named
+# blocks): the marker says which deploy was in flight, and status, check and --abort use it.
+PHASED = textwrap.dedent(f"""
+    import sys, time
+    from pathlib import Path
+    from types import SimpleNamespace
+    from knobkeeper.deploy import canary_state
+    from knobkeeper.evidence import canary as C
+    from knobkeeper.project import Project
+
+    project, stop_in = Project(Path(sys.argv[1])), sys.argv[2]
+    handle = canary_state.hold(project)
+    canary_state.write_marker(project, {{"knob": {KNOB!r}, "value": 512, "role": "decode", "scope": "decode",
+                                        "inventory": "inventory/local.py", "phase": "calibrating", "pid": 0}})
+    plan = C.Plan({KNOB!r}, 512, None, "decode", [], [])
+    def step(name):
+        def run(*args):
+            if name == stop_in:
+                print("in " + name, flush=True)
+                time.sleep(120)
+        return run
+    switch = C.marked_switch(project, "inventory/local.py", plan,
+                             C.Switch(apply=step("candidate-deploy"), restore=step("put-back"),
+                                      promote_rest=step("promote")))
+    switch.apply([SimpleNamespace(key={SERVICE!r}, host="@local")], {{{KNOB!r}: 512}})
+    if stop_in == "candidate":
+        print("in candidate", flush=True)
+        time.sleep(120)
+    switch.promote_rest() if stop_in == "promote" else switch.restore()
+""")
+
+
+@pytest.mark.parametrize("phase, words, limit", [
+    ("candidate-deploy", "during its candidate deploy", ["@local"]),
+    ("candidate", "on its candidate", ["@local"]),
+    ("put-back", "during its put-back", ["@local"]),
+    ("promote", "during its promote", None)])
+def test_the_marker_says_which_deploy_was_in_flight(project, monkeypatch, phase, words, limit):
+    proc = subprocess.Popen([sys.executable, "-c", PHASED, str(project.root), phase], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == f"in {phase}"
+        running = canary_state.running(project)
+        assert running["phase"] == phase
+        with pytest.raises(UserError, match=f"holds role decode \\({words}, pid "):   # a `set` of the role meanwhile
+            canary_state.refuse_change(project, "decode", "set")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    line = canary_state.abandoned_line(project)
+    assert f"abandoned at {canary_state.read_marker(project)['seen_at']} {words}" in line, line
+    if phase == "promote":
+        assert f"{KNOB} is set; the rest of role decode may not run it yet); finish with `knobkeeper canary --abort`" \
+            in line, line
+    assert [p.line() for p in check(project).problems] == [f"{project.rel(canary_state.marker_path(project))}: {line}"]
+    status = cli(project, "status", "inventory/local.py")
+    assert f"warning: {line}" in status.stderr.decode(), status.stderr
+    calls = []
+    monkeypatch.setattr("knobkeeper.deploy.api.run_deploy",
+                        lambda project_, inventory, **kw: calls.append(kw) or DeployResult(0, "", None, "d3p10y00", 1.0))
+    monkeypatch.setattr(DeployResult, "ok", property(lambda self: True))
+    result = kk(project, "canary", "--abort")
+    assert result.exit_code == 0, result.output
+    assert f"(abandoned {words}): " in result.output, result.output
+    ((kw,),) = [(c,) for c in calls]
+    assert kw["limit"] == limit and kw["only"] == "decode" and kw["extra_data"]["canary"]["abandoned"] == phase
     assert canary_state.read_marker(project) is None

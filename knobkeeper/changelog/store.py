@@ -18,7 +18,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import random
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,21 +97,34 @@ def git_author(project: Project) -> str:
     return f"{name} <{email}>"
 
 
-def lock_file(path: Path, *, wait: bool = True, busy: str | None = None):
+# A lock taken only to look (is its holder alive? is the deploy lock free?) is held for
+# microseconds; a command that fails on a held lock instead of waiting (a deploy, a canary's start)
+# waits this long first, so another process's look never fails it. A real holder (a running deploy,
+# a running canary) holds it for minutes: the command still fails, this much later.
+LOOK_GRACE_S = 2.0
+
+
+def lock_file(path: Path, *, wait: bool | float = True, busy: str | None = None):
     """An exclusive flock on `path` (created if missing); returns the open handle holding it.
 
-    wait=False: a lock held elsewhere raises UserError(`busy`) at once instead of waiting."""
+    wait=False: a lock held elsewhere raises UserError(`busy`) at once instead of waiting; a number:
+    after trying for that many seconds (LOOK_GRACE_S: past another process's look at the lock)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a")
     except OSError as exc:
         raise UserError(f"{path}: cannot open the lock ({exc.strerror})") from None
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except OSError:
-        handle.close()
-        raise UserError(busy or f"{path}: locked by another process") from None
-    return handle
+    deadline = time.monotonic() + (wait if not isinstance(wait, bool) else 0.0)
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait is True else fcntl.LOCK_NB))
+            return handle
+        except OSError:
+            if time.monotonic() < deadline:
+                time.sleep(random.uniform(0.001, 0.01))   # jittered: never in step with a looker's rhythm
+                continue
+            handle.close()
+            raise UserError(busy or f"{path}: locked by another process") from None
 
 
 def unlock_file(handle) -> None:

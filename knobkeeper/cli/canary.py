@@ -75,8 +75,12 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
     project = find_project(repo)
     if abort:
         data, result = C.abort(project)
-        done = f"canary {data['knob']}={C._raw(data['value'])} on {', '.join(data.get('services') or [])}: put back " \
-               f"to the declared state (deploy {result.deploy_id})"
+        from knobkeeper.deploy.canary_state import phase_words
+
+        what = (f"the promote finished: role {data.get('role')} deployed" if data.get("phase") == "promote"
+                else "put back to the declared state")
+        done = f"canary {data['knob']}={C._raw(data['value'])} on {', '.join(data.get('services') or [])} " \
+               f"(abandoned {phase_words(data)}): {what} (deploy {result.deploy_id})"
         emit_json({"aborted": data, "deploy": result.deploy_id}) if as_json else click.echo(done)
         return
     if role is None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from knobkeeper.deploy.options import DEFAULT_INVENTORY, DeployOptions
+from knobkeeper.deploy.parent import parent_env
 from knobkeeper.deploy.record import DeployRecord, find_record
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
@@ -153,7 +154,7 @@ def run_deploy(
     cmd = deploy_command(rel, options, extra_data, limit)
     started = time.monotonic()
     proc = subprocess.Popen(
-        cmd, cwd=project.root, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+        cmd, cwd=project.root, env={**os.environ, **(env or {}), **parent_env()}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=_parent_death_hook(),
     )
     chunks: list[str] = []
@@ -179,7 +180,8 @@ def _parent_death_hook():
     """A preexec_fn that makes the pyinfra child get SIGTERM when its parent dies (Linux
     PR_SET_PDEATHSIG), or None where there is no prctl. The run is in its own session, so a
     SIGKILLed caller (a canary, `ab run`) would otherwise leave it deploying its candidate for
-    minutes; killed, its record journal says how far it got. libc is looked up here, in the parent:
+    minutes; killed, its record journal says how far it got. Elsewhere (and as well) the child
+    watches its parent itself (deploy/parent.py, started from config.py). libc is looked up here, in the parent:
     the child between fork and exec may only call what is already resolved (no imports)."""
     try:
         import ctypes

@@ -7,7 +7,10 @@ that dies (SIGKILL, a reboot) does not leave its candidate running unseen.
 
 The marker is written when the canary starts (phase "calibrating", no `applied_at`: it owns its
 role from its first window), stamped `applied_at` before the candidate deploy starts, and removed
-once the canary hosts are put back or the value is promoted. A marker whose lock nobody holds is an
+once the canary hosts are put back or the value is promoted. Its `phase` says which deploy was in
+flight (PHASES): "candidate-deploy" (started, not yet through), "candidate" (applied, the canary
+measuring), "put-back" (the deploy back to the declared state started), "promote" (the value was
+`set`, the whole role's deploy started). A marker whose lock nobody holds is an
 abandoned canary (the lock dies with its process, whatever its PID is reused for): `status`, `plan`,
 `check` and the next canary say so, and `knobkeeper canary --abort` deploys those services back to
 the declared state and removes it; one that never got to `applied_at` left nothing on and is removed
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper import fmt
-from knobkeeper.changelog.store import atomic_write, lock_file, unlock_file
+from knobkeeper.changelog.store import LOOK_GRACE_S, atomic_write, lock_file, unlock_file
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 
@@ -39,6 +42,21 @@ def lock_path(project: Project) -> Path:
     return project.private_dir / "canary.lock"
 
 
+# The marker's phases, as the lines below say them. A canary killed during "candidate-deploy" or
+# "put-back" left some of its services on the candidate and some not (a deploy goes host by host);
+# during "promote" the declared state already is the candidate, so its --abort deploys the whole role.
+PHASES = {"calibrating": "calibrating", "candidate-deploy": "during its candidate deploy",
+          "candidate": "on its candidate", "put-back": "during its put-back", "promote": "during its promote"}
+
+
+def phase_words(data: dict[str, Any]) -> str:
+    """The marker's phase as words ("during its put-back"); an older marker without one: by applied_at."""
+    phase = data.get("phase")
+    if phase not in PHASES:
+        phase = "candidate" if data.get("applied_at") else "calibrating"
+    return PHASES[phase]
+
+
 # Roots whose canary lock this process holds: its own `set` (the promote) is not refused.
 _held_here: set[Path] = set()
 
@@ -47,7 +65,9 @@ def hold(project: Project):
     """The canary's lock (an open handle; `release` gives it back), or UserError naming the running canary."""
     running = read_marker(project)
     what = f"canary {_what(running)} is running" if running else "another canary of this repo is running"
-    handle = lock_file(lock_path(project), wait=False, busy=f"{what}; wait for it or stop it (Ctrl-C puts it back)")
+    # `abandoned` and `running` take the lock for an instant to look: a canary starting then waits it out
+    handle = lock_file(lock_path(project), wait=LOOK_GRACE_S,
+                       busy=f"{what}; wait for it or stop it (Ctrl-C puts it back)")
     _held_here.add(project.root)
     return handle
 
@@ -112,7 +132,7 @@ def running(project: Project) -> dict[str, Any] | None:
 
 
 def _owner_line(data: dict[str, Any]) -> str:
-    phase = "on its candidate" if data.get("applied_at") else "calibrating"
+    phase = phase_words(data)
     return (f"canary {_what(data)} holds role {data.get('scope') or data.get('role')} ({phase}, pid {data.get('pid')}, "
             f"since {data.get('started_at') or data.get('applied_at')}); wait for it or stop it (Ctrl-C puts it back)")
 
@@ -140,9 +160,13 @@ def refuse_deploy(project: Project, inventory: str, roles: list[str], parent: in
 
 
 def abandoned_line(project: Project) -> str | None:
-    """`canary X=V on <services> abandoned at <time>; put back with `knobkeeper canary --abort` ...`."""
+    """`canary X=V on <services> abandoned at <time> <phase>; put back with `knobkeeper canary --abort` ...`."""
     data = abandoned(project)
     if data is None:
         return None
-    return (f"canary {_what(data)} abandoned at {data.get('seen_at') or data.get('applied_at')}; put back with "
-            f"`knobkeeper canary --abort` (or a deploy of role {data.get('role')})")
+    if data.get("phase") == "promote":
+        return (f"canary {_what(data)} abandoned at {data.get('seen_at') or data.get('applied_at')} during its "
+                f"promote ({data.get('knob')} is set; the rest of role {data.get('role')} may not run it yet); finish "
+                f"with `knobkeeper canary --abort` (or a deploy of role {data.get('role')})")
+    return (f"canary {_what(data)} abandoned at {data.get('seen_at') or data.get('applied_at')} {phase_words(data)}; "
+            f"put back with `knobkeeper canary --abort` (or a deploy of role {data.get('role')})")

@@ -68,7 +68,7 @@ import gevent
 import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
-from knobkeeper.changelog.store import lock_file, unlock_file
+from knobkeeper.changelog.store import unlock_file
 from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, parse_versions, pinned_versions,
                                       version_drift, versions_command)
@@ -76,8 +76,8 @@ from knobkeeper.deploy.health import GateOutcome, Settling, require_up, settled,
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.plan import decide, role_batches
-from knobkeeper.deploy.record import (DEPLOY_BUSY, DeployRecord, Gate, Rollback, ServiceRow, deploy_lock, drop_journal, journal_path,
-                                      recover_interrupted, save, write_journal)
+from knobkeeper.deploy.record import (DeployRecord, Gate, Rollback, ServiceRow, drop_journal, journal_path,
+                                      recover_interrupted, save, take_deploy_lock, write_journal)
 from knobkeeper.deploy.observe import parse_service_state, state_command
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
 from knobkeeper.deploy.stack import stack_from_inventory
@@ -159,8 +159,7 @@ class Run:
         if self.options.only and self.options.restart != "none" and not slurm:
             # Seconds, not a role's full gate: a partial deploy stands on roles it does not restart.
             require_up(self.stack, self.scope, self.inventory_path)
-        lock = deploy_lock(self.project)
-        self.lock = lock_file(lock, wait=False, busy=f"{DEPLOY_BUSY} (lock {lock})")
+        self.lock = take_deploy_lock(self.project)
         recover_interrupted(self.project, locked=True)   # a killed run's record first, in its place in history
         self.source = source_of(self.project.root)
         self.rendered = render_stack(self.project, self.stack, knob_overrides=self.options.knob_overrides,

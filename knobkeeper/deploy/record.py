@@ -281,6 +281,17 @@ def deploy_lock(project: Project) -> Path:
     return project.state_dir / "deploy.lock"
 
 
+def take_deploy_lock(project: Project):
+    """The deploy lock for a run (an open handle), or UserError(DEPLOY_BUSY ...) while another deploy
+    holds it. Others take it for an instant only to look (a canary waiting for it to be free,
+    `recover_interrupted` asking whether a journal's run is alive): the run waits out such a look
+    (store.LOOK_GRACE_S) instead of failing "another deploy of this repo is running" on it."""
+    from knobkeeper.changelog.store import LOOK_GRACE_S, lock_file
+
+    lock = deploy_lock(project)
+    return lock_file(lock, wait=LOOK_GRACE_S, busy=f"{DEPLOY_BUSY} (lock {lock})")
+
+
 def journal_path(project: Project, deploy_id: str) -> Path:
     return project.private_dir / JOURNAL / f"{deploy_id}.json"
 

@@ -140,6 +140,37 @@ def installed_source(engine: str, accepted: tuple[str, ...], top: str) -> Engine
     raise UserError(f"--from-installed: {engine} is not installed in {sys.prefix} (use --version V or --wheel PATH)")
 
 
+# `pip download` of one wheel: its time (a release of a few hundred MB on a slow link) and the part
+# of its output kept (the ERROR lines are at the end).
+PIP_DOWNLOAD_TIMEOUT_S = 900.0
+OUTPUT_TAIL_BYTES = 64 * 1024
+
+
+def _bounded_run(args: list[str], timeout: float) -> tuple[int | None, str]:
+    """(exit status, None past `timeout`; the last OUTPUT_TAIL_BYTES of its stdout+stderr): the
+    output goes to a temporary file, never into memory, and a child past its time is killed with
+    its process group."""
+    import os
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        returncode: int | None = None
+        try:
+            returncode = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:   # past its time, or Ctrl-C here: the child (its own session) goes too
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        size = out.seek(0, os.SEEK_END)
+        out.seek(max(0, size - OUTPUT_TAIL_BYTES))
+        return returncode, out.read().decode("utf-8", "replace")
+
+
 def cached_wheel(distributions: tuple[str, ...], version: str, wheelhouse: Path | None = None) -> Path:
     """A wheel of the first of `distributions` that has `version`: from the cache, else a wheelhouse,
     else `pip download --no-deps` into the cache."""
@@ -162,16 +193,20 @@ def cached_wheel(distributions: tuple[str, ...], version: str, wheelhouse: Path 
     wheels.mkdir(parents=True, exist_ok=True)
     why = "no wheel"
     for dist in distributions:
-        args = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                "-d", str(wheels), f"{dist}=={version}"]
+        # Wheels only: an sdist would be built to read its metadata, which runs its build backend
+        # (a hostile one loops, forks, prints without end); a wheel is unpacked, nothing of it runs.
+        args = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                "--disable-pip-version-check", "-q", "-d", str(wheels), f"{dist}=={version}"]
         if wheelhouse is not None:
             args[4:4] = ["--no-index", "--find-links", str(wheelhouse)]
-        done = subprocess.run(args, capture_output=True, text=True)
+        returncode, tail = _bounded_run(args, PIP_DOWNLOAD_TIMEOUT_S)
         hit = found(wheels)
-        if done.returncode == 0 and hit is not None:
+        if returncode == 0 and hit is not None:
             return hit
-        lines = [ln for ln in done.stderr.strip().splitlines() if ln.startswith("ERROR")] or done.stderr.strip().splitlines()
+        lines = [ln for ln in tail.strip().splitlines() if ln.startswith("ERROR")] or tail.strip().splitlines()
         why = lines[-1] if lines else why
+        if returncode is None:
+            why = f"pip download {dist}=={version} did not finish in {PIP_DOWNLOAD_TIMEOUT_S:g} s (stopped)"
     where = f"wheelhouse {wheelhouse}" if wheelhouse else "the package index (offline? pass --wheel PATH or --wheelhouse DIR)"
     wanted = " or ".join(f"{d}=={version}" for d in distributions)
     raise UserError(f"{wanted}: not found in {where}: {why}")

@@ -47,10 +47,13 @@ LoadFn = Callable[..., dict]
 class Probes:
     """What `ab run` reads from the stack besides the load: `knob(arm) -> KnobSeen` after each
     switch (status, running value, detail), `prefill_tokens() -> counter | None` (None: the stack
-    is not disaggregated). Either may be None (not checked: the runs say "unverified")."""
+    is not disaggregated), `workers`: every worker's /metrics sampled before and after each run
+    (knobkeeper.evidence.metrics.ProcessWatch: a worker replaced during the run restarted there).
+    Any may be None (not checked: the runs say "unverified"; restarts are not seen)."""
 
     knob: Callable[[dict], KnobSeen] | None = None
     prefill_tokens: Callable[[], float | None] | None = None
+    workers: Any = None
 
 
 @dataclass
@@ -242,12 +245,15 @@ def _block(harness: Harness, design: Design, load: LoadFn, arm: str, repeat: int
     for conc in todo:
         on_level(conc)
         before = probes.prefill_tokens() if probes.prefill_tokens is not None else None
+        processes = probes.workers.sample() if probes.workers is not None else None
         try:
             summary = load(url, conc, requests=design.requests, duration=design.duration,
                            warmup=design.level_warmup, **shape, **design.load_options)
         except UserError as exc:   # a benchmark tool that failed: say where in the schedule
             raise UserError(f"arm {arm} repeat {repeat} @{conc}: {exc}") from None
         run = Run.from_json({**_run_fields(summary), "arm": arm, "repeat": repeat, "concurrency": conc})
+        if processes is not None:
+            _count_restarts(run, probes.workers.restarts(processes, probes.workers.sample()))
         if summary.get("raw_file") is not None and raw_files is not None:
             path = Path(summary["raw_file"])
             raw_files.append((f"{arm}-r{repeat}-c{conc}-{path.name}", path))
@@ -259,6 +265,20 @@ def _block(harness: Harness, design: Design, load: LoadFn, arm: str, repeat: int
         runs.append(run)
         on_done()
     return runs
+
+
+def _count_restarts(run: Run, restarted: dict[str, tuple[int, int]]) -> None:
+    """A run during which workers were replaced: `restarts` {worker: times} (the validity gate
+    "restarted" makes its level invalid; RESTARTS_FAIL of arm B fail the candidate), and its errors
+    at least the requests in flight at the crashes. At least, not plus: the load generator counts
+    every request that failed it, and the crash's requests are among them unless the router retried
+    them elsewhere; adding both would count one failure twice."""
+    if not restarted:
+        return
+    run.extra["restarts"] = {key: n for key, (n, _) in sorted(restarted.items())}
+    lost = sum(lost for _, lost in restarted.values())
+    if run.errors is not None:
+        run.errors = max(run.errors, lost)
 
 
 def _url(endpoint: str | Callable[[], str]) -> str:
@@ -381,7 +401,13 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
             total += value
         return total
 
-    return Probes(knob=knob_probe, prefill_tokens=prefill_tokens if prefills else None)
+    from knobkeeper.evidence.metrics import ProcessWatch, targets_of
+
+    def workers():   # every engine worker of the stack (a prefill crash spoils a decode A/B too)
+        return targets_of(running_stack(project.root, inventory) if is_slurm(stack) else stack)
+
+    return Probes(knob=knob_probe, prefill_tokens=prefill_tokens if prefills else None,
+                  workers=ProcessWatch(workers))
 
 
 def prompt_tokens_total(base_url: str, name: str = "sglang:prompt_tokens_total", timeout: float = 5.0) -> float | None:

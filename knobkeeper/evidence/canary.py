@@ -74,9 +74,14 @@ held no requests (no traffic), or when the most and least loaded host differ by 
 is put back and the command fails.
 
 Restarts: a worker whose process start time changes, or whose token or request counter goes down,
-within a window restarted there (ScrapeSource); that window is invalid with reason "restarted", the
-requests in flight before the crash count as its errors (the errors test sees them), and
-RESTARTS_FAIL restarts of the canary workers over the canary windows fail the candidate.
+within a window restarted there (metrics.restarts_in, on knobkeeper's own samples or on the raw
+samples Prometheus holds); that window is invalid with reason "restarted", the requests in flight
+before the crash count as its errors (the errors test sees them), and RESTARTS_FAIL restarts of the
+canary workers over the canary windows fail the candidate.
+
+A source that dies: while it waits out its windows the canary polls the source every POLL_S s
+(PrometheusSource.poll); one that stops answering stops the canary at once, its hosts put back,
+the line saying so.
 
 Guards: TTFT and TPOT percentiles, as ratios the same way, in the judgement's family (lower is
 better). Errors: aborted requests on the canary hosts against the baseline hosts over the canary
@@ -102,6 +107,7 @@ from knobkeeper.deploy.record import DEPLOY_BUSY
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
                                           SCRAPE_INTERVAL_S)
+from knobkeeper.evidence import validity as V
 from knobkeeper.evidence.metrics import Target, WindowStats, queries
 from knobkeeper.timeutil import iso, utcnow
 from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
@@ -113,8 +119,8 @@ SETTLE_MIN_S = 10.0
 # A worker whose process is replaced during a window (a crash supervisord restarted): that window is
 # invalid ("restarted"), the requests in flight at the crash count as errors, and this many restarts
 # of the canary workers fail the candidate whatever the valid windows say (its worst windows are
-# exactly the ones a crash makes invalid).
-RESTARTS_FAIL = 3
+# exactly the ones a crash makes invalid). The same number as ab run's (evidence/validity).
+RESTARTS_FAIL = V.RESTARTS_FAIL
 GUARD_FIELDS = ("ttft_ms", "tpot_ms")
 GUARD_KEYS = ("p50", "p99")
 CALIBRATION, CANARY = "calibration", "canary"
@@ -143,6 +149,7 @@ class Options:
     reason: str | None = None
     lock_wait: float = 600.0   # s a canary deploy waits for another deploy of the repo to finish
     on_window: Callable[[int, int], None] | None = None
+    on_written: Callable[[str], None] | None = None   # "ID (path)" once the evidence is committed
 
     def check(self) -> None:
         """UserError (one line, naming the option) for options a canary cannot run with."""
@@ -459,16 +466,40 @@ def decide(plan: Plan, windows: list[Window], judged: Judgement | None, alpha: f
 
 # ---------------------------------------------------------------- measuring
 
+# While it waits, the canary asks its source every this many seconds whether it still can measure
+# (PrometheusSource.poll: Prometheus answers): a source that died stops the canary within a window.
+POLL_S = 5.0
+
+
+def _wait_until(deadline: float, source) -> None:
+    """Sleep until `deadline` (unix s), calling `source.poll()` (where it has one) every POLL_S s."""
+    poll = getattr(source, "poll", None)
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            return
+        time.sleep(min(left, POLL_S))
+        if poll is not None:
+            poll()
+
+
 def _windows_of(count: int, interval: float, on_window: Callable[[int, int], None] | None, done: int,
-                total: int) -> list[float]:
-    """Wait out `count` windows of `interval` s; their edges (unix s)."""
+                total: int, source=None) -> list[float]:
+    """Wait out `count` windows of `interval` s (polling `source`); their edges (unix s)."""
     edges = [time.time()]
     for k in range(count):
-        time.sleep(max(0.0, edges[0] + (k + 1) * interval - time.time()))
+        _wait_until(edges[0] + (k + 1) * interval, source)
         edges.append(time.time())
         if on_window:
             on_window(done + k + 1, total)
     return edges
+
+
+def _stop_quietly(source) -> None:
+    try:
+        source.stop()   # a second stop is harmless; the scrape thread must not outlive the run
+    except Exception:
+        pass
 
 
 @dataclass
@@ -492,7 +523,7 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
     applied = False
     try:
         source.start()
-        calibration_edges = (_windows_of(n_calibration, options.interval, options.on_window, 0, total)
+        calibration_edges = (_windows_of(n_calibration, options.interval, options.on_window, 0, total, source)
                              if n_calibration else [])
         applied = True
         try:
@@ -501,8 +532,8 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
             applied = False
             raise
         deployed = time.time()
-        time.sleep(options.settle_s)
-        edges = _windows_of(n_windows, options.interval, options.on_window, n_calibration, total)
+        _wait_until(deployed + options.settle_s, source)
+        edges = _windows_of(n_windows, options.interval, options.on_window, n_calibration, total, source)
         source.stop()
         calibration = source.windows(calibration_edges) if calibration_edges else None
         runs, windows = window_runs(plan, source.windows(edges), options.imbalance, calibration)
@@ -513,15 +544,24 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
             runs, noise = _unjudged_runs(plan, windows), 0.0
         if not runs:
             reasons = sorted({r for w in windows for r in w.reasons})
-            raise UserError(f"canary: no valid window ({'; '.join(reasons[:3]) or 'no data'}); the canary "
-                            f"hosts were put back")
+            raise UserError(f"canary: no valid window ({'; '.join(reasons[:3]) or 'no data'})")
+    except NothingApplied:
+        _stop_quietly(source)
+        raise
+    except UserError as exc:   # the source died, no valid window, a failed deploy: say what was left
+        _stop_quietly(source)
+        if not applied:
+            raise UserError(f"{exc}; canary stopped, nothing was deployed") from None
+        try:
+            switch.restore()
+        except UserError as failed:
+            raise UserError(f"{exc}; canary stopped: {failed}") from None
+        services, hosts = ", ".join(t.key for t in plan.canary), ", ".join(sorted({t.host for t in plan.canary}))
+        raise UserError(f"{exc}; canary stopped: {services} (hosts {hosts}) put back to the declared state") from None
     except BaseException:
         if applied:
             switch.restore()
-        try:
-            source.stop()   # a second stop is harmless; the scrape thread must not outlive the run
-        except Exception:
-            pass
+        _stop_quietly(source)
         raise
     return _Measured(windows, runs, noise, verdict, failed, bool(calibration), deployed)
 
@@ -644,6 +684,8 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
     Promote ("better" and `options.promote`): `set KNOB=VALUE --role R --evidence ID` (the usual
     entry, one commit), then `switch.promote_rest()` deploys the declared state to the whole role.
     Any other verdict but "worse": the canary hosts are put back and knobs.toml is left as it was.
+    `options.on_written("ID (path)")` once the evidence is committed: an interruption after that
+    names it.
     """
     from knobkeeper.evidence.store import write
 
@@ -656,7 +698,7 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         doc = measure(plan, source, switch, options, setup)
     except CanaryWorse as worse:
         with terminate_as_interrupt():
-            path = _written_then_put_back(project, worse.doc, switch)
+            path = _written_then_put_back(project, worse.doc, switch, options.on_written)
         return Outcome(worse.doc, "worse", "rolled back", project.rel(path))
     verdict = doc.canary.verdict
     if verdict == "better" and options.promote:
@@ -664,6 +706,7 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         from knobkeeper.fmt import pct
 
         path = write(project, doc)
+        _written(project, doc, path, options.on_written)
         try:
             change = set_knob(project, plan.knob, _raw(plan.value), plan.role,
                               options.reason or f"canary on {', '.join(t.key for t in plan.canary)}: "
@@ -675,11 +718,17 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         switch.promote_rest()
         return Outcome(doc, verdict, "promoted", project.rel(path), change.entry.id)
     with terminate_as_interrupt():
-        path = _written_then_put_back(project, doc, switch)
+        path = _written_then_put_back(project, doc, switch, options.on_written)
     return Outcome(doc, verdict, "put back", project.rel(path))
 
 
-def _written_then_put_back(project, doc: Evidence, switch: Switch):
+def _written(project, doc: Evidence, path, on_written: Callable[[str], None] | None) -> None:
+    if on_written is not None:
+        on_written(f"{doc.id} ({project.rel(path)})")
+
+
+def _written_then_put_back(project, doc: Evidence, switch: Switch,
+                           on_written: Callable[[str], None] | None = None):
     """Write the evidence (one commit), then put the canary hosts back, also when the write fails
     or is interrupted: the windows measured are kept whatever the put-back does. A put-back that
     fails says so with the evidence written (its message names the hosts left on the candidate)."""
@@ -690,6 +739,7 @@ def _written_then_put_back(project, doc: Evidence, switch: Switch):
     except BaseException:
         switch.restore()
         raise
+    _written(project, doc, path, on_written)
     try:
         switch.restore()
     except UserError as exc:
@@ -816,6 +866,7 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
         done: dict[str, bool] = {}
         switch = marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan, options.lock_wait), done)
         try:
+            options.on_written = lambda line: done.__setitem__("evidence", line)
             return run(project, plan, source, switch, _heartbeat(project, options), setup)
         except KeyboardInterrupt as stop:
             raise Interrupted(_interrupted_line(plan, done, str(stop))) from None
@@ -842,7 +893,8 @@ def require_in_sync(project, inventory: str, role: str) -> None:
 
 
 def _interrupted_line(plan: Plan, done: dict[str, bool], why: str) -> str:
-    """`canary K=V stopped by SIGTERM: S put back to the declared state; no evidence written` (or what else was so)."""
+    """`canary K=V stopped by SIGTERM: S put back to the declared state; no evidence written` (or what
+    else was so: `evidence ID (path) written` once it was committed)."""
     by = "SIGTERM" if why == f"signal {signal.SIGTERM}" else "Ctrl-C" if not why else why
     services = ", ".join(t.key for t in plan.canary)
     if done.get("put_back"):
@@ -851,7 +903,8 @@ def _interrupted_line(plan: Plan, done: dict[str, bool], why: str) -> str:
         state = f"{services} may still be on the candidate: put them back with `knobkeeper canary --abort`"
     else:
         state = "nothing was deployed"
-    return f"canary {plan.knob}={_raw(plan.value)} stopped by {by}: {state}; no evidence written"
+    evidence = f"evidence {done['evidence']} written" if done.get("evidence") else "no evidence written"
+    return f"canary {plan.knob}={_raw(plan.value)} stopped by {by}: {state}; {evidence}"
 
 
 def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dict[str, bool] | None = None) -> Switch:
@@ -867,7 +920,7 @@ def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dic
             "role": plan.role, "scope": plan.role, "started_at": now, **(canary_state.read_marker(project) or {}),
             "knob": plan.knob, "value": plan.value, "inventory": inventory,
             "services": [t.key for t in targets], "hosts": sorted({t.host for t in targets}),
-            "phase": "candidate", "applied_at": now, "seen_at": now, "pid": os.getpid()})
+            "phase": "candidate-deploy", "applied_at": now, "seen_at": now, "pid": os.getpid()})
         done["applied"] = True
         try:
             switch.apply(targets, knobs)
@@ -877,16 +930,25 @@ def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dic
             canary_state.write_marker(project, {k: v for k, v in data.items() if k != "applied_at"}
                                       | {"phase": "calibrating"})
             raise
+        _phase(project, "candidate")
 
-    def settled(step: Callable[[], None]) -> Callable[[], None]:
+    def settled(step: Callable[[], None], phase: str) -> Callable[[], None]:
         def finished() -> None:
+            _phase(project, phase)
             step()
             canary_state.clear_marker(project)
             done["put_back"] = True
         return finished
 
-    return Switch(apply=apply, restore=settled(switch.restore),
-                  promote_rest=settled(switch.promote_rest) if switch.promote_rest is not None else None)
+    return Switch(apply=apply, restore=settled(switch.restore, "put-back"),
+                  promote_rest=settled(switch.promote_rest, "promote") if switch.promote_rest is not None else None)
+
+
+def _phase(project, phase: str) -> None:
+    """The marker's `phase` now (canary_state.PHASES): which deploy a kill would interrupt."""
+    data = canary_state.read_marker(project)
+    if data is not None:
+        canary_state.write_marker(project, {**data, "phase": phase, "seen_at": iso(utcnow())})
 
 
 def _heartbeat(project, options: Options) -> Options:
@@ -906,8 +968,9 @@ def _heartbeat(project, options: Options) -> Options:
 
 def abort(project) -> tuple[dict, Any]:
     """`knobkeeper canary --abort`: deploy the services an abandoned canary left on its candidate back
-    to the declared state (recorded as a deploy, canary phase "abort") and remove its marker;
-    (the marker, the deploy result)."""
+    to the declared state (recorded as a deploy, canary phase "abort", `abandoned`: the phase it died
+    in), or, killed during its promote, the whole role at the declared state (the promote's deploy),
+    and remove its marker; (the marker, the deploy result)."""
     from knobkeeper.deploy.api import run_deploy
 
     data = canary_state.abandoned(project)
@@ -918,8 +981,11 @@ def abort(project) -> tuple[dict, Any]:
                             f"(pid {running.get('pid')}); stop it (Ctrl-C puts it back)")
         raise UserError("--abort: no abandoned canary in this repo (nothing to put back)")
     tag = {k: data.get(k) for k in ("knob", "value", "hosts", "services")}
-    result = run_deploy(project, data["inventory"], only=data["role"], limit=list(data.get("hosts") or []) or None,
-                        extra_data={"canary": {**tag, "phase": "abort"}})
+    # Killed during its promote: the value is declared, the canary hosts run it; the rest of the role
+    # is what is not done. Otherwise the canary hosts go back to the declared state.
+    limit = None if data.get("phase") == "promote" else list(data.get("hosts") or []) or None
+    result = run_deploy(project, data["inventory"], only=data["role"], limit=limit,
+                        extra_data={"canary": {**tag, "phase": "abort", "abandoned": data.get("phase")}})
     if not result.ok:
         raise UserError(f"--abort: the deploy of {', '.join(data.get('services') or [])} back to the declared state "
                         f"failed ({result.error}); they are still on {data['knob']}={data['value']}; run "

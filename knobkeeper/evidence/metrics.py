@@ -27,6 +27,11 @@ traffic); the gauge is the mean of the samples inside the window; a histogram qu
 Prometheus's own interpolation (`histogram_quantile`) on the bucket increases. Both parse the text
 exposition with prometheus-client's parser (the scrape path) or leave it to Prometheus.
 
+Restarts: a worker whose process was replaced (a new process_start_time_seconds, or its token or
+request counter going down) between two samples restarted there: `restarts_in`, the one rule, for
+the scrape path's samples, the raw samples Prometheus holds (`PrometheusSource.samples`) and `ab
+run`'s samples before and after each run (`ProcessWatch`).
+
 `scrape_config(stack)` renders the prometheus.yml that scrapes every worker's /metrics and the
 router's metrics port, each target labelled `kk_target="<host>/<service>"` so that the PromQL and
 the scrape path name series the same way.
@@ -42,7 +47,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from knobkeeper.engine.family import Metrics, Series
 from knobkeeper.engine.sglang import SGLANG_METRICS
@@ -208,6 +213,73 @@ class _Sample:
     data: dict[str, Any]
 
 
+def _counter(data: dict[str, Any], name: str | Series | None) -> float | None:
+    if name is None or isinstance(name, Series):
+        return series_value(data, name)
+    return data.get("counters", {}).get(name)
+
+
+def restarts_in(span: list[_Sample], names: Metrics = SGLANG_METRICS) -> tuple[int, int]:
+    """(restarts, requests they failed) between consecutive samples of one worker: its process
+    start time (process_start_time_seconds) changed, or its token or request counter went down (a
+    new process counts from 0: engines without the process collector). Each restart failed the
+    requests in flight at the sample before it (the engine's running gauge; at least one): the new
+    process never counts them.
+
+    THE one restart rule: the canary's own scrape (its samples), the Prometheus source (the raw
+    samples Prometheus holds, `PrometheusSource.samples`) and `ab run` (a sample of every worker
+    before and after each run, `ProcessWatch`) all give their samples to it."""
+    restarts = lost = 0
+    for p, q in zip(span, span[1:]):
+        began = [x.data.get("gauges", {}).get(PROCESS_START) for x in (p, q)]
+        counters = [(_counter(p.data, n), _counter(q.data, n)) for n in (names.tokens, names.requests) if n is not None]
+        if (None not in began and began[0] != began[1]) or any(
+                x is not None and y is not None and y < x for x, y in counters):
+            restarts += 1
+            lost += max(1, int(round(p.data.get("gauges", {}).get(names.running) or 0)))
+    return restarts, lost
+
+
+def _span(samples: list[_Sample], start: float, end: float) -> list[_Sample]:
+    """The samples of one window (start, end]: from the last at or before its start on."""
+    before = [s for s in samples if s.t <= start]
+    first = before[-1].t if before else start
+    return [s for s in samples if first <= s.t <= end]
+
+
+class ProcessWatch:
+    """Every worker's /metrics sampled before and after a measurement (`ab run`: each run), to see
+    a worker replaced during it (`restarts_in`). `targets`: the workers, or a function that says
+    where they are now (a Slurm job's workers move with each job)."""
+
+    def __init__(self, targets: Iterable[Target] | Callable[[], Iterable[Target]], timeout: float = 5.0):
+        self._targets = targets if callable(targets) else list(targets)
+        self.timeout = timeout
+
+    def targets(self) -> list[Target]:
+        return list(self._targets() if callable(self._targets) else self._targets)
+
+    def sample(self) -> dict[str, _Sample]:
+        """One sample of every worker now (one that does not answer is left out: not a restart)."""
+        out = {}
+        for t in self.targets():
+            try:
+                out[t.key] = _Sample(time.time(), parse(fetch(t.url, timeout=self.timeout)))
+            except (UserError, ValueError):
+                continue
+        return out
+
+    def restarts(self, before: dict[str, _Sample], after: dict[str, _Sample]) -> dict[str, tuple[int, int]]:
+        """{worker: (restarts, requests they failed)} of the workers replaced between two samples."""
+        out = {}
+        for t in self.targets():
+            if t.key in before and t.key in after:
+                restarts, lost = restarts_in([before[t.key], after[t.key]], t.metrics)
+                if restarts:
+                    out[t.key] = (restarts, lost)
+        return out
+
+
 class ScrapeSource:
     """knobkeeper scrapes every target itself every `scrape_interval` s on a background thread."""
 
@@ -263,24 +335,6 @@ class ScrapeSource:
                 for t in self.targets}
 
     @staticmethod
-    def _restarts(span: list[_Sample], names: Metrics = SGLANG_METRICS) -> tuple[int, int]:
-        """(restarts, requests they failed) between consecutive samples: the process's start time
-        (process_start_time_seconds) changed, or its token or request counter went down (a new
-        process counts from 0). Each restart failed the requests in flight at the sample before it
-        (the engine's running gauge; at least one): the new process never counts them."""
-        restarts = lost = 0
-        for p, q in zip(span, span[1:]):
-            began = [x.data["gauges"].get(PROCESS_START) for x in (p, q)]
-            counters = [(series_value(p.data, n) if isinstance(n, Series) else p.data["counters"].get(n),
-                         series_value(q.data, n) if isinstance(n, Series) else q.data["counters"].get(n))
-                        for n in (names.tokens, names.requests) if n is not None]
-            if (None not in began and began[0] != began[1]) or any(
-                    x is not None and y is not None and y < x for x, y in counters):
-                restarts += 1
-                lost += max(1, int(round(p.data["gauges"].get(names.running) or 0)))
-        return restarts, lost
-
-    @staticmethod
     def _window(samples: list[_Sample], start: float, end: float, names: Metrics = SGLANG_METRICS) -> WindowStats:
         before = [s for s in samples if s.t <= start]
         upto = [s for s in samples if s.t <= end]
@@ -313,7 +367,7 @@ class ScrapeSource:
 
         tokens = increase(names.tokens)
         stats.output_tokens_per_s = None if tokens is None else tokens / dt
-        stats.restarts, lost = ScrapeSource._restarts(span, names)
+        stats.restarts, lost = restarts_in(span, names)
         stats.errors = int(round(increase(names.aborted) or 0)) + lost
         finished = increase(names.requests)
         stats.requests = None if finished is None else int(round(finished))
@@ -390,9 +444,42 @@ class PrometheusSource:
     def start(self) -> None:
         pass
 
+    def poll(self) -> None:
+        """Called every few seconds while the canary waits out its windows: UserError as soon as
+        Prometheus stops answering (its windows would be empty: better to stop now than after the
+        whole duration)."""
+        self.query("vector(1)")
+
     def stop(self) -> None:
         # The window's last samples reach Prometheus up to one scrape interval after its end.
         time.sleep(self.scrape_interval * 2 + 0.2)
+
+    def samples(self, start: float, end: float) -> dict[str, list[_Sample]]:
+        """Per target, the raw samples Prometheus holds from `start` to `end` of what `restarts_in`
+        reads (the process start time, the token and request counters, the running gauge), one
+        _Sample per scrape: the same rule as the canary's own scrape, on Prometheus's samples."""
+        out: dict[str, dict[float, dict[str, Any]]] = {}
+        for names in dict.fromkeys(t.metrics for t in self.targets):
+            gauges = {PROCESS_START, names.running}
+            counters = {n.name if isinstance(n, Series) else n for n in (names.tokens, names.requests) if n is not None}
+            keys = {t.key for t in self.targets if t.metrics == names}
+            selector = f'{{__name__=~"{"|".join(sorted(gauges | counters))}"}}[{duration_text(end - start)}]'
+            for series in self.query(selector, at=end):
+                metric = series["metric"]
+                name, key = metric.get("__name__"), metric.get(LABEL)
+                if key not in keys:
+                    continue
+                for t, v in series.get("values", []):
+                    data = out.setdefault(key, {}).setdefault(round(float(t), 3), {
+                        "counters": {}, "by_label": {}, "gauges": {}, "buckets": {}, "sums": {}, "counts": {}})
+                    kind = "gauges" if name in gauges else "counters"
+                    data[kind][name] = data[kind].get(name, 0.0) + float(v)
+                    if kind == "counters":
+                        for label, value in metric.items():
+                            if label not in ("__name__", LABEL, "job", "instance", "role", "kk_host"):
+                                by = f"{name}{{{label}={value}}}"
+                                data["by_label"][by] = data["by_label"].get(by, 0.0) + float(v)
+        return {key: [_Sample(t, data) for t, data in sorted(per.items())] for key, per in out.items()}
 
     def windows(self, edges: list[float]) -> dict[str, list[WindowStats]]:
         if len(edges) < 2:
@@ -429,6 +516,13 @@ class PrometheusSource:
                                         val("decoding"), val("itl_ms"),
                                         None if finished is None else int(round(finished))))
             out[t.key] = rows
+        # Restarts: Prometheus's rate() and increase() already step over a counter reset, so the
+        # numbers above hold; which windows a worker was replaced in comes from its raw samples.
+        raw = self.samples(edges[0] - max(width, 2 * self.scrape_interval), ends[-1])
+        for t in self.targets:
+            for row in out[t.key]:
+                row.restarts, lost = restarts_in(_span(raw.get(t.key, []), row.start, row.end), t.metrics)
+                row.errors += lost
         return out
 
 

@@ -20,10 +20,18 @@ Per run (the level is invalid when any of its runs fails):
     prefill not touched         a disaggregated run whose prefill's prompt-token counter (the
                                 family's: sglang:prompt_tokens_total, vllm:prompt_tokens_total)
                                 did not move (decode served without its prefill peer)
+    restarted                   a worker was replaced during the run (`restarts`, from
+                                metrics.restarts_in: its process start time changed or its counters
+                                went down): the run's numbers are not one process's
     same record as arm A        (import) a candidate record identical to a baseline one: the same
                                 results given for both arms
 Per level:
     one arm only                no runs of the other arm at that level
+Per evidence:
+    the candidate failed        RESTARTS_FAIL or more worker restarts during arm B's runs: every
+                                level is invalid (a candidate that crashes the engine has its worst
+                                runs made invalid one by one; together they are the finding, and
+                                such evidence backs no change)
 Duplicates (`dedupe`, on import): the same record twice in one arm and level, or the same file
 passed for several repeats, are counted once and listed in `validity.reasons`.
 """
@@ -37,6 +45,9 @@ from knobkeeper import fmt
 from knobkeeper.evidence.model import METRIC, KnobSeen, LevelValidity, Run, Validity
 
 ERROR_RATE_MAX = 0.05
+# This many worker restarts while the candidate is measured fail it (ab run's arm B, a canary's
+# canary windows): one crash can be a neighbour's, three are the candidate's.
+RESTARTS_FAIL = 3
 CARRIED, NOT_CARRIED, UNVERIFIED = "carried", "not carried", "unverified"
 
 
@@ -64,7 +75,24 @@ def run_reasons(run: Run | Mapping[str, Any], metric: str = METRIC) -> list[str]
         out.append(f"{_where(run)}: the same result record as a run of arm A (one file given for both arms?)")
     if run.prefill_prompt_tokens == 0:
         out.append(f"{_where(run)}: prefill not touched (its prompt-token counter did not move)")
+    for key, times in restarts(run).items():
+        out.append(f"{_where(run)}: restarted: {key} ({times}x)")
     return out
+
+
+def restarts(run: Run) -> dict[str, int]:
+    """{worker: times it was replaced during the run} (ab run's ProcessWatch), {} when none."""
+    seen = run.extra.get("restarts")
+    return {str(k): int(v) for k, v in seen.items() if v} if isinstance(seen, dict) else {}
+
+
+def candidate_failed(runs: Iterable[Run]) -> str | None:
+    """The reason every level is invalid when arm B's workers restarted RESTARTS_FAIL times, else None."""
+    times = sum(sum(restarts(r).values()) for r in runs if r.arm == "B")
+    if times < RESTARTS_FAIL:
+        return None
+    return (f"the candidate failed: its workers restarted {times} times during arm B's runs "
+            f"({RESTARTS_FAIL} fail the candidate)")
 
 
 def not_applied(run: Run) -> list[str]:
@@ -100,12 +128,14 @@ def record_key(run: Run | Mapping[str, Any]) -> str:
 def assess(runs: Iterable[Run | Mapping[str, Any]], metric: str = METRIC) -> tuple[Validity, dict[int, list[str]]]:
     """(`validity` for the evidence, {invalid level: reasons}) from the runs (+ stored notes)."""
     levels: dict[int, dict[str, list[Run]]] = {}
-    for run in (Run.of(r) for r in runs):
+    runs = [Run.of(r) for r in runs]
+    for run in runs:
         levels.setdefault(int(run.concurrency), {"A": [], "B": []})[run.arm].append(run)
+    failed = candidate_failed(runs)
     rows, invalid = [], {}
     for conc in sorted(levels):
         arms = levels[conc]
-        reasons: list[str] = []
+        reasons: list[str] = [failed] if failed else []
         for arm, other in (("A", "B"), ("B", "A")):
             if arms[arm] and not arms[other]:
                 reasons.append(f"runs of arm {arm} only")

@@ -1,0 +1,127 @@
+"""Issue 25, the canary with `--source prometheus`: a real Prometheus scraping two real worker
+processes (tests/worker_exporter.py: SGLang's serving metrics at steady rates, a real process
+collector), every process stopped by its PID.
+
+- finding 6: a worker killed by PID and started again on its port (a crash supervisord restarted:
+  new PID, new process_start_time_seconds, counters from 0) is a restart in the window it happened
+  in, as the canary's own scrape says: the window is invalid ("restarted"), the requests in flight
+  at the crash count as its errors. Before, only the scrape source saw restarts;
+- finding 10: Prometheus killed by PID mid-canary is noticed within a poll (not after the whole
+  duration); the canary stops, puts its hosts back, and its one line says so."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from knobkeeper.errors import UserError
+from knobkeeper.evidence import canary as C
+from knobkeeper.evidence import metrics as M
+from tests.infra import make_infra_repo
+from tests.procs import free_port, start, stop, wait_http
+from tests.prometheus import Prometheus
+
+KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
+EXPORTER = str(Path(__file__).resolve().parent / "worker_exporter.py")
+SCRAPE = 0.25
+
+
+class Exporter:
+    def __init__(self, tmp: Path, name: str):
+        self.tmp, self.name, self.port = tmp, name, free_port()
+        self.launch()
+
+    def launch(self) -> None:
+        self.proc = start([sys.executable, EXPORTER, str(self.port)], self.tmp / f"{self.name}.log")
+        wait_http(f"http://127.0.0.1:{self.port}/metrics", timeout=30, proc=self.proc)
+
+    def crash_and_restart(self) -> None:
+        """SIGKILL by PID, then a new process on the same port (what supervisord does)."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self.launch()
+
+    @property
+    def target(self) -> M.Target:
+        return M.Target(key=f"{self.name}/decode", host=self.name, role="decode",
+                        url=f"http://127.0.0.1:{self.port}/metrics")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("nolie-prom")
+    workers = []
+    prom = None
+    try:
+        workers = [Exporter(tmp, "h1"), Exporter(tmp, "h2")]
+        prom = Prometheus(tmp, M.scrape_config_for([w.target for w in workers], SCRAPE))
+        prom.wait_scraped(2)
+        yield {"tmp": tmp, "workers": workers, "prom": prom}
+    finally:
+        if prom is not None:
+            prom.stop()
+        for w in workers:
+            stop(w.proc)
+
+
+def _plan(workers) -> C.Plan:
+    return C.Plan(KNOB, 512, None, "decode", canary=[workers[0].target], baseline=[workers[1].target])
+
+
+def test_a_worker_restarted_mid_window_is_a_restart_in_the_prometheus_source(stack):
+    workers, prom = stack["workers"], stack["prom"]
+    source = M.PrometheusSource(prom.url, [w.target for w in workers], SCRAPE)
+    source.check()
+    edges = [time.time()]
+    for k in range(3):
+        if k == 1:
+            time.sleep(0.3)
+            workers[0].crash_and_restart()   # inside the second window
+        time.sleep(max(0.0, edges[0] + (k + 1) * 3.0 - time.time()))
+        edges.append(time.time())
+    source.stop()
+    got = source.windows(edges)
+    h1, h2 = got["h1/decode"], got["h2/decode"]
+    assert [w.restarts for w in h2] == [0, 0, 0], h2
+    assert sum(w.restarts for w in h1) == 1, h1
+    crashed = next(w for w in h1 if w.restarts)
+    assert h1.index(crashed) >= 1 and crashed.errors >= 8, h1   # the 8 in flight at the crash
+    assert h1[0].restarts == 0 and h1[0].errors == 0 and h1[0].output_tokens_per_s > 50, h1
+    # the window judgement: that window is invalid, its reason says which worker restarted
+    windows = C.assess_windows(_plan(workers), got, C.CANARY)
+    invalid = [w for w in windows if not w.valid]
+    assert [w.reasons for w in invalid] == [["restarted: h1/decode (1x)"]], [w.reasons for w in windows]
+    assert C.restarts_of(_plan(workers), windows) == 1
+
+
+def test_prometheus_dying_mid_canary_stops_it_within_a_poll_and_puts_the_hosts_back(stack, tmp_path):
+    """Last in the module: it kills the module's Prometheus."""
+    project = make_infra_repo(tmp_path)
+    workers, prom = stack["workers"], stack["prom"]
+    plan = _plan(workers)
+    calls = []
+
+    def apply(targets, knobs):
+        calls.append("apply")
+        threading.Timer(1.0, lambda: os.kill(prom.proc.pid, signal.SIGKILL)).start()
+
+    began = time.monotonic()
+    with pytest.raises(UserError) as caught:
+        C.run(project, plan, M.PrometheusSource(prom.url, plan.targets, SCRAPE),
+              C.Switch(apply, lambda: calls.append("restore")),
+              C.Options(duration=600, interval=120, calibrate=0, settle=0))
+    took = time.monotonic() - began
+    prom.proc.wait(10)
+    line = str(caught.value)
+    assert calls == ["apply", "restore"], calls
+    assert took < 60, took                 # a poll every C.POLL_S s, not the 600 s of windows
+    assert line.startswith(f"--source prometheus {prom.url}: unreachable"), line
+    assert line.endswith("canary stopped: h1/decode (hosts h1) put back to the declared state"), line
+    assert "\n" not in line
