@@ -221,3 +221,27 @@ def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(r
     left = [pid for pid in stopped if Path(f"/proc/{pid}").exists()]
     assert not left
     assert "(failed)" in git(project.root, "log", "-1", "--format=%s")
+
+
+def test_the_gate_calls_a_process_that_died_after_it_was_running_a_start_up_crash():
+    """supervisord counts vLLM as started after startsecs and then restarts it forever when it dies
+    loading the model: the gate's manager look sees the RUNNING pid change and says so at once,
+    with the log's last lines (no engine: the manager's answers are scripted)."""
+    from knobkeeper.deploy.health import gave_up
+    from tests.test_health import _fake_service
+
+    svc = _fake_service(free_port())
+    answers = iter(["fake-decode  STARTING", "fake-decode  RUNNING   pid 4242, uptime 0:00:05",
+                    "fake-decode  STARTING", "fake-decode  RUNNING   pid 4343, uptime 0:00:01"])
+
+    def host(command: str) -> list[str]:
+        if command.startswith("tail "):
+            return ["Traceback (most recent call last):", "json.decoder.JSONDecodeError: Expecting value: line 1"]
+        return [next(answers)]
+
+    seen: dict = {}
+    assert gave_up(svc, "supervisorctl", host, seen) is None        # still starting
+    assert gave_up(svc, "supervisorctl", host, seen) is None        # running (pid 4242)
+    words = gave_up(svc, "supervisorctl", host, seen)               # gone: the manager restarts it
+    assert words == (f"fake-decode crashed during start-up (pid 4242 exited); {svc.log_path} ends: Traceback "
+                     f"(most recent call last): json.decoder.JSONDecodeError: Expecting value: line 1")
