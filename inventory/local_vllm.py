@@ -109,11 +109,11 @@ _local = (
             "DO_NOT_TRACK": "1",
         },
         "engine_args": {
-            # --enforce-eager: no torch.compile / graph capture. On this model compiled and eager
-            # serve alike (ranges overlap, ../shared/notes/vllm-cpu.md) while the compile costs
-            # start-up time on every cold cache; see README's figures for the start-up measured.
-            "prefill": ["--max-model-len", "2048", "--enforce-eager"],
-            "decode": ["--max-model-len", "2048", "--enforce-eager"],
+            # Not --enforce-eager: it starts faster, but with it decode's worker died of SIGILL on
+            # its first step after a KV transfer over Nixl (seen here, vllm-cpu 0.32.0). Compiled,
+            # the compile cache in VLLM_CACHE_ROOT (kept per instance) makes restarts faster.
+            "prefill": ["--max-model-len", "2048"],
+            "decode": ["--max-model-len", "2048"],
             # Tuned health checks (docs/real-vllm-notes.md, section 3): at its defaults vllm-router
             # listens up to 30 s after the last worker is healthy, keeps calling a stopped decode
             # healthy for ~3 min (answering 500s) and ready again ~2 min after it is back. With

@@ -218,7 +218,9 @@ def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(r
     assert "ends: " in record.error and ("JSON" in record.error or "Error" in record.error), record.error
     for name in ("knobkeeper-decode", "knobkeeper-router"):
         assert record.service("@local", name).restart_issued_at is None
-    left = [pid for pid in stopped if Path(f"/proc/{pid}").exists()]
+    from knobkeeper.deploy.local import _alive
+
+    left = [pid for pid in stopped if _alive(pid)]
     assert not left
     assert "(failed)" in git(project.root, "log", "-1", "--format=%s")
 
