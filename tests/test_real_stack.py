@@ -88,6 +88,7 @@ def test_a_fault_known_before_the_run_is_one_line_and_touches_nothing(copy, tmp_
 
 
 @pytest.mark.real_engine
+@pytest.mark.timeout(1500)   # the first one also pays the session stack's deploy (2-4 min, up to 10 loaded)
 def test_the_real_stack_is_deployed_in_order_gated_and_serves_pd_through_the_router(real_stack):
     """Deployed from nothing in dependency order, each gated; a streamed chat completion through
     vllm-router with the openai client; KV over the connector; the family's metric names on
@@ -161,6 +162,7 @@ def test_the_real_stack_is_deployed_in_order_gated_and_serves_pd_through_the_rou
 
 
 @pytest.mark.real_engine
+@pytest.mark.timeout(1500)   # the first one also pays the session stack's deploy (2-4 min, up to 10 loaded)
 def test_a_port_taken_stops_the_run_before_the_restart(real_stack, tmp_path):
     """A second copy of the stack whose prefill port another process holds: one line naming host,
     service and cause, nothing started, the record says so (the engine is cached by the session's stack)."""
@@ -189,6 +191,7 @@ def test_a_port_taken_stops_the_run_before_the_restart(real_stack, tmp_path):
 
 
 @pytest.mark.real_engine
+@pytest.mark.timeout(1500)   # the first one also pays the session stack's deploy (2-4 min, up to 10 loaded)
 def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(real_stack, tmp_path):
     """A model whose config.json is broken: vLLM starts, then dies loading it; supervisord would
     restart it forever. The gate says so within seconds with vLLM's last log lines; decode and the
