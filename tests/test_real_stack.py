@@ -26,6 +26,13 @@ from tests.real_vllm import PORT_NAMES, PORTS_VARIABLE, REAL_INVENTORY
 SERVICES = ("knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router")
 
 
+def _short_dir() -> Path:
+    """A folder under a short path: the stack's supervisord socket lives under the repo (< 100 chars)."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="kkv"))
+
+
 # --- faults known before anything runs (no engine started) ----------------------------------------
 
 
@@ -169,7 +176,7 @@ def test_a_port_taken_stops_the_run_before_the_restart(real_stack, tmp_path):
     from knobkeeper.deploy.api import run_deploy
     from tests.infra import make_infra_repo
 
-    project = make_infra_repo(tmp_path)
+    project = make_infra_repo(_short_dir())
     ports = {f"{name}_port": free_port() for name in PORT_NAMES}
     holder = socket.socket()
     holder.bind(("127.0.0.1", ports["prefill_port"]))
@@ -204,7 +211,7 @@ def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(r
     for item in real_stack.model.iterdir():
         (model / item.name).write_bytes(item.read_bytes())
     (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": ')
-    project = make_infra_repo(tmp_path)
+    project = make_infra_repo(_short_dir())
     ports = {f"{name}_port": free_port() for name in PORT_NAMES}
     prefix = project.root / ".knobkeeper-state" / "local-vllm"
     try:
