@@ -70,12 +70,10 @@ def rss_by_service(prefix: Path) -> dict[str, float]:
         return 0.0
 
     for child in _children(root):
-        try:
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        try:   # each launch script cds into its service's folder before exec: the cwd names it
+            name = Path(os.readlink(f"/proc/{child}/cwd")).name.removeprefix("knobkeeper-")
         except OSError:
             continue
-        name = "router" if "vllm-router" in cmd else ("prefill" if "kv_producer" in cmd else
-                                                      "decode" if "kv_consumer" in cmd else cmd[:40])
         out[name] = round(sum(rss(p) for p in tree(child)), 1)
     out["supervisord"] = round(rss(root), 1)
     return out
