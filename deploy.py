@@ -45,5 +45,6 @@ else:
         for batch in host.loop(run.batch_numbers(role)):
             kk.restart(run, plan, role, batch)
             kk.gate(run, plan, role, batch)
+    kk.pd_proof(run)
 
 kk.finish(run)

@@ -33,3 +33,25 @@ def bare(tmp_path):
     shutil.rmtree(project.inventory_dir / "engines")
     git(project.root, "commit", "-q", "-am", "no registries")
     return project
+
+
+# --- the real vLLM stack (tests/real_vllm.py) ----------------------------------------------------------
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_engine: runs against the session's real vLLM stack (run last)")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Real-engine tests run after every other test: the session-scoped stack (~6 GB, two engines)
+    is then started once, late, and stopped as the session ends instead of idling meanwhile."""
+    items.sort(key=lambda item: item.get_closest_marker("real_engine") is not None)  # stable: order kept otherwise
+
+
+@pytest.fixture(scope="session")
+def real_stack():
+    """The real vLLM PD stack deployed once for the session (tests/real_vllm.RealStack: its API)."""
+    from tests.real_vllm import started_real_stack
+
+    with started_real_stack() as stack:
+        yield stack

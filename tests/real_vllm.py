@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,122 @@ def ensure(component: str) -> tuple[VI.EngineEnv, str, dict]:
     state, versions, error = VI.parse_install(lines)
     assert rc == 0 and error is None, VI.failure_line(env, lines)
     return env, state, versions
+
+
+# --- the deployed real stack, shared by every real-engine test of a session -----------------------------
+
+REAL_INVENTORY = "inventory/local_vllm.py"
+PORTS_VARIABLE = "KNOBKEEPER_LOCAL_VLLM_PORTS"
+PORT_NAMES = ("prefill", "decode", "router", "router_metrics", "prefill_side_channel", "decode_side_channel")
+
+
+class RealStack:
+    """The real vLLM PD stack (inventory/local_vllm.py) deployed once per test session, on free ports.
+
+    The `real_stack` fixture (tests/conftest.py, scope="session") yields one of these. Tests that use
+    it are marked `pytest.mark.real_engine` (conftest runs them after every other test, so the stack
+    is stopped when the session ends instead of idling through other modules). It is stopped by PID
+    at the end of the session; a test that stops or breaks a service must deploy it back.
+
+    STABLE API (helper real-evidence's tests/test_real_evidence.py uses it):
+
+        stack.project      Project: a copy of this repo (tests/infra.make_infra_repo), committed, with
+                           its own git identity; deploy records are committed into it
+        stack.root         Path: stack.project.root
+        stack.inventory    "inventory/local_vllm.py" (relative to stack.root: pass it to any command)
+        stack.prefix       Path of the stack's state (<root>/.knobkeeper-state/local-vllm)
+        stack.ports        {"prefill", "decode", "router", "router_metrics", "prefill_side_channel",
+                           "decode_side_channel": int}, all free ports picked for this session
+        stack.urls         {"prefill", "decode", "router", "router_metrics": "http://127.0.0.1:PORT"}
+        stack.model        Path of the tiny model the stack serves (a stand-in for the user's model)
+        stack.served_model "tiny" (the name to put in requests)
+        stack.env          {PORTS_VARIABLE: "prefill=P,decode=D,..."}: already in os.environ for the
+                           whole session (every knobkeeper command on the inventory needs it)
+        stack.first        DeployRecord of the session's first deploy (from nothing: every service started)
+        stack.deploy(**kw) -> DeployResult: knobkeeper.deploy.api.run_deploy(project, inventory, **kw)
+                           (restart=, only=, knob_overrides=, record=, extra_data=, timeout=...)
+        stack.kk(*args)    -> click Result: the knobkeeper CLI in this process, in the project
+        stack.metrics(role) -> {sample name with labels: float} of that worker's /metrics (a scrape)
+        stack.pids()       -> {service: pid or None} from the stack's supervisord
+"""
+
+    def __init__(self, project, ports: dict[str, int]):
+        from knobkeeper.engine import tiny_model  # noqa: F401  (imported here: the module must import fast)
+
+        self.project = project
+        self.root = project.root
+        self.inventory = REAL_INVENTORY
+        self.prefix = project.root / ".knobkeeper-state" / "local-vllm"
+        self.ports = dict(ports)
+        self.urls = {name: f"http://127.0.0.1:{ports[name]}" for name in ("prefill", "decode", "router", "router_metrics")}
+        self.env = {PORTS_VARIABLE: ",".join(f"{k}={v}" for k, v in ports.items())}
+        self.served_model = "tiny"
+        self.model: Path | None = None
+        self.first = None
+
+    def deploy(self, timeout: float = 1500, **kw):
+        from knobkeeper.deploy.api import run_deploy
+
+        return run_deploy(self.project, self.inventory, timeout=timeout, **kw)
+
+    def kk(self, *args: str):
+        from tests.infra import kk
+
+        return kk(self.project, *args)
+
+    def metrics(self, role: str) -> dict[str, float]:
+        import urllib.request
+
+        with urllib.request.urlopen(self.urls[role] + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    continue
+        return out
+
+    def pids(self) -> dict[str, int | None]:
+        from knobkeeper.deploy.local import program_pids
+        from knobkeeper.deploy.stack import load_stack
+
+        stack = load_stack(self.root, self.inventory)
+        plan = stack.hosts["@local"]
+        return program_pids(self.prefix, plan.supervisor.supervisorctl, [s.name for s in plan.services])
+
+
+@contextlib.contextmanager
+def started_real_stack():
+    """Copy this repo, deploy inventory/local_vllm.py on free ports (engine cached, model built when
+    absent), yield the RealStack; stop every process it started by PID at the end."""
+    import os
+    import tempfile
+
+    from knobkeeper.deploy.local import stop_local
+    from tests.infra import make_infra_repo
+    from tests.procs import free_port
+
+    # A short path: supervisord's unix socket lives under the repo (< 100 characters).
+    tmp = Path(tempfile.mkdtemp(prefix="kkv"))
+    project = make_infra_repo(tmp)
+    ports = {name: free_port() for name in PORT_NAMES}
+    stack = RealStack(project, ports)
+    old = {k: os.environ.get(k) for k in stack.env}
+    os.environ.update(stack.env)
+    try:
+        result = stack.deploy()
+        assert result.ok, result.output[-4000:]
+        stack.first = result.record
+        from knobkeeper.deploy.stack import load_stack
+
+        stack.model = Path(load_stack(project.root, REAL_INVENTORY).hosts["@local"].data["model"])
+        yield stack
+    finally:
+        stopped = stop_local(stack.prefix, timeout=60)
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        left = [pid for pid in stopped if Path(f"/proc/{pid}").exists()]
+        assert not left, f"processes left behind: {left}"

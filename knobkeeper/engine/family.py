@@ -7,6 +7,7 @@ lookup in knobkeeper.engine returns. The rest of the tool asks it:
     kind               "worker" (serves prefill or decode) or "router" (fronts the workers)
     simulated          True for the sim: it says so wherever it is used
     command(...)       the argv a service runs; instance_environment(...): per-instance variables
+    managed_env(...)   the cached engine environment the deploy installs for it (vLLM's CPU build)
     instance_ports     extra per-instance ports read from data `<role>_<name>_port`
     uses_bootstrap     whether its prefill serves a bootstrap port the router names
     endpoints          health / readiness / workers paths
@@ -151,6 +152,11 @@ class Family:
 
     def command(self, svc: Any, data: Mapping[str, Any], workers: Workers) -> list[str]:
         raise NotImplementedError
+
+    def managed_env(self, host: str, services: list[str], data: Mapping[str, Any], prefix: str) -> Any:
+        """The environment the deploy's engine step builds and caches for it on the host
+        (engine/vllm_install.EngineEnv), or None: it runs from the host's venv or interpreter."""
+        return None
 
     def instance_environment(self, svc: Any, data: Mapping[str, Any]) -> dict[str, str]:
         """Variables one instance needs that differ per instance (not knobs: never role-wide)."""

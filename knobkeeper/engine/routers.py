@@ -108,6 +108,21 @@ class RouterFamily(Family):
 class VllmRouter(RouterFamily):
     pd_flag = "--vllm-pd-disaggregation"
 
+    def managed_env(self, host: str, services: list[str], data: Mapping[str, Any], prefix: str):
+        """Its own cached environment (engine/vllm_install.py) when data `engine_root` names one: a
+        router-only host never gets the engine's 3.9 GB, and a router bump never rebuilds the engine."""
+        root = data.get("engine_root")
+        if not root:
+            return None
+        from knobkeeper.engine import vllm_install
+
+        return vllm_install.EngineEnv.from_data(vllm_install.VLLM_ROUTER, host, services, data,
+                                                str(root).replace("{prefix}", prefix))
+
+    def interpreter(self, data: Mapping[str, Any], prefix: str) -> str:
+        env = self.managed_env("", [], data, prefix) if not data.get("python") else None
+        return f"{env.bin}/python" if env is not None else super().interpreter(data, prefix)
+
     def pd_args(self, data: Mapping[str, Any]) -> list[str]:
         connector = str(data.get("kv_connector") or "NixlConnector")
         return [self.pd_flag, "--kv-connector", connector.removesuffix("Connector").lower()]

@@ -27,7 +27,19 @@
                both with the same connector, kv_producer on prefill and kv_consumer on decode
                (kv_both works but is deprecated for Nixl: a warning); distinct NIXL side-channel
                ports per instance on one host; a router naming every prefill and decode URL
-    endpoints  /health (200 once the engine core is up), /v1/models, /metrics (vllm:* names below)
+    endpoints  /health (200 once the engine core is up), /v1/models, /metrics (vllm:* names below).
+               vLLM binds its port before it builds the engine but listens only once uvicorn serves,
+               so a connection is refused for the whole start-up (not hanging) and /health answers
+               200 the moment it listens; 503 only when the engine core died. It is not "model warm":
+               the first requests after it are slower. There is no /ready on `vllm serve`: the gate is
+               /health 200 and the supervised PID (deploy/health.py)
+    PD proof   `prove_pd`: one completion through the router must raise decode's
+               vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} by its prompt tokens
+               (the tokens came over the connector, not computed by decode); two 200s prove nothing
+    managed    with data `engine_root` the engine runs from the environment knobkeeper builds and
+               caches per pinned version (engine/vllm_install.py: vLLM's CPU build, torch, nixl):
+               `managed_env`; data `vllm_cache_root` ("{prefix}/cache/{service}") is each instance's
+               VLLM_CACHE_ROOT (its compile cache, kept across restarts: they get faster)
     bench      `vllm bench serve --save-result` JSON (evidence importer format "vllm")
 """
 
@@ -36,6 +48,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import time
+import urllib.request
 from typing import Any, Mapping
 
 from knobkeeper.engine.family import (PARSER_CHILD_END, Endpoints, Family, Metrics, Parsed, ParserSpec,
@@ -372,6 +386,20 @@ class VLLM(Family):
         "tokenizers", "requests", "certifi", "oss-harmony", "msgspec", "cloudpickle", "pybase64", "cachetools",
         "uvloop", "py-cpuinfo", "partial_json_parser", "xgrammar", "apache-tvm-ffi", "llguidance"))
 
+    def managed_env(self, host: str, services: list[str], data: Mapping[str, Any], prefix: str):
+        """The vllm_install.EngineEnv the services run from when data `engine_root` names one, else None."""
+        root = data.get("engine_root")
+        if not root:
+            return None
+        from knobkeeper.engine import vllm_install
+
+        return vllm_install.EngineEnv.from_data(vllm_install.VLLM_CPU, host, services, data,
+                                                str(root).replace("{prefix}", prefix))
+
+    def interpreter(self, data: Mapping[str, Any], prefix: str) -> str:
+        env = self.managed_env("", [], data, prefix) if not data.get("python") else None
+        return f"{env.bin}/python" if env is not None else super().interpreter(data, prefix)
+
     def command(self, svc: Any, data: Mapping[str, Any], workers: Workers) -> list[str]:
         model = data.get("model")
         if not model:
@@ -389,11 +417,44 @@ class VLLM(Family):
         return cmd + engine_args(svc, data)
 
     def instance_environment(self, svc: Any, data: Mapping[str, Any]) -> dict[str, str]:
+        out = {}
+        cache = data.get("vllm_cache_root")
+        if cache:  # one compile cache per instance: two instances never write one folder at once
+            out["VLLM_CACHE_ROOT"] = str(cache).replace("{prefix}", svc.prefix).replace("{service}", svc.name)
         port = dict(svc.ports).get("side_channel")
         if svc.role not in KV_ROLES or connector(data) != "NixlConnector" or port is None:
-            return {}
+            return out
         host = "127.0.0.1" if svc.address in ("@local", "localhost") else svc.address
-        return {SIDE_CHANNEL_HOST: host, SIDE_CHANNEL_PORT: str(port)}
+        return {**out, SIDE_CHANNEL_HOST: host, SIDE_CHANNEL_PORT: str(port)}
+
+    def prove_pd(self, router_url: str, decode_urls: list[str], model: str, prompt_words: int = 150,
+                 timeout: float = 120.0) -> tuple[bool, str]:
+        """One completion through the router; (ok, words): ok when decode's external_kv_transfer
+        prompt tokens rose by the request's prompt tokens (usage.prompt_tokens), i.e. every prompt
+        token's KV came from prefill over the connector. Summed over every decode instance (the
+        router picks one). Only the `_total` samples count: each counter also has a `_created`
+        sample (a timestamp) that would make the sum nonsense."""
+        before = sum(_external_kv_tokens(u) for u in decode_urls)
+        prompt = " ".join(f"word{i % 37}" for i in range(prompt_words))
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}).encode()
+        request = urllib.request.Request(router_url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
+                answer = json.loads(resp.read())
+        except (OSError, ValueError) as exc:
+            return False, f"PD proof: POST {router_url}/v1/completions failed: {exc}"
+        tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+        # decode's counters are updated when the request finishes; the scrape may be a moment behind
+        deadline = time.monotonic() + 10
+        while True:
+            rose = sum(_external_kv_tokens(u) for u in decode_urls) - before
+            if rose >= tokens > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        words = (f"{rose:g} of {tokens} prompt tokens came over the connector "
+                 f"({EXTERNAL_KV}{{source=\"external_kv_transfer\"}} on decode)")
+        return rose >= tokens > 0, "PD proof: " + words
 
     def parser_argv(self, command: list[str]) -> list[str]:
         for i, arg in enumerate(command[:-1]):
@@ -439,6 +500,23 @@ class VLLM(Family):
         problems += _side_channels(label, workers)
         problems += _routers(label, workers, routers, unparsed, connectors)
         return problems, warnings
+
+
+EXTERNAL_KV = "vllm:prompt_tokens_by_source_total"
+
+
+def _external_kv_tokens(url: str) -> float:
+    """decode's vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} (0 when absent)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0.0
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(EXTERNAL_KV + "{") and 'source="external_kv_transfer"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def connector(data: Mapping[str, Any]) -> str:
