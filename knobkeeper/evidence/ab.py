@@ -297,17 +297,19 @@ def _progress(progress: bool | Any, total: int):
 
 # ---------------------------------------------------------------- `knobkeeper ab run` (project level)
 
-def arms_from_specs(project, role: str, set_spec: str, baseline: str = "current") -> tuple[str, dict[str, dict]]:
+def arms_from_specs(project, role: str, set_spec: str, baseline: str = "current",
+                    scope: str | None = None) -> tuple[str, dict[str, dict]]:
     """(knob, arms) from `--set KNOB=VALUE` and `--baseline current|KNOB=VALUE`.
 
-    `current` is the declared value in inventory/knobs.toml (None when unset).
+    `current` is the declared value in inventory/knobs.toml (None when unset), in the table of
+    `scope` (the inventory's stack and the role: "vllm.decode"; default: the role's own table).
     """
     from knobkeeper.evidence.store import parse_knob_spec
     from knobkeeper.knobs.state import read_declared, value_of
 
     knob, value = parse_knob_spec(project, set_spec, role, "--set")
     if baseline == "current":
-        base = value_of(read_declared(project.knobs_path), role, knob) if project.knobs_path.exists() else None
+        base = value_of(read_declared(project.knobs_path), scope or role, knob) if project.knobs_path.exists() else None
         label = "baseline (declared)"
     else:
         name, base = parse_knob_spec(project, baseline, role, "--baseline")
@@ -477,9 +479,14 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     from knobkeeper.deploy.api import terminate_as_interrupt
     from knobkeeper.evidence.store import write
 
-    knob, arms = arms_from_specs(project, role, set_spec, baseline)
     if harness is None:
+        from knobkeeper.deploy.stack import load_stack
+
+        # the stack's own table ([vllm.decode]): a stack-scoped knob's declared value is the baseline
+        knob, arms = arms_from_specs(project, role, set_spec, baseline, load_stack(project.root, inventory).scope(role))
         design = engine_design(design, role_simulated(project, inventory, role))
+    else:
+        knob, arms = arms_from_specs(project, role, set_spec, baseline)
     if design.requests is None and design.duration is None:
         raise UserError("--requests or --duration: give one (how long each level is measured; on a real "
                         "engine the default is --duration 25)")
