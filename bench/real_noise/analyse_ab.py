@@ -27,6 +27,7 @@ from statistics import mean, median, stdev
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from knobkeeper.evidence import judge as J  # noqa: E402
+from knobkeeper.evidence.model import Look  # noqa: E402
 from knobkeeper.evidence.defaults import REAL_MAX_REPEATS  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -89,8 +90,8 @@ def sequential_rate(pool: list[float], effect: float, cap: int, draws: int, rng:
             for arm in "AB":
                 runs.append({"arm": arm, "repeat": repeat, "concurrency": 16, "errors": 0,
                              "output_tokens_per_s": math.exp(7.0 + (effect if arm == "B" else 0.0) + rng.choice(pool))})
-            if repeat in record["planned_looks"]:
-                record["looks"].append({"repeat": repeat})
+            if repeat in record.planned_looks:
+                record.looks.append(Look(repeat, [16], {}))
                 level = J.judge(runs, sequential=record)["levels"][0]
                 if J.settled(level) or repeat == cap:
                     verdict, repeats = level["verdict"], repeat
