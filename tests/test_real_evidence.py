@@ -65,8 +65,8 @@ def test_ab_run_decides_a_real_knob_and_the_field_story_replays_on_real_vllm(rea
 
     # 1. ab run: baseline = the declared "0-1", candidate "1"; arms switched by deploying decode.
     out = _ok(stack.kk("ab", "run", "--inventory", inv, "--role", "decode", "--set", f"{KNOB}={GOOD}",
-                       "--concurrency", "16", "--repeats", "2", "--duration", "10", "--api", "completions",
-                       "--input-len", "64", "--output-len", "64", "--json"))
+                       "--concurrency", "4", "--repeats", "2", "--duration", "10", "--api", "completions",
+                       "--input-len", "32", "--output-len", "16", "--json"))
     doc = json.loads(out[out.index("{"):])
     ev = doc["id"]
     [level] = doc["judgement"]["levels"]
@@ -87,7 +87,7 @@ def test_ab_run_decides_a_real_knob_and_the_field_story_replays_on_real_vllm(rea
 
     # 2. The gain set with that evidence, deployed: only decode restarts.
     _ok(stack.kk("set", f"{KNOB}={GOOD}", "--stack", "vllm", "--role", "decode", "--reason",
-                 f"A/B: {level['effect']:+.0%} output tok/s @16", "--evidence", ev))
+                 f"A/B: {level['effect']:+.0%} output tok/s @4", "--evidence", ev))
     set_entry = load_entries(stack.project)[-1]
     record = _deploy(stack)
     assert [r.service for r in record.services if r.acted] == ["knobkeeper-decode"], record.services
@@ -126,12 +126,12 @@ def test_ab_run_decides_a_real_knob_and_the_field_story_replays_on_real_vllm(rea
     print(text)
     command = f"knobkeeper restore {KNOB} --role decode --stack vllm"
     assert "Reclaimable: 1 knob" in text and "REFUTED" in text and "faulty client proxy" in text, text
-    assert f"{KNOB}=" in text and f"gives back {fmt.pct(level['effect'])} at concurrency 16" in text, text
+    assert f"{KNOB}=" in text and f"gives back {fmt.pct(level['effect'])} at concurrency 4" in text, text
     assert f"restore     {command}" in text, text
     [item] = json.loads(_ok(stack.kk("reclaimable", "--json")))["reclaimable"]
     assert item["status"] == "refuted" and item["evidence"][0]["id"] == ev
     [gain] = item["evidence"][0]["gains"]
-    assert gain["concurrency"] == 16 and gain["effect"] == level["effect"] and gain["verdict"] == "better"
+    assert gain["concurrency"] == 4 and gain["effect"] == level["effect"] and gain["verdict"] == "better"
     assert item["command"] == command, item["command"]
 
     # 7. The restore, then the co-restart: prefill, decode, router in dependency order, each gated.

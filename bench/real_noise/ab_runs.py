@@ -116,8 +116,8 @@ def run_experiment(stack: Stack, name: str, declared: str, args) -> dict:
     aa = base == cand
     arms = {"A": {"label": "baseline (declared)", "knobs": {KNOB: base}},
             "B": {"label": "candidate", "knobs": {KNOB: cand}}}
-    design = Design([args.concurrency], repeats=repeats, api="completions", model="tiny",
-                    input_len=64, output_len=64, load_options={"timeout_s": 60})
+    design = Design([args.concurrency], repeats=repeats, api="completions", model="tiny", duration=args.duration,
+                    input_len=args.input_len, output_len=args.output_len, load_options={"timeout_s": 180})
     design = engine_design(design, simulated=False)
     harness = Harness(switch_arm=lambda arm: stack.switch(arm["knobs"][KNOB], force=aa),
                       restore=lambda: stack.switch(declared, force=False), endpoint=stack.router.url)
@@ -130,6 +130,8 @@ def run_experiment(stack: Stack, name: str, declared: str, args) -> dict:
     print(f"{name}: {base} -> {cand}: {level.verdict} effect {level.effect} p_adj {level.p_adjusted} "
           f"n {level.n_a}/{level.n_b} wall {wall:.0f}s restarts {stack.restarts}", flush=True)
     return {"experiment": name, "baseline": base, "candidate": cand, "hog": args.hog, "wall_s": round(wall, 1),
+            "workload": {"concurrency": args.concurrency, "input_len": args.input_len, "output_len": args.output_len,
+                         "duration_s": design.duration, "warmup_s": design.warmup_duration},
             "restarts": list(stack.restarts), "t": round(time.time(), 1), "evidence": doc.to_json()}
 
 
@@ -171,6 +173,10 @@ def main() -> int:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--exp", action="append", choices=sorted(EXPERIMENTS), required=True)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--duration", type=float, default=None, help="seconds per judged run (default: the real "
+                    "engine's, defaults.REAL_RUN_S)")
     ap.add_argument("--hog", type=int, default=1, help="busy loops on the machine meanwhile (a loaded machine)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/kk-re/work"))
     ap.add_argument("--out", default="ab_runs")
