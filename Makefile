@@ -31,11 +31,13 @@ test-under-load: system-deps $(STAMP)
 	bash scripts/test-under-load.sh
 
 # make demo TARGET=slurm: the same stack as one job on a real local Slurm cluster (knobkeeper/demo_slurm.py).
+# make demo ENGINE=vllm: the real stack (inventory/local_vllm.py: vLLM's CPU build, vllm-router, the tiny
+# model as a stand-in for yours); the engine installs into ~/.cache/knobkeeper/engines once (minutes).
 demo: $(STAMP)
 ifeq ($(TARGET),slurm)
 	$(PY) -m knobkeeper.demo_slurm
 else
-	$(PY) -m knobkeeper.demo $(if $(PROMETHEUS),--prometheus)
+	$(PY) -m knobkeeper.demo $(if $(PROMETHEUS),--prometheus) $(if $(ENGINE),--engine $(ENGINE))
 endif
 
 stop: $(STAMP)

@@ -17,6 +17,9 @@ the same deploy.py, templates and gates run the official build (inventory/exampl
 
 Knobs: inventory/knobs.toml's [vllm.prefill] / [vllm.decode] tables (stack "vllm"), e.g.
     knobkeeper set VLLM_CPU_OMP_THREADS_BIND=0-1 --stack vllm --role decode --reason "..."
+Until knobs.toml declares them, `knob_defaults` below gives this machine's baseline (two instances on
+two cores: each bound to its own core, a 1 GiB KV cache each); a declared value or a run's override
+(`ab run --set`, a canary) wins, and every launch script names where each value came from.
 
 Ports (defaults: prefill 30200, decode 30201, router 30280, router metrics 29280, NIXL side
 channels 5610 / 5710) move with the environment variable
@@ -89,6 +92,13 @@ _local = (
         "router_metrics_port": 29280,
         "prefill_side_channel_port": 5610,
         "decode_side_channel_port": 5710,
+        # VLLM_CPU_OMP_THREADS_BIND: vLLM's default `auto` would put both instances' compute on the
+        # same core; VLLM_CPU_KVCACHE_SPACE (GiB): the default 4 per instance is RAM this machine
+        # shares with other work (1 GiB: ~3 GB per instance in all).
+        "knob_defaults": {
+            "prefill": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_CPU_OMP_THREADS_BIND": "0"},
+            "decode": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_CPU_OMP_THREADS_BIND": "1"},
+        },
         # Each instance's compile cache, kept across restarts (a restart with it is much faster).
         "vllm_cache_root": "{prefix}/cache/{service}",
         "environment": {

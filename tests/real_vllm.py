@@ -59,7 +59,11 @@ class RealStack:
     STABLE API (helper real-evidence's tests/test_real_evidence.py uses it):
 
         stack.project      Project: a copy of this repo (tests/infra.make_infra_repo), committed, with
-                           its own git identity; deploy records are committed into it
+                           its own git identity; deploy records are committed into it. Its knobs.toml
+                           DECLARES the stack's baseline ([vllm.prefill] VLLM_CPU_OMP_THREADS_BIND "0",
+                           [vllm.decode] "1", both VLLM_CPU_KVCACHE_SPACE 1), each with its entry
+                           (the tool repo's knobs.toml is empty; the inventory's knob_defaults
+                           give the same values there)
         stack.root         Path: stack.project.root
         stack.inventory    "inventory/local_vllm.py" (relative to stack.root: pass it to any command)
         stack.prefix       Path of the stack's state (<root>/.knobkeeper-state/local-vllm)
@@ -126,6 +130,21 @@ class RealStack:
         return program_pids(self.prefix, plan.supervisor.supervisorctl, [s.name for s in plan.services])
 
 
+def declare_baseline(project) -> None:
+    """Declare the inventory's knob_defaults in the copy's knobs.toml ([vllm.prefill], [vllm.decode]),
+    each with its changelog entry (`knobkeeper set`): the values the stack runs with anyway, so that
+    `ab run --baseline current`, set/revert/restore and `check` see them as declared."""
+    from knobkeeper.changelog import ops
+    from knobkeeper.deploy.stack import load_stack
+
+    stack = load_stack(project.root, REAL_INVENTORY)
+    # one `set` each: ops.set_knobs writes a stack's scope into the entry's role (refused when read)
+    for role, table in (stack.hosts["@local"].data.get("knob_defaults") or {}).items():
+        for name, value in table.items():
+            ops.set_knob(project, name, str(value), stack.scope(role),
+                         "the local vLLM stack's baseline (inventory/local_vllm.py knob_defaults)")
+
+
 @contextlib.contextmanager
 def started_real_stack():
     """Copy this repo, deploy inventory/local_vllm.py on free ports (engine cached, model built when
@@ -145,6 +164,7 @@ def started_real_stack():
     old = {k: os.environ.get(k) for k in stack.env}
     os.environ.update(stack.env)
     try:
+        declare_baseline(project)
         result = stack.deploy()
         assert result.ok, result.output[-4000:]
         stack.first = result.record

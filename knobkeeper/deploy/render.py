@@ -313,6 +313,26 @@ def normalize_overrides(catalog: Catalog, overrides: Mapping[str, Any] | None, r
     return out
 
 
+INVENTORY_DEFAULT = "inventory default (data knob_defaults; `knobkeeper set` declares another value)"
+
+
+def _knob_defaults(catalog: Catalog, plan: Any, role: str, roles: list[str]) -> dict[str, Value]:
+    """Host data `knob_defaults` {ROLE: {KNOB: value}}: the values a role's knobs take on this
+    inventory's hosts when knobs.toml declares none (a declared value, then a run's override, wins).
+    For a stack whose hosts need a baseline a user's repo does not declare: the local vLLM stack's
+    two instances each bound to their own core. Checked against the catalog like an override."""
+    table = plan.data.get("knob_defaults") or {}
+    if not isinstance(table, Mapping) or not all(isinstance(v, Mapping) for v in table.values()):
+        raise UserError(f"host {plan.name}: data knob_defaults: expected {{\"ROLE\": {{\"KNOB\": value}}}}")
+    if role not in table:
+        return {}
+    try:
+        checked = normalize_overrides(catalog, {role: table[role]}, roles).get(role, {})
+    except UserError as exc:
+        raise UserError(f"host {plan.name}: data knob_defaults: {str(exc).removeprefix('knob_overrides: ')}") from None
+    return {name: value for name, value in checked.items() if value is not None}
+
+
 def _apply_overrides(values: dict[str, Value], provenance: dict[str, str],
                      overrides: Mapping[str, Value | None]) -> None:
     for name, value in overrides.items():
@@ -367,8 +387,10 @@ def render_stack(
                     raise UserError(problem)
         for plan in stack.hosts.values():
             env = plan.data.get("environment") or {}
+            defaults = _knob_defaults(catalog, plan, role, list(stack.roles))
             for svc in plan.role_services(role):
-                svc_values, svc_provenance = dict(values), dict(provenance)
+                svc_values = {**defaults, **values}
+                svc_provenance = {**{name: INVENTORY_DEFAULT for name in defaults}, **provenance}
                 _apply_overrides(svc_values, svc_provenance, overrides.get(svc.key, {}))
                 out[(svc.host, svc.name)] = render_service(
                     svc, commands[(svc.host, svc.name)], knobs=svc_values, catalog=catalog, provenance=svc_provenance,

@@ -27,6 +27,12 @@ Data keys (host data > group data > group_data/all.py; `--data` wins over all):
                       the engine's version where engines[role] does not say ==VERSION (the pin goes
                       into the venv: engine_packages overrides; engine_wheelhouse / engine_index:
                       where pip gets it; see operations.engine)
+    knob_defaults     {role: {KNOB: value}}: the knobs' values on this inventory's hosts where
+                      knobs.toml declares none (a declared value and a run's override win; deploy/render.py)
+    engine_root       where the engine's cached environments live (vLLM's CPU build: engine/vllm_install.py;
+                      "{prefix}" expanded); with it the deploy's engine step builds them, not a venv
+    tiny_model_seed   build the tiny model (a stand-in for your model) into `model` when absent (local host)
+    vllm_cache_root   each vLLM instance's VLLM_CACHE_ROOT ("{prefix}", "{service}" expanded)
     environment       {NAME: value} fixed, non-knob environment of every service (NAME: a plain
                       variable name, knobs.catalog.check_env_name)
     service_user      systemd User= (optional); systemd_unit_dir (default /etc/systemd/system)

