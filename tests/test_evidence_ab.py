@@ -356,11 +356,15 @@ def test_the_sim_inventory_is_simulated(short_tmp):
 
 
 def test_the_baseline_of_a_stack_scoped_knob_is_its_stack_table(short_tmp):
-    """inventory/local_vllm.py names stack "vllm": `--baseline current` is [vllm.decode]'s value, not
-    the unscoped [decode] table's (where the knob is unset)."""
+    """inventory/local_vllm.py names stack "vllm": `--baseline current` is [vllm.decode]'s declared
+    value, not the unscoped [decode] table's (where the knob is unset)."""
     from knobkeeper.deploy.stack import load_stack
 
+    from tests.infra import kk
+
     project = make_infra_repo(short_tmp)
+    done = kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=1", "--stack", "vllm", "--role", "decode", "--reason", "own core")
+    assert done.exit_code == 0, done.output
     scope = load_stack(project.root, "inventory/local_vllm.py").scope("decode")
     assert scope == "vllm.decode"
     knob, arms = AB.arms_from_specs(project, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1", scope=scope)
