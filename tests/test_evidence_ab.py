@@ -370,3 +370,19 @@ def test_the_baseline_of_a_stack_scoped_knob_is_its_stack_table(short_tmp):
     knob, arms = AB.arms_from_specs(project, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1", scope=scope)
     assert arms["A"]["knobs"] == {knob: "1"} and arms["B"]["knobs"] == {knob: "0-1"}
     assert AB.role_simulated(project, "inventory/local_vllm.py", "decode") is False
+
+
+def test_an_undeclared_knob_s_baseline_is_what_the_inventory_runs(short_tmp):
+    """Not declared: the baseline arm is the inventory's knob_defaults value (what the stack runs),
+    not "unset" (which would drop the default and measure vLLM's own); declared: the declared one."""
+    from tests.infra import kk
+
+    project = make_infra_repo(short_tmp)
+    inv = "inventory/local_vllm.py"
+    knob, arms = AB.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1")
+    assert arms["A"] == {"label": "baseline (inventory default)", "knobs": {knob: "1"}}
+    with pytest.raises(UserError, match="already runs VLLM_CPU_OMP_THREADS_BIND=1"):
+        AB.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=1")
+    assert kk(project, "set", f"{knob}=0", "--stack", "vllm", "--role", "decode", "--reason", "x").exit_code == 0
+    _, arms = AB.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1")
+    assert arms["A"] == {"label": "baseline (declared)", "knobs": {knob: "0"}}

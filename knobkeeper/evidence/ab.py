@@ -357,6 +357,27 @@ def deploy_harness(project, inventory: str, role: str, knob: str) -> Harness:
     return Harness(switch_arm, restore, endpoint, deploy_probes(project, inventory, role, knob))
 
 
+def inventory_arms(project, inventory: str, role: str, set_spec: str, baseline: str = "current") -> tuple[str, dict]:
+    """arms_from_specs for a deploy through `inventory`: the declared value is read from the stack's
+    own table ([vllm.decode]), and a knob not declared there has the baseline the stack RUNS: the
+    inventory's `knob_defaults` (deploy/render.py), not "unset" (an override of None would drop that
+    default and measure the engine's own)."""
+    from knobkeeper.deploy.stack import load_stack
+
+    stack = load_stack(project.root, inventory)
+    knob, arms = arms_from_specs(project, role, set_spec, baseline, stack.scope(role))
+    if baseline == "current" and arms["A"]["knobs"][knob] is None:
+        running = {plan.data.get("knob_defaults", {}).get(role, {}).get(knob) for plan in stack.hosts.values()
+                   if plan.role_services(role)}
+        if len(running) == 1 and None not in running:
+            value = running.pop()
+            if value == arms["B"]["knobs"][knob]:
+                raise UserError(f"--set {set_spec!r}: the stack already runs {knob}={value} (the inventory's "
+                                f"knob_defaults); nothing to compare")
+            arms["A"] = {"label": "baseline (inventory default)", "knobs": {knob: value}}
+    return knob, arms
+
+
 def engine_design(design: Design, simulated: bool | None) -> Design:
     """The design with a real engine's defaults filled in (`simulated` False; None: not known, as
     with a custom harness): neither --requests nor --duration -> `--duration` defaults.REAL_RUN_S,
@@ -480,10 +501,7 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     from knobkeeper.evidence.store import write
 
     if harness is None:
-        from knobkeeper.deploy.stack import load_stack
-
-        # the stack's own table ([vllm.decode]): a stack-scoped knob's declared value is the baseline
-        knob, arms = arms_from_specs(project, role, set_spec, baseline, load_stack(project.root, inventory).scope(role))
+        knob, arms = inventory_arms(project, inventory, role, set_spec, baseline)
         design = engine_design(design, role_simulated(project, inventory, role))
     else:
         knob, arms = arms_from_specs(project, role, set_spec, baseline)
