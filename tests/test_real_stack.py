@@ -26,6 +26,13 @@ from tests.real_vllm import PORT_NAMES, PORTS_VARIABLE, REAL_INVENTORY
 SERVICES = ("knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router")
 
 
+def _short_dir() -> Path:
+    """A folder under a short path: the stack's supervisord socket lives under the repo (< 100 chars)."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="kkv"))
+
+
 # --- faults known before anything runs (no engine started) ----------------------------------------
 
 
@@ -88,6 +95,7 @@ def test_a_fault_known_before_the_run_is_one_line_and_touches_nothing(copy, tmp_
 
 
 @pytest.mark.real_engine
+@pytest.mark.timeout(1500)   # the first one also pays the session stack's deploy (2-4 min, up to 10 loaded)
 def test_the_real_stack_is_deployed_in_order_gated_and_serves_pd_through_the_router(real_stack):
     """Deployed from nothing in dependency order, each gated; a streamed chat completion through
     vllm-router with the openai client; KV over the connector; the family's metric names on
@@ -161,13 +169,14 @@ def test_the_real_stack_is_deployed_in_order_gated_and_serves_pd_through_the_rou
 
 
 @pytest.mark.real_engine
+@pytest.mark.timeout(1500)   # the first one also pays the session stack's deploy (2-4 min, up to 10 loaded)
 def test_a_port_taken_stops_the_run_before_the_restart(real_stack, tmp_path):
     """A second copy of the stack whose prefill port another process holds: one line naming host,
     service and cause, nothing started, the record says so (the engine is cached by the session's stack)."""
     from knobkeeper.deploy.api import run_deploy
     from tests.infra import make_infra_repo
 
-    project = make_infra_repo(tmp_path)
+    project = make_infra_repo(_short_dir())
     ports = {f"{name}_port": free_port() for name in PORT_NAMES}
     holder = socket.socket()
     holder.bind(("127.0.0.1", ports["prefill_port"]))
@@ -189,6 +198,7 @@ def test_a_port_taken_stops_the_run_before_the_restart(real_stack, tmp_path):
 
 
 @pytest.mark.real_engine
+@pytest.mark.timeout(1500)   # the first one also pays the session stack's deploy (2-4 min, up to 10 loaded)
 def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(real_stack, tmp_path):
     """A model whose config.json is broken: vLLM starts, then dies loading it; supervisord would
     restart it forever. The gate says so within seconds with vLLM's last log lines; decode and the
@@ -201,7 +211,7 @@ def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(r
     for item in real_stack.model.iterdir():
         (model / item.name).write_bytes(item.read_bytes())
     (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": ')
-    project = make_infra_repo(tmp_path)
+    project = make_infra_repo(_short_dir())
     ports = {f"{name}_port": free_port() for name in PORT_NAMES}
     prefix = project.root / ".knobkeeper-state" / "local-vllm"
     try:
@@ -218,7 +228,9 @@ def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(r
     assert "ends: " in record.error and ("JSON" in record.error or "Error" in record.error), record.error
     for name in ("knobkeeper-decode", "knobkeeper-router"):
         assert record.service("@local", name).restart_issued_at is None
-    left = [pid for pid in stopped if Path(f"/proc/{pid}").exists()]
+    from knobkeeper.deploy.local import _alive
+
+    left = [pid for pid in stopped if _alive(pid)]
     assert not left
     assert "(failed)" in git(project.root, "log", "-1", "--format=%s")
 
