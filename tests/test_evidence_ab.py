@@ -28,6 +28,7 @@ more), so 64 stops after 3 repeats and 80 goes on to the cap.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from knobkeeper.cli.ab import ab
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import ab as AB
 from knobkeeper.evidence import store
+from knobkeeper.evidence.model import Evidence
 from tests.infra import make_infra_repo
 from tests.procs import free_port, stop, wait_http
 
@@ -255,8 +257,20 @@ def test_ab_run_library_writes_and_commits_evidence_with_fake_switcher(tmp_path)
     assert log.startswith(f"evidence: {KNOB}=512 on decode") and f"Evidence: {doc['id']}" in log
 
 
-def test_ab_run_cli_errors_are_one_line_exit_2(tmp_path):
-    project = make_infra_repo(tmp_path)
+@pytest.fixture
+def short_tmp():
+    """ab run reads the inventory's stack (is the role's engine real?): inventory/local.py puts a unix
+    socket under the repo, whose path must stay under 100 characters."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="kk-ab-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_ab_run_cli_errors_are_one_line_exit_2(short_tmp):
+    project = make_infra_repo(short_tmp)
     runner = CliRunner()
     out = runner.invoke(ab, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
                              "decode", "--set", f"{KNOB}=99999", "--requests", "10"])
@@ -293,3 +307,82 @@ def test_ab_run_cli_refuses_repeats_with_max_repeats(tmp_path):
     with pytest.raises(UserError, match="give one of --repeats"):
         AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", load=_fake_load([])),
                    AB.Design([64], requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")
+
+
+# ---------------------------------------------------------------- the real engine's design (issue 23, item 6)
+
+def test_a_real_engine_gets_the_real_noise_design_and_the_sim_keeps_its_own():
+    """Neither --requests nor --duration on a real engine: 25-s runs after a 5-s block warm-up,
+    the sequential design capped at 10 (knobkeeper.evidence.judge, "Real noise"); what the user
+    gave is kept; the sim (or an unknown engine: a custom harness) is left as given."""
+    from knobkeeper.evidence import defaults as D
+
+    real = AB.engine_design(AB.Design([16]), simulated=False)
+    assert (real.duration, real.requests, real.warmup_duration, real.max_repeats, real.repeats) == (
+        D.REAL_RUN_S, None, D.REAL_WARMUP_S, D.REAL_MAX_REPEATS, None) == (25.0, None, 5.0, 10, None)
+    given = AB.engine_design(AB.Design([16], repeats=2, requests=64, warmup_requests=16), simulated=False)
+    assert (given.requests, given.duration, given.repeats, given.max_repeats, given.warmup_requests,
+            given.warmup_duration) == (64, None, 2, None, 16, None)
+    for simulated in (True, None):
+        assert AB.engine_design(AB.Design([16]), simulated=simulated) == AB.Design([16])
+
+
+def test_the_block_warm_up_is_measured_recorded_and_never_judged():
+    calls = []
+    load = _fake_load(calls)
+    doc = AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", load=load),
+                     AB.Design([64, 96], 2, duration=25, warmup_duration=5), arms=_arms(None, 512), knob=KNOB,
+                     role="decode")
+    # per block: a 5-s warm-up at the top level (loadgen's own per-stream warm-up inside), then 64, 96
+    assert calls[:3] == [(96, None, 5, None), (64, None, 25, None), (96, None, 25, None)]
+    schedule = doc.setup.schedule
+    assert schedule.warmup_requests is None and schedule.extra["warmup_s"] == 5
+    warmups = schedule.extra["warmups"]
+    assert [(w["arm"], w["repeat"], w["concurrency"]) for w in warmups] == [
+        ("A", 1, 96), ("B", 1, 96), ("B", 2, 96), ("A", 2, 96)]
+    assert all(w["output_tokens_per_s"] > 0 for w in warmups)
+    # the judged runs are the 25-s ones only, and the evidence (with its warm-ups) round-trips and verifies
+    assert len(doc.runs) == 8 and all(r.concurrency in (64, 96) for r in doc.runs)
+    again = Evidence.from_json(json.loads(json.dumps(doc.to_json())))
+    assert again.setup.schedule.extra["warmups"] == warmups and store.verify(again) == []
+    with pytest.raises(UserError, match="warmup_requests or warmup_duration"):
+        AB.Design([64], 2, duration=5, warmup_requests=4, warmup_duration=5).check()
+
+
+def test_the_sim_inventory_is_simulated(short_tmp):
+    project = make_infra_repo(short_tmp)
+    assert AB.role_simulated(project, "inventory/local.py", "decode") is True
+    assert AB.role_simulated(project, "inventory/local.py", "nosuchrole") is None
+
+
+def test_the_baseline_of_a_stack_scoped_knob_is_its_stack_table(short_tmp):
+    """inventory/local_vllm.py names stack "vllm": `--baseline current` is [vllm.decode]'s declared
+    value, not the unscoped [decode] table's (where the knob is unset)."""
+    from knobkeeper.deploy.stack import load_stack
+
+    from tests.infra import kk
+
+    project = make_infra_repo(short_tmp)
+    done = kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=1", "--stack", "vllm", "--role", "decode", "--reason", "own core")
+    assert done.exit_code == 0, done.output
+    scope = load_stack(project.root, "inventory/local_vllm.py").scope("decode")
+    assert scope == "vllm.decode"
+    knob, arms = AB.arms_from_specs(project, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1", scope=scope)
+    assert arms["A"]["knobs"] == {knob: "1"} and arms["B"]["knobs"] == {knob: "0-1"}
+    assert AB.role_simulated(project, "inventory/local_vllm.py", "decode") is False
+
+
+def test_an_undeclared_knob_s_baseline_is_what_the_inventory_runs(short_tmp):
+    """Not declared: the baseline arm is the inventory's knob_defaults value (what the stack runs),
+    not "unset" (which would drop the default and measure vLLM's own); declared: the declared one."""
+    from tests.infra import kk
+
+    project = make_infra_repo(short_tmp)
+    inv = "inventory/local_vllm.py"
+    knob, arms = AB.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1")
+    assert arms["A"] == {"label": "baseline (inventory default)", "knobs": {knob: "1"}}
+    with pytest.raises(UserError, match="already runs VLLM_CPU_OMP_THREADS_BIND=1"):
+        AB.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=1")
+    assert kk(project, "set", f"{knob}=0", "--stack", "vllm", "--role", "decode", "--reason", "x").exit_code == 0
+    _, arms = AB.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1")
+    assert arms["A"] == {"label": "baseline (declared)", "knobs": {knob: "0"}}

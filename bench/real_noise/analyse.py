@@ -272,6 +272,7 @@ def sequential_ab_run(comp: dict, design: str, effect: float, cap: int, draws: i
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from knobkeeper.evidence import judge as J
+    from knobkeeper.evidence.model import Look
 
     verdicts: dict[str, int] = defaultdict(int)
     used = []
@@ -283,8 +284,8 @@ def sequential_ab_run(comp: dict, design: str, effect: float, cap: int, draws: i
                 value = math.exp(6.0 + shift + unit_of(design, comp, rng, long_runs))
                 runs.append({"arm": arm, "repeat": repeat, "concurrency": 16, "output_tokens_per_s": value,
                              "errors": 0})
-            if repeat in record["planned_looks"]:
-                record["looks"].append({"repeat": repeat})
+            if repeat in record.planned_looks:
+                record.looks.append(Look(repeat, [16], {}))
                 level = J.judge(runs, sequential=record)["levels"][0]
                 if J.settled(level) or repeat == cap:
                     verdict, repeats = level["verdict"], repeat

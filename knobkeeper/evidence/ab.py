@@ -10,8 +10,9 @@ The design (levels, repeats, how long each run is, the prompt shape) is one obje
 Schedule: repeats are blocks of both arms in ABBA order (AB, BA, AB, ...), so a linear drift
 (thermal, a neighbour, a cache filling) lands equally on both arms. Each block: switch to the
 arm (a restart: restart-to-restart variation is part of what the repeats measure), check that
-the running engine carries the arm's knob value (`Probes.knob`), one warm-up load that is thrown
-away, then every open level once, in ascending order (around each level, the prefill's
+the running engine carries the arm's knob value (`Probes.knob`), one warm-up load that is measured
+and recorded (`schedule.extra["warmups"]`) but never judged (on a real engine the first window after
+a restart is the noisiest piece: knobkeeper.evidence.judge, "Real noise"), then every open level once, in ascending order (around each level, the prefill's
 prompt-token counter when the stack is disaggregated: `Probes.prefill_tokens`). Whatever
 happens — a failed switch, a failed load, Ctrl-C — `restore()` runs at the end, and a failure in
 restore is reported above the original error, never swallowed.
@@ -76,7 +77,8 @@ class Design:
     """What one A/B measures. `repeats`: a fixed design of that many blocks per arm; `max_repeats`:
     the sequential design capped there (give one). Each run is `requests` requests or `duration`
     seconds (give one). `warmup_requests`: the block's warm-up load (default: one request per
-    stream at the top open level); `level_warmup`: completions excluded at the start of each level
+    stream at the top open level) or `warmup_duration` seconds of it (a real engine's default:
+    defaults.REAL_WARMUP_S); `level_warmup`: completions excluded at the start of each level
     (default: one per stream, see knobkeeper.loadgen); `load_options`: more keyword arguments for
     every load (e.g. keepalive=True for an endpoint without the router's keep-alive delay)."""
 
@@ -89,6 +91,7 @@ class Design:
     input_len: int = 128
     output_len: int = 64
     warmup_requests: int | None = None
+    warmup_duration: float | None = None
     level_warmup: int | None = None
     model: str | None = None
     load_options: dict[str, Any] = field(default_factory=dict)
@@ -106,6 +109,8 @@ class Design:
             raise UserError(f"--concurrency {self.levels}: expected positive integers, e.g. 64,80,96")
         if (self.requests is None) == (self.duration is None):
             raise UserError("give exactly one of --requests or --duration")
+        if self.warmup_requests is not None and self.warmup_duration is not None:
+            raise UserError("give at most one of warmup_requests or warmup_duration (the block's warm-up)")
 
     @property
     def cap(self) -> int:
@@ -187,6 +192,7 @@ def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Map
     stopping = Stopping(levels, design.cap) if design.max_repeats is not None else None
     plan = schedule(design.cap)
     runs: list[Run] = []
+    warmups: list[dict] = []
     bar = _progress(progress, len(plan) * len(levels))
     started = time.time()
     blocks = 0
@@ -202,7 +208,7 @@ def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Map
                 bar.update(task, description=f"switch to {arm} (repeat {repeat}/{design.cap})")
             harness.switch_arm(arms[arm])
             blocks += 1
-            runs += _block(harness, design, load, arm, repeat, list(todo), arms[arm], raw_files,
+            runs += _block(harness, design, load, arm, repeat, list(todo), arms[arm], raw_files, warmups,
                            lambda conc: bar.update(task, description=f"{arm} @{conc} (repeat {repeat}/{design.cap})")
                            if bar is not None else None,
                            lambda: bar.advance(task) if bar is not None else None)
@@ -220,8 +226,11 @@ def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Map
     setup.workload = design.workload()
     setup.schedule = Schedule(order="ABBA", repeats=design.cap, levels=levels, endpoint=_url(harness.endpoint),
                               design="sequential" if stopping is not None else "fixed", blocks=blocks,
-                              warmup_requests=design.warmup_requests or max(levels),
+                              warmup_requests=None if design.warmup_duration else design.warmup_requests or max(levels),
                               wall_s=round(time.time() - started, 3))
+    setup.schedule.extra["warmups"] = warmups   # measured, recorded, never judged
+    if design.warmup_duration:
+        setup.schedule.extra["warmup_s"] = design.warmup_duration
     if harness.load is None and setup.bench_tool is None:
         from knobkeeper import __version__
 
@@ -232,15 +241,24 @@ def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Map
 
 
 def _block(harness: Harness, design: Design, load: LoadFn, arm: str, repeat: int, todo: list[int], arm_spec: dict,
-           raw_files: list | None, on_level: Callable[[int], Any], on_done: Callable[[], Any]) -> list[Run]:
-    """One block of one arm (already switched to): check the knob, warm up, then every open level once."""
+           raw_files: list | None, warmups: list[dict], on_level: Callable[[int], Any],
+           on_done: Callable[[], Any]) -> list[Run]:
+    """One block of one arm (already switched to): check the knob, warm up (measured into `warmups`, not
+    judged), then every open level once."""
     probes = harness.probes
     url = _url(harness.endpoint)
     seen = probes.knob(arm_spec) if probes.knob is not None else None
     warm_conc = max(todo)
     shape = {"api": design.api, "model": design.model, "input_len": design.input_len, "output_len": design.output_len}
-    (harness.warm_up or load)(url, warm_conc, requests=design.warmup_requests or warm_conc, warmup=0, **shape,
-                              **design.load_options)
+    if design.warmup_duration:
+        warm = (harness.warm_up or load)(url, warm_conc, requests=None, duration=design.warmup_duration,
+                                         warmup=design.level_warmup, **shape, **design.load_options)
+    else:
+        warm = (harness.warm_up or load)(url, warm_conc, requests=design.warmup_requests or warm_conc, warmup=0,
+                                         **shape, **design.load_options)
+    fields = _run_fields(warm) if isinstance(warm, dict) else {}
+    warmups.append({"arm": arm, "repeat": repeat, "concurrency": warm_conc,
+                    **{k: fields.get(k) for k in ("output_tokens_per_s", "completed", "errors", "window_s")}})
     runs = []
     for conc in todo:
         on_level(conc)
@@ -299,17 +317,19 @@ def _progress(progress: bool | Any, total: int):
 
 # ---------------------------------------------------------------- `knobkeeper ab run` (project level)
 
-def arms_from_specs(project, role: str, set_spec: str, baseline: str = "current") -> tuple[str, dict[str, dict]]:
+def arms_from_specs(project, role: str, set_spec: str, baseline: str = "current",
+                    scope: str | None = None) -> tuple[str, dict[str, dict]]:
     """(knob, arms) from `--set KNOB=VALUE` and `--baseline current|KNOB=VALUE`.
 
-    `current` is the declared value in inventory/knobs.toml (None when unset).
+    `current` is the declared value in inventory/knobs.toml (None when unset), in the table of
+    `scope` (the inventory's stack and the role: "vllm.decode"; default: the role's own table).
     """
     from knobkeeper.evidence.store import parse_knob_spec
     from knobkeeper.knobs.state import read_declared, value_of
 
     knob, value = parse_knob_spec(project, set_spec, role, "--set")
     if baseline == "current":
-        base = value_of(read_declared(project.knobs_path), role, knob) if project.knobs_path.exists() else None
+        base = value_of(read_declared(project.knobs_path), scope or role, knob) if project.knobs_path.exists() else None
         label = "baseline (declared)"
     else:
         name, base = parse_knob_spec(project, baseline, role, "--baseline")
@@ -355,6 +375,55 @@ def deploy_harness(project, inventory: str, role: str, knob: str) -> Harness:
             return next(s for s in running_stack(project.root, inventory).services if s.key == router.key).url
 
     return Harness(switch_arm, restore, endpoint, deploy_probes(project, inventory, role, knob))
+
+
+def inventory_arms(project, inventory: str, role: str, set_spec: str, baseline: str = "current") -> tuple[str, dict]:
+    """arms_from_specs for a deploy through `inventory`: the declared value is read from the stack's
+    own table ([vllm.decode]), and a knob not declared there has the baseline the stack RUNS: the
+    inventory's `knob_defaults` (deploy/render.py), not "unset" (an override of None would drop that
+    default and measure the engine's own)."""
+    from knobkeeper.deploy.stack import load_stack
+
+    stack = load_stack(project.root, inventory)
+    knob, arms = arms_from_specs(project, role, set_spec, baseline, stack.scope(role))
+    if baseline == "current" and arms["A"]["knobs"][knob] is None:
+        running = {plan.data.get("knob_defaults", {}).get(role, {}).get(knob) for plan in stack.hosts.values()
+                   if plan.role_services(role)}
+        if len(running) == 1 and None not in running:
+            value = running.pop()
+            if value == arms["B"]["knobs"][knob]:
+                raise UserError(f"--set {set_spec!r}: the stack already runs {knob}={value} (the inventory's "
+                                f"knob_defaults); nothing to compare")
+            arms["A"] = {"label": "baseline (inventory default)", "knobs": {knob: value}}
+    return knob, arms
+
+
+def engine_design(design: Design, simulated: bool | None) -> Design:
+    """The design with a real engine's defaults filled in (`simulated` False; None: not known, as
+    with a custom harness): neither --requests nor --duration -> `--duration` defaults.REAL_RUN_S,
+    neither --repeats nor --max-repeats -> the sequential design capped at defaults.REAL_MAX_REPEATS,
+    and a block warm-up of defaults.REAL_WARMUP_S seconds unless one was given. Why these: the
+    real-noise measurements in knobkeeper.evidence.judge ("Real noise"). The simulated engine keeps
+    the one-request-per-stream warm-up (its first window is not slower) and must be told how long."""
+    from knobkeeper.evidence.defaults import REAL_MAX_REPEATS, REAL_RUN_S, REAL_WARMUP_S
+
+    if simulated is not False:
+        return design
+    if design.repeats is None and design.max_repeats is None:
+        design = dataclasses.replace(design, max_repeats=REAL_MAX_REPEATS)
+    if design.requests is None and design.duration is None:
+        design = dataclasses.replace(design, duration=REAL_RUN_S)
+    if design.warmup_requests is None and design.warmup_duration is None:
+        design = dataclasses.replace(design, warmup_duration=REAL_WARMUP_S)
+    return design
+
+
+def role_simulated(project, inventory: str, role: str) -> bool | None:
+    """Whether the role's engine in this inventory is the simulated one (None: no such role)."""
+    from knobkeeper.deploy.stack import load_stack
+
+    families = {svc.family.simulated for svc in load_stack(project.root, inventory).services if svc.role == role}
+    return None if not families else all(families)
 
 
 def engine_of(project, inventory: str, role: str) -> dict:
@@ -457,7 +526,14 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     from knobkeeper.deploy.api import terminate_as_interrupt
     from knobkeeper.evidence.store import write
 
-    knob, arms = arms_from_specs(project, role, set_spec, baseline)
+    if harness is None:
+        knob, arms = inventory_arms(project, inventory, role, set_spec, baseline)
+        design = engine_design(design, role_simulated(project, inventory, role))
+    else:
+        knob, arms = arms_from_specs(project, role, set_spec, baseline)
+    if design.requests is None and design.duration is None:
+        raise UserError("--requests or --duration: give one (how long each level is measured; on a real "
+                        "engine the default is --duration 25)")
     if design.repeats is None and design.max_repeats is None:
         design = dataclasses.replace(design, max_repeats=J.sequential_repeats(levels=len(set(design.levels)),
                                                                               guards=True))

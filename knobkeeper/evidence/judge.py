@@ -73,6 +73,37 @@ runs at 2.5%·Δf_j, so over all looks a real ±5% effect is called "no change" 
 the time per side and level, and an A/A level does not settle on the first lucky look. (It is
 per level, not family-wise: the claims the family protects are "better" and "worse".)
 
+Real noise: the design measured on a real engine (bench/real_noise/README.md)
+-------------------------------------------------------------------------------
+On a real vLLM (CPU build, a loaded 2-core machine: a busy loop plus other work, c=16) the noise
+is not the sim's 3%: 78 real 5-s windows in 13 restarted sessions gave a log-sd of 0.26 for one
+window around its session's mean (a neighbour's burst sinks one window), 0.16 restart to
+restart, and 0.42 for the FIRST window after a restart (an outlier now and then). Judging 4 runs
+per arm as they came, a real halving (`--max-num-seqs 4` vs 256) was "-38.7%, inconclusive,
+needs 200 runs/arm". Resampling those real pieces (alpha 0.05, A/A rate / power at the real 2x):
+
+    design (runs per arm)                                     n=4          n=10
+    first window after each restart judged                    0.042/0.42   0.043/0.90
+    warm-up measured, not judged; next 5 s judged             0.036/0.76   0.053/0.99
+    warm-up not judged, then 25-s runs          (chosen)      0.043/0.98   0.056/1.00
+    ABBA blocks, one-sample t on within-block ln(B/A), 25 s   0.052/0.90   0.044/1.00
+    twins side by side (canary-style), 2 cores, 10 pairs          -        power 0.25
+
+So `ab run` on a real engine (knobkeeper.evidence.ab.engine_design) warms each block up for
+defaults.REAL_WARMUP_S, records that window and never judges it, and judges runs of
+defaults.REAL_RUN_S = 25 s, one per arm per block, in ABBA order, with this module's unpaired
+Welch on logs and the sequential looks: 200 simulated sequential ab runs from the real pieces
+decided the 2x in a median of 5 repeats per arm, A/A any-verdict rate 0.045. Rejected: judging
+the first window (its 0.42 is the largest piece); more short runs (each costs a restart, 54-118 s
+loaded, for 5 s of signal); the within-block ratio (pairing pays only for a slowly varying
+background, but here the noise is a burst the neighbouring block does not share, so it just
+halves the degrees of freedom: power 0.62 vs 0.76 at n=4 with 5-s runs; the ABBA ORDER stays, it
+cancels linear drift for free); twins side by side (on 2 cores they fight for the cores: the
+windows are anti-correlated and the effect shrank from 0.48 to 0.59-0.97; a core-binding knob
+cannot be twinned at all). On a host where each twin has its own GPU, side by side is what the
+canary does; this data cannot say which wins there. bench/real_noise/ab_runs.py adds the A/A
+rate and power from the judged runs of real `ab run`s (the PD stack, decode's core binding).
+
 Verdict (alpha = 0.05 family-wise, minimum effect of interest MDE = 5%)
 -----------------------------------------------------------------------
     invalid               a validity gate failed (knobkeeper.evidence.validity); not in the family.
