@@ -107,12 +107,17 @@ _local = (
             "HF_HOME": str(_PREFIX / "cache" / "hf"),
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
+            # NIXL's UCX installs its memory hooks when the first KV transfer sets it up, by default
+            # by patching mmap/munmap's code in place ("bistro"), while the worker's other threads
+            # call them: a thread that runs into the half-written patch dies (UCX's own CI calls it
+            # "a known race in UCM bistro code patching", openucx/ucx#11795). Seen here as decode's
+            # worker dying of SIGILL at its first transfer in 5 of 8 starts. "reloc" hooks through
+            # the symbol tables instead: no code is rewritten while it runs.
+            "UCX_MEM_MMAP_HOOK_MODE": "reloc",
         },
         "engine_args": {
             # Compiled (not --enforce-eager), as the groundwork measured it; the compile cache in
-            # VLLM_CACHE_ROOT (kept per instance) makes restarts faster. Seen here with and without
-            # --enforce-eager, 2 deploys of 5: decode's worker died of SIGILL (exit -4) at its first
-            # KV transfer over Nixl (the deploy's PD proof reports it); cause not found yet.
+            # VLLM_CACHE_ROOT (kept per instance) makes restarts faster.
             "prefill": ["--max-model-len", "2048"],
             "decode": ["--max-model-len", "2048"],
             # Tuned health checks (docs/real-vllm-notes.md, section 3): at its defaults vllm-router
