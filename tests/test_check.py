@@ -29,7 +29,7 @@ def test_clean_repo_passes_and_says_which_linters_ran(project):
     result = kk(project)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert out.startswith("check: OK:") and "5 inventories" in out  # local, example_prod, example_prod_vllm, local_slurm, example_slurm
+    assert out.startswith("check: OK:") and "6 inventories" in out  # local, local_vllm, example_prod, example_prod_vllm, local_slurm, example_slurm
     for tool in ("bash -n", "shellcheck", "systemd-analyze verify"):
         assert (tool in out) if lint.available(tool.split()[0]) else (f"{tool} (not installed)" in out)
     assert "configparser" in out
@@ -138,7 +138,7 @@ def test_check_json(project):
     result = kk(project, "--json")
     assert result.exit_code == 1
     data = json.loads(result.stdout)
-    assert data["ok"] is False and data["counts"]["inventories"] == 5
+    assert data["ok"] is False and data["counts"]["inventories"] == 6
     assert [p["path"] for p in data["problems"]][0] == "inventory/knobs.toml"
     assert "unknown knob 'NO_SUCH_KNOB'" in data["problems"][0]["what"]
 
