@@ -349,8 +349,10 @@ def test_pins_come_from_host_and_group_data(project):
 
     assert of("decode") == [("inventory/example_prod.py", "sglang", "0.5.23"), ("inventory/example_slurm.py", "sglang", "0.5.23"),
                             ("inventory/local.py", "sim", None), ("inventory/local_slurm.py", "sim", None)]
-    assert of("decode", "vllm") == [("inventory/example_prod_vllm.py", "vllm", "0.32.0")]
-    assert of("router", "vllm") == [("inventory/example_prod_vllm.py", "vllm-router", "0.1.17")]
+    assert of("decode", "vllm") == [("inventory/example_prod_vllm.py", "vllm", "0.32.0"),
+                                    ("inventory/local_vllm.py", "vllm", "0.32.0")]
+    assert of("router", "vllm") == [("inventory/example_prod_vllm.py", "vllm-router", "0.1.17"),
+                                    ("inventory/local_vllm.py", "vllm-router", "0.1.17")]
     (pin,) = [p for p in engine_pins.pins_for(project.inventory_dir, "", "decode")
               if p.inventory == "inventory/example_prod.py"]
     assert pin.hosts == ("decode-1", "decode-2")
