@@ -293,7 +293,9 @@ def test_check_reports_declared_vllm_knobs_the_pinned_version_ignores(project, m
     kk(project, "record", "--reason", "hand edit")
     result = kk(project, "check")
     assert result.exit_code == 1, result.output
-    problems = [ln for ln in result.output.splitlines() if REMOVED in ln]
+    # One line per inventory pinning vllm 0.32.0 (example_prod_vllm.py here; local_vllm.py says the same).
+    problems = [ln for ln in result.output.splitlines() if REMOVED in ln and f"pinned in {PROD}" in ln]
+    assert "pinned in inventory/local_vllm.py" in result.output
     assert problems == [f"inventory/knobs.toml: [vllm.decode] {REMOVED}: vllm 0.32.0 (pinned in {PROD}) does not "
                         f"declare it; the engine would ignore it (vllm 0.14.0: use --attention-config.backend "
                         f"(Using {REMOVED} environment variable is deprecated and will be removed in v0.14.0 or v1.0.0, "
@@ -327,7 +329,8 @@ def test_check_and_review_show_a_hint_with_terminal_escapes_escaped(project, mon
     reviewed = kk(project, "review", "--base", "main")
     assert reviewed.exit_code == 0, reviewed.output
     for out in (checked.output, reviewed.output):
-        (line,) = [ln for ln in out.splitlines() if f"{REMOVED}: vllm 0.32.0" in ln and "does not declare it" in ln]
+        (line,) = [ln for ln in out.splitlines() if f"{REMOVED}: vllm 0.32.0 (pinned in {PROD})" in ln
+                   and "does not declare it" in ln]
         assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
         assert "use \\x1b]8;;http://evil\\x07this" in line and "\\u202elave" in line
 

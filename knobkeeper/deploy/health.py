@@ -26,6 +26,7 @@ every role it does not restart must already be up, else it says which deploy to 
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 import sys
 import time
@@ -79,6 +80,24 @@ def healthy_now(svc: Service, expected_workers: int) -> tuple[bool, str]:
 # --- which process answers ----------------------------------------------------------------------------
 
 
+def _listen_pattern(svc: Service) -> str:
+    """The /proc/net/tcp{,6} local_address (hex, the IPv4 address little-endian) of a socket that
+    holds the service's port: on its listen address or on the any-address. Matching the port alone
+    would take another host's service for a stray where several hosts share one kernel (loopback
+    addresses 127.0.0.2-6 in the fleet tests, containers with host networking): 127.0.0.2:30000 and
+    127.0.0.3:30000 do not conflict. A service listening on 0.0.0.0 (or a name) conflicts with any."""
+    port = f"{svc.port:04X}"
+    try:
+        address = ipaddress.IPv4Address(svc.listen_host)
+    except ValueError:
+        return f":{port}$"
+    if address.is_unspecified:
+        return f":{port}$"
+    mine = f"{int.from_bytes(address.packed, 'little'):08X}"
+    any6, mapped6 = "0" * 32, "0000000000000000FFFF0000" + mine
+    return f"^({mine}|00000000|{any6}|{mapped6}):{port}$"
+
+
 def identity_command(svc: Service, ctl: str) -> str:
     """Shell printing `knobkeeper-identity pid=P holder=yes|no listening=yes|no age=S`: the supervised
     PID, whether it (or a child) holds a socket LISTENing on the service's port, whether anything
@@ -88,10 +107,9 @@ def identity_command(svc: Service, ctl: str) -> str:
         pid = f"{ctl} pid {q(svc.name)} 2>/dev/null"
     else:
         pid = f"systemctl show -p MainPID --value {q(svc.name)}.service 2>/dev/null"
-    port = f"{svc.port:04X}"
     return (
         f"pid=$({pid}); case \"$pid\" in ''|*[!0-9]*) pid=0;; esac; "
-        f"inodes=$(awk '$4 == \"0A\" && $2 ~ /:{port}$/ {{print $10}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null); "
+        f"inodes=$(awk '$4 == \"0A\" && $2 ~ /{_listen_pattern(svc)}/ {{print $10}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null); "
         "holder=no; "
         "if [ \"$pid\" != 0 ] && [ -n \"$inodes\" ]; then "
         "for p in $pid $(cat /proc/$pid/task/*/children 2>/dev/null); do "
