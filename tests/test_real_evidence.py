@@ -21,6 +21,7 @@ decode 6 (3 in the ab run, the set, the revert, the co-restart), prefill 1 (the 
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import timedelta
 
@@ -36,7 +37,12 @@ from knobkeeper.timeutil import iso, parse_time, utcnow
 
 # The session fixture's first deploy (~3 min here) and the ab run count against the first test's
 # time (pyproject's 300 s per test): seen cut at 300 s inside the ab run's first switch.
-pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1800)]
+# Opt-in (make test-real-evidence): the ab run alone took 638 s in a fresh clone's `make test`
+# (decode restarts into "0-1" take minutes on 2 cores), which the 30-minute CI budget cannot hold
+# beside the rest; test_real_stack.py's deploy, gates, chat, KV proof and metrics run in every CI.
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1800),
+              pytest.mark.skipif(not os.environ.get("KNOBKEEPER_REAL_EVIDENCE"),
+                                 reason="the real ab run and field story: make test-real-evidence (~25 min)")]
 
 KNOB = "VLLM_CPU_OMP_THREADS_BIND"
 BAD, GOOD = "0-1", "1"
@@ -73,7 +79,7 @@ def judged(real_stack):
     out = _ok(stack.kk("ab", "run", "--inventory", inv, "--role", "decode", "--set", f"{KNOB}={GOOD}",
                        "--concurrency", "4", "--repeats", "2", "--duration", "10", "--api", "completions",
                        "--input-len", "32", "--output-len", "16", "--json"))
-    doc = json.loads(out[out.index("{"):])
+    doc = json.loads(out[out.index("\n{") + 1:] if not out.startswith("{") else out)  # progress lines first
     [level] = doc["judgement"]["levels"]
     print("ab run:", {k: level[k] for k in ("verdict", "effect", "ci_low", "ci_high", "p_value", "p_adjusted")},
           f"wall {doc['setup']['schedule']['wall_s']} s")
