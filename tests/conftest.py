@@ -46,8 +46,9 @@ def pytest_collection_modifyitems(session, config, items):
     """Real-engine tests run after every other test: the session-scoped stack (~6 GB, two engines)
     is then started once, late, and stopped as the session ends instead of idling meanwhile. Those
     that start engines of their own run before it: an idle real stack is not idle on this machine
-    (each vLLM instance's NIXL progress thread polls without sleeping, one core each), and an engine
-    starting beside it took 235 s instead of ~60 in CI."""
+    (each vLLM instance's NIXL progress thread polls without sleeping, one core each): the
+    start-up-crash test took 235 s in CI beside it; run before it here, that test, the port-taken
+    test and the preflight faults passed within about a minute (seen once)."""
     def order(item) -> tuple[bool, bool]:
         real = item.get_closest_marker("real_engine") is not None
         return real, real and "real_stack" in getattr(item, "fixturenames", ())
