@@ -27,6 +27,10 @@ channels 5610 / 5710) move with the environment variable
 (any subset; ':' works instead of '='), which every knobkeeper command reading this inventory must
 see, or per run with --data prefill_port=31200 (--data wins).
 
+Workers per role (default one each): KNOBKEEPER_LOCAL_VLLM_WORKERS=decode=2 runs knobkeeper-decode and
+knobkeeper-decode-2 (ports base and base+1, NIXL side channels likewise, both bound as the role's knob
+says), the router fronting both: a canary's candidate on one, the other its baseline. ~3 GB more.
+
 Memory: each vLLM instance ~3 GB (API server, engine core, worker with its 1 GiB KV cache), the
 router ~80 MB: one such stack per machine of 24 GiB beside other work.
 """
@@ -49,6 +53,7 @@ _PORT_KEYS = {
     "prefill_side_channel": "prefill_side_channel_port",
     "decode_side_channel": "decode_side_channel_port",
 }
+_WORKER_KEYS = {"prefill": "prefill_workers", "decode": "decode_workers"}
 
 
 def _numbers(variable, keys, what):
@@ -114,6 +119,11 @@ _local = (
             # worker dying of SIGILL at its first transfer in 5 of 8 starts. "reloc" hooks through
             # the symbol tables instead: no code is rewritten while it runs.
             "UCX_MEM_MMAP_HOOK_MODE": "reloc",
+            # nixl's progress thread polls with a timeout of 0 as shipped: a core per instance, idle
+            # or not (both cores busy with an idle stack; a shell loop 50x slower beside it; the
+            # stack's own tokens/s halved). 10 ms: it still wakes at once on a transfer's events and
+            # sleeps otherwise (knobkeeper/engine/child/nixl_progress.py, the engine step's hook).
+            "KNOBKEEPER_NIXL_PROGRESS_DELAY_US": "10000",
         },
         "engine_args": {
             # Compiled (not --enforce-eager), as the groundwork measured it; the compile cache in
@@ -133,6 +143,7 @@ _local = (
         "health_timeout": 600,
         "stop_timeout": 30,
         **_numbers("KNOBKEEPER_LOCAL_VLLM_PORTS", _PORT_KEYS, "PORT"),
+        **_numbers("KNOBKEEPER_LOCAL_VLLM_WORKERS", _WORKER_KEYS, "COUNT"),
     },
 )
 

