@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-real-evidence test-under-load demo stop bench system-deps clean docs-screenshot
+.PHONY: test test-real test-under-load demo stop bench system-deps clean docs-screenshot
 
 # The Debian packages of system-packages.txt that are missing (root: installs them; otherwise one
 # line naming the command). `make test` runs it first, so a new machine needs nothing else.
@@ -27,11 +27,10 @@ test: system-deps $(STAMP)
 	# The 25 slowest tests at the end: the CI budget is 30 minutes, and this is where it goes.
 	$(PY) -m pytest -q --durations=25
 
-# The real engine's evidence: one ab run on the real vLLM stack (decided: decode's core binding) and
-# the field story on it (set, incident, revert, snapshot, refute, reclaimable, restore, co-restart).
-# ~25 min on 2 cores (each decode restart into the bad arm takes minutes), so not in `make test`.
-test-real-evidence: system-deps $(STAMP)
-	KNOBKEEPER_REAL_EVIDENCE=1 $(PY) -m pytest -q --durations=10 tests/test_real_evidence.py
+# The real engine's modules alone (part of `make test`): the PD stack deployed and gated, chat through
+# the router, KV over the connector, the metrics, one decided ab run and the field story (~12 min here).
+test-real: system-deps $(STAMP)
+	$(PY) -m pytest -q --durations=10 tests/test_real_stack.py tests/test_real_evidence.py
 
 # The suite 3 times in a row with one core kept busy (tests must not need a quiet machine).
 test-under-load: system-deps $(STAMP)

@@ -5,7 +5,8 @@ The end-to-end test (the sequential design) starts a real decode sim (knobkeeper
 block, with the arm's knobs in its environment (stopped by PID), and drives it with the real load
 generator through `measure` — the same orchestration `knobkeeper ab run` uses, with an in-process
 switcher instead of the deploy, and the engine's own /get_server_info as the knob probe. The fixed
-design runs end to end through the real deploy in tests/test_ab_deploy.py; here, on a fake load.
+design runs end to end through the real deploy on real vLLM in tests/test_real_evidence.py;
+here, on a fake load.
 
 Sim settings: --time-scale 0.25 (decode steps 7-11 ms wall, far above asyncio's timer
 resolution, and light on a shared 2-core box), a fixed seed per block, short prompts so decode
@@ -195,8 +196,8 @@ def _fake_load(calls, fail_at=None, interrupt_at=None):
 def test_measure_switches_arms_abba_restores_once_and_judges_the_guards_in_the_family():
     """The orchestration on a fake load whose runs carry TTFT/TPOT percentiles: arms switched in ABBA
     order, the declared state restored once, every level's guards in the family (5 tests a level),
-    adjusted p never below raw, and the evidence verifies. (The same against real sim processes
-    through the deploy: tests/test_ab_deploy.py.)"""
+    adjusted p never below raw, and the evidence verifies. (The same through the deploy, against
+    real vLLM processes: tests/test_real_evidence.py.)"""
     import math
     import random
 
