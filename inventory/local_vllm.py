@@ -104,7 +104,7 @@ _local = (
             "prefill": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_CPU_OMP_THREADS_BIND": "0"},
             "decode": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_CPU_OMP_THREADS_BIND": "1"},
         },
-        # Each instance's compile cache, kept across restarts (a restart with it is much faster).
+        # Each instance's vLLM cache folder (VLLM_CACHE_ROOT), kept across restarts.
         "vllm_cache_root": "{prefix}/cache/{service}",
         "environment": {
             "HF_HUB_OFFLINE": "1",
@@ -126,10 +126,13 @@ _local = (
             "KNOBKEEPER_NIXL_PROGRESS_DELAY_US": "10000",
         },
         "engine_args": {
-            # Compiled (not --enforce-eager), as the groundwork measured it; the compile cache in
-            # VLLM_CACHE_ROOT (kept per instance) makes restarts faster.
-            "prefill": ["--max-model-len", "2048"],
-            "decode": ["--max-model-len", "2048"],
+            # Eager: vLLM 0.32.0's CPU build never loads its own compile cache (every restart logs
+            # "Compiling model again due to a load failure ... 'function' object has no attribute
+            # 'finalize_loading'" and compiles for 13-30 s), and the tiny model is as fast without
+            # it (c=4: 386-409 tok/s eager vs 405-409 compiled). A restart: ~53 s vs ~89 s here
+            # (docs/real-vllm-notes.md, section 9). A GPU inventory keeps vLLM's default.
+            "prefill": ["--max-model-len", "2048", "--enforce-eager"],
+            "decode": ["--max-model-len", "2048", "--enforce-eager"],
             # Tuned health checks (docs/real-vllm-notes.md, section 3): at its defaults vllm-router
             # listens up to 30 s after the last worker is healthy, keeps calling a stopped decode
             # healthy for ~3 min (answering 500s) and ready again ~2 min after it is back. With

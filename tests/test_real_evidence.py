@@ -7,15 +7,16 @@ and the co-restart prefill -> decode -> router, each gated, each restart time in
 The knob: decode's VLLM_CPU_OMP_THREADS_BIND. Declared "0-1" first (decode spread over both cores,
 onto the core where prefill's worker spins: a bad earlier change, committed, not deployed), the
 candidate "1" (decode on its own core, the stack's shipped value): tens of times the output tokens/s
-on this machine (bench/real_noise/README.md, "Real ab runs"). The design is the FIXED one with 2
+on this machine (bench/real_noise/README.md, "Real ab runs"). The design is the FIXED one with 4
 repeats of 10-s runs (after the real engine's 5-s block warm-up, recorded, not judged) at c=4 with
-32 in / 16 out, not the real-engine default (sequential, 25-s runs, c as given): at an effect this
-large 2 runs per arm decide (p ~0.01 at a log-sd of 0.3), every further block costs a decode
-restart (30-90 s quiet, up to 4 min loaded), and the sequential design's first look is after 3
-repeats; the short requests keep the slow arm's requests inside the load generator's timeout.
-ABBA with the deploy's "unchanged" for an arm already running: A (restart: decode runs "1"), B
-(restart), B, A (restart), restore (unchanged: "0-1" is declared). Engine restarts in this module:
-decode 6 (3 in the ab run, the set, the revert, the co-restart), prefill 1 (the co-restart).
+32 in / 16 out, not the real-engine default (sequential, 25-s runs, c as given): the short requests
+keep the slow arm's requests inside the load generator's timeout, and every block costs a decode
+restart. Why 4 and not 2: with 2 runs per arm a +912% came out inconclusive (p 0.044, p_adj 0.055,
+in a fresh clone's `make test`): the slow arm's runs were alike (13.4 and 13.3 tok/s), so Welch's
+degrees of freedom fell to 1 (a t of 12.7 needed). ABBAABBA costs the same 5 decode restarts as
+3 repeats would (A, B, A, B, A switch; the restore finds A running) and gives >= 3 degrees of
+freedom. Engine restarts in this module: decode 8 (5 in the ab run, the set, the revert, the
+co-restart), prefill 1 (the co-restart).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def judged(real_stack):
     # 1. ab run: baseline = the declared "0-1", candidate "1"; arms switched by deploying decode.
     before = git(stack.root, "rev-parse", "HEAD")
     out = _ok(stack.kk("ab", "run", "--inventory", inv, "--role", "decode", "--set", f"{KNOB}={GOOD}",
-                       "--concurrency", "4", "--repeats", "2", "--duration", "10", "--api", "completions",
+                       "--concurrency", "4", "--repeats", "4", "--duration", "10", "--api", "completions",
                        "--input-len", "32", "--output-len", "16", "--json"))
     doc = json.loads(out[out.index("\n{") + 1:] if not out.startswith("{") else out)  # progress lines first
     [level] = doc["judgement"]["levels"]
@@ -86,11 +87,11 @@ def judged(real_stack):
     assert doc["arms"]["A"]["knobs"] == {KNOB: BAD} and doc["arms"]["B"]["knobs"] == {KNOB: GOOD}
     assert doc["setup"]["engine"] == "vllm" and doc["setup"]["engine_version"] == "0.32.0"
     runs = doc["runs"]
-    assert len(runs) == 4 and all(r["errors"] == 0 and r["completed"] > 0 for r in runs)
+    assert len(runs) == 8 and all(r["errors"] == 0 and r["completed"] > 0 for r in runs)
     assert {r["knob_seen"]["status"] for r in runs} == {"carried"}, runs[0]["knob_seen"]
     assert all(r["prefill_prompt_tokens"] > 0 for r in runs)     # every run went through prefill (PD)
     warmups = doc["setup"]["schedule"]["warmups"]                 # measured, recorded, not judged
-    assert len(warmups) == 4 and all(w["output_tokens_per_s"] > 0 for w in warmups)
+    assert len(warmups) == 8 and all(w["output_tokens_per_s"] > 0 for w in warmups)
     assert store.verify(doc) == []
     # The evidence is one commit of its own, and the switches left nothing else in git.
     assert git(stack.root, "rev-list", "--count", f"{before}..HEAD") == "1"

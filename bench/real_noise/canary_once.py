@@ -1,5 +1,5 @@
 """The canary once on the real stack (issue 23, item 5; by hand, not in CI): inventory/local_vllm.py
-deployed with TWO decode workers (decode_workers = 2: 3 vLLM instances, ~9.3 GB, the machine-wide
+deployed with TWO decode workers (KNOBKEEPER_LOCAL_VLLM_WORKERS=decode=2: 3 vLLM instances, ~9.3 GB, the machine-wide
 maximum: hold the heavy lock, nobody else may run vLLM meanwhile), live traffic from knobkeeper's load
 generator through vllm-router, then `knobkeeper canary VLLM_CPU_OMP_THREADS_BIND=0-1 --role decode
 --hosts 1` reading the `vllm:*` metrics through the engine family (knobkeeper.engine.vllm.VLLM_METRICS).
@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT))
 from knobkeeper.deploy.api import run_deploy  # noqa: E402
 from knobkeeper.deploy.local import stop_local  # noqa: E402
 from knobkeeper.loadgen import run_load  # noqa: E402
-from tests.infra import git, kk, make_infra_repo  # noqa: E402
+from tests.infra import kk, make_infra_repo  # noqa: E402
 from tests.procs import free_port  # noqa: E402
 
-INV = "inventory/canary_vllm.py"
+INV = "inventory/local_vllm.py"
 NAMES = ("prefill", "decode", "router", "router_metrics", "prefill_side_channel", "decode_side_channel")
 
 
@@ -39,11 +39,7 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kkc"))
     project = make_infra_repo(tmp)
-    text = (project.root / "inventory" / "local_vllm.py").read_text()
-    assert '"stack": "vllm",' in text
-    (project.root / INV).write_text(text.replace('"stack": "vllm",', '"stack": "vllm",\n        "decode_workers": 2,', 1))
-    git(project.root, "add", INV)
-    git(project.root, "commit", "-qm", "canary_vllm: local_vllm with two decode workers")
+    os.environ["KNOBKEEPER_LOCAL_VLLM_WORKERS"] = "decode=2"   # every command below reads it
     # decode-2 takes the decode port + 1 and the decode side channel + 1 (random free ports: the
     # next one up is free but for a rare collision, which the deploy's port check reports)
     ports = {n: free_port() for n in NAMES}

@@ -37,6 +37,9 @@ from knobkeeper.timeutil import iso, utcnow
 
 POLL_S = 0.1
 CANCEL_WAIT_S = 60.0
+# A job that ended passes through COMPLETING while slurmd cleans up (seconds); the line waits for
+# the state it ends in (FAILED, CANCELLED, ...), up to this long, rather than name the passage.
+ENDING_WAIT_S = 10.0
 
 
 class SlurmRun:
@@ -265,8 +268,12 @@ class SlurmRun:
     def _ended(self, client: Client, job: Job, state: Job | None) -> str:
         """One line: the job ended (how, why, from Slurm) and the last lines of its output."""
         rows = client.show(job.id)
+        deadline = time.monotonic() + ENDING_WAIT_S
+        while rows and rows[0].get("JobState") == "COMPLETING" and time.monotonic() < deadline:
+            time.sleep(POLL_S * 5)
+            rows = client.show(job.id)
         lead = rows[0] if rows else {}
-        how = (state.state if state else None) or lead.get("JobState", "gone")
+        how = lead.get("JobState") or (state.state if state else None) or "gone"
         reason = lead.get("Reason") or (state.reason if state else "")
         code = lead.get("ExitCode")
         tail = self._output_tail(job.id)
