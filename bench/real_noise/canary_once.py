@@ -36,6 +36,7 @@ def main() -> int:
     ap.add_argument("--interval", default="15s")
     ap.add_argument("--calibrate", default="1m")
     ap.add_argument("--set", default="VLLM_CPU_OMP_THREADS_BIND=0-1")
+    ap.add_argument("--concurrency", type=int, default=16, help="the live traffic's streams")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kkc"))
     project = make_infra_repo(tmp)
@@ -45,7 +46,7 @@ def main() -> int:
     ports = {n: free_port() for n in NAMES}
     os.environ["KNOBKEEPER_LOCAL_VLLM_PORTS"] = ",".join(f"{k}={v}" for k, v in ports.items())
     prefix = project.root / ".knobkeeper-state" / "local-vllm"
-    out: dict = {"ports": ports, "set": args.set}
+    out: dict = {"ports": ports, "set": args.set, "concurrency": args.concurrency}
     stop_load = threading.Event()
     loads: list[dict] = []
     try:
@@ -62,7 +63,7 @@ def main() -> int:
         def traffic() -> None:
             while not stop_load.is_set():
                 try:
-                    s = run_load(router, 16, duration=10, api="completions", model="tiny", input_len=64,
+                    s = run_load(router, args.concurrency, duration=10, api="completions", model="tiny", input_len=64,
                                  output_len=64, timeout_s=60)
                     loads.append({k: s.get(k) for k in ("output_tokens_per_s", "completed", "errors")})
                 except Exception as exc:  # noqa: BLE001  (a restart's failures: keep loading)
