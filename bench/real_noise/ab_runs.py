@@ -16,12 +16,14 @@ restart-to-restart noise the A/B runs carry).
 
 Experiments: worse = declared "1" vs candidate "0-1" (decode spreads over both cores, onto prefill's);
 better = declared "0" (decode shares prefill's core) vs candidate "1"; aa = "1" vs "1" with restarts;
-seq-worse = `worse` in the real-engine default design (sequential, cap 10): the time to a verdict.
+seq-worse / seq-better = `worse` / `better` in the real-engine default design (sequential, cap 10): the
+time to a verdict.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -43,7 +45,12 @@ EXPERIMENTS = {  # name: (baseline, candidate, fixed repeats or None = the real-
     "better": ("0", "1", 2),
     "aa": ("1", "1", 3),
     "seq-worse": ("1", "0-1", None),
+    "seq-better": ("0", "1", None),
 }
+# As inventory/local_vllm.py runs the engines: eager (vLLM 0.32.0's CPU build recompiles on every restart
+# otherwise) and nixl's progress thread given 10 ms (else each idle PD worker spins a core).
+EAGER = ["--enforce-eager"]
+os.environ.setdefault("KNOBKEEPER_NIXL_PROGRESS_DELAY_US", "10000")
 
 
 class Stack:
@@ -51,7 +58,7 @@ class Stack:
 
     def __init__(self, model: Path, work: Path):
         self.model, self.work = model, work
-        self.prefill_w = Worker("prefill", free_port(), free_port(), "0")
+        self.prefill_w = Worker("prefill", free_port(), free_port(), "0", EAGER)
         self.decode_port, self.decode_side = free_port(), free_port()
         self.router_port, self.metrics_port = free_port(), free_port()
         self.prefill = self.decode = self.router = None
@@ -73,7 +80,7 @@ class Stack:
 
     def _start_decode(self, bind: str) -> None:
         self.tag += 1
-        worker = Worker("decode", self.decode_port, self.decode_side, bind)
+        worker = Worker("decode", self.decode_port, self.decode_side, bind, EAGER)
         self.decode = worker.start(self.model, self.work, tag=f"-{self.tag}")
         self.bind = bind
 
