@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,16 +40,11 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from knobkeeper.engine.routers import ROUTERS  # noqa: E402
+from knobkeeper.ports import free_port  # noqa: E402
 from knobkeeper.sim.model import expected_throughput, load_effects  # noqa: E402
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_s(pid: int) -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -13,11 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+from knobkeeper.ports import free_port  # noqa: F401  (tests import it from here)
 
 
 def start(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.Popen:

@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tests.procs import stop
+from tests.procs import free_port, stop
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "ssh-keygen"
@@ -108,26 +108,12 @@ class Fleet:
                 stop(proc)
 
 
-def _port_free_everywhere(port: int, addresses: tuple[str, ...]) -> bool:
-    for address in addresses:
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((address, port))
-            except OSError:
-                return False
-    return True
-
-
 def free_port_on_all(addresses: tuple[str, ...] = ADDRESSES) -> int:
     """A TCP port that is free on every address (so one ListenAddress port serves them all)."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind((addresses[0], 0))
-            port = sock.getsockname()[1]
-        if _port_free_everywhere(port, addresses):
-            return port
-    raise SshdError(f"no TCP port free on all of {', '.join(addresses)}")
+    try:
+        return free_port(*addresses)
+    except OSError as exc:
+        raise SshdError(str(exc)) from None
 
 
 def _keygen(path: Path, comment: str) -> None:

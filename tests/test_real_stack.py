@@ -176,9 +176,11 @@ def test_the_real_stack_is_deployed_in_order_gated_and_serves_pd_through_the_rou
 
 @pytest.mark.real_engine
 @pytest.mark.timeout(900)    # the first real test on a machine also pays the engines' install (~4 min)
-def test_a_port_taken_stops_the_run_before_the_restart(tmp_path):
-    """A copy of the stack whose prefill port another process holds: one line naming host, service
-    and cause, nothing started, the record says so (run before the session's stack: see conftest)."""
+@pytest.mark.parametrize("taken, words", [("prefill_port", ""), ("prefill_side_channel_port", " (side channel)")])
+def test_a_port_taken_stops_the_run_before_the_restart(tmp_path, taken, words):
+    """A copy of the stack whose prefill port, or prefill's NIXL side-channel port (vLLM would wait
+    for it forever at start-up), another process holds: one line naming host, service and cause,
+    nothing started, the record says so (run before the session's stack: see conftest)."""
     from knobkeeper.deploy.api import run_deploy
     from tests.infra import make_infra_repo
     from tests.real_vllm import ensure
@@ -189,7 +191,7 @@ def test_a_port_taken_stops_the_run_before_the_restart(tmp_path):
     project = make_infra_repo(_short_dir())
     ports = {f"{name}_port": free_port() for name in PORT_NAMES}
     holder = socket.socket()
-    holder.bind(("127.0.0.1", ports["prefill_port"]))
+    holder.bind(("127.0.0.1", ports[taken]))
     holder.listen()
     prefix = project.root / ".knobkeeper-state" / "local-vllm"
     try:
@@ -200,7 +202,7 @@ def test_a_port_taken_stops_the_run_before_the_restart(tmp_path):
     assert result.returncode != 0 and result.record is not None, result.output[-2000:]
     record = result.record
     assert record.result == "failed"
-    assert record.error == (f"host @local, service knobkeeper-prefill: port {ports['prefill_port']} is taken by "
+    assert record.error == (f"host @local, service knobkeeper-prefill: port {ports[taken]}{words} is taken by "
                             f"another process (not knobkeeper-prefill): stop it or move the port; nothing was restarted")
     assert all(r.restart_issued_at is None for r in record.services)
     assert record.service("@local", "knobkeeper-prefill").gate.result == "failed"
@@ -276,3 +278,33 @@ def test_the_gate_calls_a_process_that_died_after_it_was_running_a_start_up_cras
     words = gave_up(svc, "supervisorctl", host, seen)               # gone: the manager restarts it
     assert words == (f"fake-decode crashed during start-up (pid 4242 exited); {svc.log_path} ends: Traceback "
                      f"(most recent call last): json.decoder.JSONDecodeError: Expecting value: line 1")
+
+
+def test_the_gate_calls_a_start_up_that_waits_forever_on_a_taken_port_stuck():
+    """vLLM 0.32.0 waits without a timeout for its NIXL handshake listener; when that port was taken
+    while it started, the engine lives on and never listens (seen: a gate that waited its whole 600 s).
+    The gate reads this process's own log lines (vLLM's real ones, tests/data/vllm/stuck-start.log) and
+    fails at once; the same failure of an earlier process in the log is not this one's."""
+    from dataclasses import replace
+
+    from knobkeeper.deploy.health import gave_up
+    from tests.test_health import _fake_service
+
+    svc = replace(_fake_service(free_port()), engine="vllm", ports=(("side_channel", 45243),))
+    log = (Path(__file__).parent / "data" / "vllm" / "stuck-start.log").read_text().splitlines()
+
+    def host(pid: int, lines: list[str]):
+        def run(command: str) -> list[str]:
+            return lines if command.startswith("tail ") else [f"fake-decode  RUNNING   pid {pid}, uptime 0:00:30"]
+        return run
+
+    words = gave_up(svc, "supervisorctl", host(5623, log), {})
+    assert words == ("fake-decode (pid 5623) cannot finish its start-up: port 45243 (its NIXL side channel) was "
+                     "taken by another socket while it started (ZMQError: Address already in use "
+                     "(addr='tcp://127.0.0.1:45243')); vLLM waits for that listener forever: free the port, or move "
+                     f"it out of the ephemeral range; see {svc.log_path}")
+    # the next start (pid 6000) of the same log: the old failure is not its own; nothing stuck yet
+    later = log + ["(APIServer pid=6000) INFO 12-03 08:03:01 [api_utils.py:286] non-default args: {}"]
+    assert gave_up(svc, "supervisorctl", host(6000, later), {}) is None
+    # a start whose lines are not in the log's tail yet: nothing to read, nothing said
+    assert gave_up(svc, "supervisorctl", host(7000, log), {}) is None

@@ -431,6 +431,17 @@ def test_nixl_side_channel_ports_are_per_instance_on_one_host():
     assert _pairing(_pair(decode_host="10.0.1.11"), [a.replace("10.0.1.21", "10.0.1.11") for a in ROUTER_CMD]) == ([], [])
 
 
+def test_a_side_channel_port_in_the_ephemeral_range_is_a_warning():
+    """Seen in a fresh clone's make test: decode's side channel on 45243 was held by another socket when
+    decode restarted, and vLLM 0.32.0 waited for its dead listener thread until the gate's timeout."""
+    problems, warnings = _pairing(_pair(decode_env={"VLLM_NIXL_SIDE_CHANNEL_PORT": "45243"}))
+    assert problems == [] and warnings == [
+        "inv: d1/decode: NIXL side-channel port 45243 (VLLM_NIXL_SIDE_CHANNEL_PORT) is in Linux's ephemeral range "
+        "32768-60999: any connection can hold it when the engine restarts, and vLLM then waits forever at "
+        "start-up; pick a port below 32768"]
+    assert _pairing(_pair(decode_env={"VLLM_NIXL_SIDE_CHANNEL_PORT": "32767"})) == ([], [])
+
+
 def test_the_router_names_every_prefill_and_decode_url():
     missing = [a for a in ROUTER_CMD if a not in ("--decode", "http://10.0.1.21:30001")]
     assert _pairing(_pair(), missing)[0] == [

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from knobkeeper.engine import vllm_install as VI  # noqa: E402
+from knobkeeper.ports import free_port  # noqa: E402,F401  (the bench scripts import it from here)
 
 SERVED = "tiny"
 DATA = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17"}
@@ -33,12 +33,6 @@ def engine_env() -> VI.EngineEnv:
 
 def router_env() -> VI.EngineEnv:
     return VI.EngineEnv.from_data(VI.VLLM_ROUTER, "@local", ["router"], DATA, VI.default_root(local=True))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http(url: str, body: dict | None = None, timeout: float = 2.0) -> tuple[int | str, str]:

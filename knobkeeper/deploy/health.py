@@ -9,7 +9,9 @@ while the new process crash-loops on "address already in use". So a gate passes 
     3. for a process this run (re)started: it has been up for `settle` seconds (its age from /proc)
        and is then still the same PID, listening, healthy (a restart loop changes the PID). While it
        is not up yet, a service manager that gave up on it (supervisord FATAL, a failed unit) fails
-       the gate at once, with the program log's last lines.
+       the gate at once, with the program log's last lines, and so does a start-up whose own log
+       says it can never finish (the engine family's `stuck_start`: vLLM waiting forever for a
+       listener whose port was taken).
 
 The settle can be waited out at once (`wait_gate`) or later (`wait_gate(..., defer=True)` returns a
 `Settling` to hand to `settled()`): the deploy lets the next independent work (the gates of roles
@@ -80,13 +82,13 @@ def healthy_now(svc: Service, expected_workers: int) -> tuple[bool, str]:
 # --- which process answers ----------------------------------------------------------------------------
 
 
-def _listen_pattern(svc: Service) -> str:
+def _listen_pattern(svc: Service, port_number: int | None = None) -> str:
     """The /proc/net/tcp{,6} local_address (hex, the IPv4 address little-endian) of a socket that
     holds the service's port: on its listen address or on the any-address. Matching the port alone
     would take another host's service for a stray where several hosts share one kernel (loopback
     addresses 127.0.0.2-6 in the fleet tests, containers with host networking): 127.0.0.2:30000 and
     127.0.0.3:30000 do not conflict. A service listening on 0.0.0.0 (or a name) conflicts with any."""
-    port = f"{svc.port:04X}"
+    port = f"{port_number or svc.port:04X}"
     try:
         address = ipaddress.IPv4Address(svc.listen_host)
     except ValueError:
@@ -98,28 +100,35 @@ def _listen_pattern(svc: Service) -> str:
     return f"^({mine}|00000000|{any6}|{mapped6}):{port}$"
 
 
-def identity_command(svc: Service, ctl: str) -> str:
-    """Shell printing `knobkeeper-identity pid=P holder=yes|no listening=yes|no age=S`: the supervised
-    PID, whether it (or a child) holds a socket LISTENing on the service's port, whether anything
-    does, and how many seconds that process has been running."""
+def identity_command(svc: Service, ctl: str, ports: Iterable[int] = ()) -> str:
+    """Shell printing, for the service's port and each of `ports` (its family's per-instance ports),
+    `knobkeeper-identity port=N pid=P holder=yes|no listening=yes|no age=S`: the supervised PID,
+    whether it (or a child) holds a socket LISTENing on that port, whether anything does, and how
+    many seconds that process has been running. One service-manager call and one `ls` of each
+    process's fds for all of them: a vLLM server has hundreds of fds (a readlink each cost ~1 s)."""
     q = shlex.quote
     if svc.manager == "supervisord":
         pid = f"{ctl} pid {q(svc.name)} 2>/dev/null"
     else:
         pid = f"systemctl show -p MainPID --value {q(svc.name)}.service 2>/dev/null"
-    return (
-        f"pid=$({pid}); case \"$pid\" in ''|*[!0-9]*) pid=0;; esac; "
-        f"inodes=$(awk '$4 == \"0A\" && $2 ~ /{_listen_pattern(svc)}/ {{print $10}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null); "
-        "holder=no; "
-        "if [ \"$pid\" != 0 ] && [ -n \"$inodes\" ]; then "
-        "for p in $pid $(cat /proc/$pid/task/*/children 2>/dev/null); do "
-        "for fd in /proc/$p/fd/*; do link=$(readlink \"$fd\" 2>/dev/null) || continue; "
-        "for i in $inodes; do [ \"$link\" = \"socket:[$i]\" ] && holder=yes; done; done; done; fi; "
+    shell = (
+        f"pid=$({pid}); case \"$pid\" in ''|*[!0-9]*) pid=0;; esac; links=; "
         "age=0; if [ \"$pid\" != 0 ] && stat=$(cat /proc/$pid/stat 2>/dev/null); then "
         "set -- ${stat##*) }; age=$(awk -v t=\"${20}\" -v hz=\"$(getconf CLK_TCK)\" "
         "'{printf \"%.2f\", $1 - t / hz}' /proc/uptime); fi; "
-        f"echo \"{IDENTITY_MARKER} pid=$pid holder=$holder listening=$([ -n \"$inodes\" ] && echo yes || echo no) age=$age\""
     )
+    for port in dict.fromkeys([svc.port, *ports]):
+        shell += (
+            f"inodes=$(awk '$4 == \"0A\" && $2 ~ /{_listen_pattern(svc, port)}/ {{print $10}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null); "
+            "holder=no; "
+            "if [ \"$pid\" != 0 ] && [ -n \"$inodes\" ]; then "
+            "[ -n \"$links\" ] || links=$(for p in $pid $(cat /proc/$pid/task/*/children 2>/dev/null); do "
+            "ls -l /proc/$p/fd/ 2>/dev/null; done); "
+            "for i in $inodes; do case \"$links\" in *\"socket:[$i]\"*) holder=yes;; esac; done; fi; "
+            f"echo \"{IDENTITY_MARKER} port={port} pid=$pid holder=$holder "
+            "listening=$([ -n \"$inodes\" ] && echo yes || echo no) age=$age\"; "
+        )
+    return shell
 
 
 @dataclass(frozen=True)
@@ -146,10 +155,13 @@ class Identity:
         return self.listening and not self.holder
 
 
-def parse_identity(lines: Iterable[str]) -> Identity:
+def parse_identity(lines: Iterable[str], port: int | None = None) -> Identity:
+    """The identity on `port` (default: the first line, the service's own port)."""
     for line in lines:
         if line.startswith(IDENTITY_MARKER):
             fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
+            if port is not None and fields.get("port") != str(port):
+                continue
             pid = fields.get("pid", "0")
             try:
                 age = float(fields.get("age", "0"))
@@ -199,7 +211,8 @@ def gave_up(svc: Service, ctl: str, run_on_host: RunOnHost, seen: dict | None = 
     `seen` (the caller's dict, kept across looks) catches an engine that crashes during its
     start-up AFTER the manager counted it as started (vLLM dies 10-60 s into loading a broken model,
     long past supervisord's startsecs): supervisord restarts it, forever, and never says FATAL.
-    A process seen RUNNING whose PID is then gone or another has crashed."""
+    A process seen RUNNING whose PID is then gone or another has crashed. One that lives on but whose
+    own log says it can never finish starting (`stuck_start`) fails too: waiting cannot help."""
     from knobkeeper.deploy.observe import manager_status_command, parse_manager_status
 
     state, pid = parse_manager_status(run_on_host(manager_status_command(svc, ctl)))
@@ -210,15 +223,37 @@ def gave_up(svc: Service, ctl: str, run_on_host: RunOnHost, seen: dict | None = 
             crashed = f"crashed during start-up (pid {before} exited" + (f", restarted as {pid})" if pid else ")")
         if state == "RUNNING" and pid is not None:
             seen["running_pid"] = pid
-    if state not in GAVE_UP and crashed is None:
-        return None
-    log = (f"tail -n 5 {shlex.quote(svc.log_path)}" if svc.manager == "supervisord"
-           else f"journalctl -u {shlex.quote(svc.name)}.service -n 5 --no-pager")
-    tail = " ".join(line.strip() for line in run_on_host(f"{log} 2>&1")[-5:])
     where = svc.log_path if svc.manager == "supervisord" else f"journalctl -u {svc.name}.service"
+    if state not in GAVE_UP and crashed is None:
+        stuck = stuck_start(svc, pid, run_on_host)
+        return f"{svc.name} (pid {pid}) cannot finish its start-up: {stuck}; see {where}" if stuck else None
+    tail = " ".join(line.strip() for line in run_on_host(f"{_log_tail(svc, 5)} 2>&1")[-5:])
     if crashed:
         return f"{svc.name} {crashed}; {where} ends: {tail}"
     return f"{svc.name} did not stay up ({state.lower()}); {where} ends: {tail}"
+
+
+def _log_tail(svc: Service, lines: int) -> str:
+    if svc.manager == "supervisord":
+        return f"tail -n {lines} {shlex.quote(svc.log_path)}"
+    return f"journalctl -u {shlex.quote(svc.name)}.service -n {lines} --no-pager"
+
+
+STUCK_LOOK_LINES = 400
+
+
+def stuck_start(svc: Service, pid: int | None, run_on_host: RunOnHost) -> str | None:
+    """The family's words for a start-up that its log says can never finish (its `stuck_start`),
+    read from this process's own lines only (from the first line its `start_marker` names this PID
+    on, within the log's last STUCK_LOOK_LINES): an earlier process's failure in the same log is not
+    this one's. None for a family that reads no log, before the PID is known, or while all is well."""
+    family = svc.family
+    if pid is None or family.start_marker is None:
+        return None
+    lines = run_on_host(f"{_log_tail(svc, STUCK_LOOK_LINES)} 2>&1")
+    marker = family.start_marker.format(pid=pid)
+    first = next((i for i, line in enumerate(lines) if marker in line), None)
+    return None if first is None else family.stuck_start(lines[first:], svc)
 
 
 def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: RunOnHost, ctl: str, *,

@@ -424,14 +424,19 @@ class Run:
 
     def port_free(self, host: Any, plan: HostPlan, svc: Service) -> None:
         """Before a (re)start: nothing but the service itself may hold its port (a stray server would
-        answer its health URL while the new process dies on "address already in use")."""
+        answer its health URL while the new process dies on "address already in use"), nor any of its
+        family's per-instance ports (vLLM's NIXL side channel: taken, vLLM waits at start-up forever)."""
         from knobkeeper.deploy.health import identity_command, parse_identity
 
-        ident = parse_identity(_on(host)(identity_command(svc, plan.ctl)))
-        if ident.stray:
+        lines = _on(host)(identity_command(svc, plan.ctl, [port for _, port in svc.ports]))
+        for name, port in (("", svc.port), *svc.ports):
+            ident = parse_identity(lines, port)
+            if not ident.stray:
+                continue
+            what = f"port {port}" + (f" ({name.replace('_', ' ')})" if name else "")
             row = self.row(svc)
-            row.gate.result, row.gate.status = "failed", f"port {svc.port} taken by another process"
-            self.error = self.error or (f"host {svc.host}, service {svc.name}: port {svc.port} is taken by another "
+            row.gate.result, row.gate.status = "failed", f"{what} taken by another process"
+            self.error = self.error or (f"host {svc.host}, service {svc.name}: {what} is taken by another "
                                         f"process (not {svc.name}): stop it or move the port; nothing was restarted")
             raise GateFailed(self.error)
 

@@ -17,8 +17,10 @@ lookup in knobkeeper.engine returns. The rest of the tool asks it:
     registry           how its variable registry is read (None: it has none)
     parser             its own flag parser, run in a side environment (None: not checked)
     pairing_problems   the PD invariants between its parsed prefill and decode arguments
+    stuck_start(...)   words for a start-up its own log says can never finish (the gate stops
+                       waiting at once), with start_marker: how its process's own log lines begin
 
-Families import nothing of knobkeeper but errors, fmt and this package: they sit below knobs and
+Families import nothing of knobkeeper but errors, fmt, ports and this package: they sit below knobs and
 deploy, which ask them.
 """
 
@@ -133,6 +135,9 @@ class Family:
     parser: ParserSpec | None = None
     venv_default: bool = False  # production runs it from {prefix}/venv (else this interpreter)
     runs_kernels: bool = False  # this repo's kernels/ are installed into its venv (the SGLang fork's)
+    # A text on the log lines of the process it runs ({pid}: the supervised PID), so that the gate reads
+    # this start-up's lines only, not an earlier process's in the same log; None: it is not read.
+    start_marker: str | None = None
 
     @property
     def reads_knobs_of(self) -> str:
@@ -178,6 +183,14 @@ class Family:
                          unparsed: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
         """(problems, warnings) of the PD invariants between this family's parsed workers."""
         return [], []
+
+    # --- what the gate asks ----------------------------------------------------------------------
+
+    def stuck_start(self, lines: list[str], svc: Any) -> str | None:
+        """Words for a start-up that its own log lines (this process's, oldest first) say can never
+        finish although the process lives on, or None: the gate then fails at once instead of at its
+        timeout."""
+        return None
 
 
 def model_name(data: Mapping[str, Any]) -> str:

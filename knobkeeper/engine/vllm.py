@@ -56,6 +56,7 @@ from knobkeeper.engine.family import (PARSER_CHILD_END, Endpoints, Family, Metri
                                       RegistryReader, Series, Workers, engine_args, model_name)
 from knobkeeper.engine.source import (EngineSource, NotLiteral, comments, doc_above, literal, parse_python, segment)
 from knobkeeper.errors import UserError
+from knobkeeper.ports import DEFAULT_EPHEMERAL, in_ephemeral_range
 
 REGISTRY_FILE = "vllm/envs.py"
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -368,6 +369,9 @@ SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 
 
+_BIND_FAILED = re.compile(r"ZMQError: Address already in use \(addr='tcp://[^']*:(?P<port>\d+)'\)")
+
+
 class VLLM(Family):
     name = "vllm"
     package = "vllm"
@@ -385,6 +389,25 @@ class VLLM(Family):
         "regex", "psutil", "cbor2", "pyzmq", "urllib3", "transformers", "huggingface_hub", "tqdm", "safetensors",
         "tokenizers", "requests", "certifi", "oss-harmony", "msgspec", "cloudpickle", "pybase64", "cachetools",
         "uvloop", "py-cpuinfo", "partial_json_parser", "xgrammar", "apache-tvm-ffi", "llguidance"))
+
+    # `vllm serve`'s API server prefixes its lines so; its engine core and worker write theirs after
+    # its first (their tracebacks carry no prefix at all).
+    start_marker = "(APIServer pid={pid})"
+
+    def stuck_start(self, lines: list[str], svc: Any) -> str | None:
+        """A listener that could not bind: vLLM 0.32.0 starts its NIXL handshake listener in a thread
+        and waits for it without a timeout (nixl/base_scheduler.py `ready_event.wait()`), so when the
+        bind fails ("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:45243')", seen
+        in a fresh clone's make test) the engine never finishes starting and never says so."""
+        for line in lines:
+            found = _BIND_FAILED.search(line)
+            if found:
+                port = found.group("port")
+                named = {str(number): name for name, number in getattr(svc, "ports", ())}.get(port)
+                what = f"port {port}" + (f" (its NIXL {named.replace('_', ' ')})" if named else "")
+                return (f"{what} was taken by another socket while it started ({found.group(0)}); vLLM waits for "
+                        f"that listener forever: free the port, or move it out of the ephemeral range")
+        return None
 
     def managed_env(self, host: str, services: list[str], data: Mapping[str, Any], prefix: str):
         """The vllm_install.EngineEnv the services run from when data `engine_root` names one, else None."""
@@ -497,7 +520,9 @@ class VLLM(Family):
             problems.append(f"{label}: PD pairing: kv_connector differs between workers: "
                             + ", ".join(f"{p.key} {(p.args.get('kv_transfer_config') or {}).get('kv_connector')!r}"
                                         for p in workers if p.args.get("kv_transfer_config")))
-        problems += _side_channels(label, workers)
+        side_problems, side_warnings = _side_channels(label, workers)
+        problems += side_problems
+        warnings += side_warnings
         problems += _routers(label, workers, routers, unparsed, connectors)
         return problems, warnings
 
@@ -523,17 +548,28 @@ def connector(data: Mapping[str, Any]) -> str:
     return str(data.get("kv_connector") or "NixlConnector")
 
 
-def _side_channels(label: str, workers: list[Parsed]) -> list[str]:
-    """Two Nixl instances on one host must listen on distinct side-channel ports."""
+def _side_channels(label: str, workers: list[Parsed]) -> tuple[list[str], list[str]]:
+    """(problems, warnings): two Nixl instances on one host must listen on distinct side-channel
+    ports; a side-channel port inside Linux's ephemeral range is a hang waiting for its restart: vLLM
+    binds it late in its start-up, after its own processes took dozens of ephemeral ports, and when
+    the bind fails (vLLM 0.32.0, "Address already in use") the engine waits for the dead listener
+    thread forever (knobkeeper/ports.py)."""
     seen: dict[tuple[str, str], list[str]] = {}
+    warnings = []
     for p in workers:
         if (p.args.get("kv_transfer_config") or {}).get("kv_connector") != "NixlConnector":
             continue
         port = p.environment.get(SIDE_CHANNEL_PORT, "5600")  # vLLM's default when unset
         seen.setdefault((p.host, port), []).append(p.key)
-    return [f"{label}: PD pairing: {', '.join(keys)} on {host} share NIXL side-channel port {port} "
-            f"({SIDE_CHANNEL_PORT}); each instance needs its own" for (host, port), keys in sorted(seen.items())
-            if len(keys) > 1]
+        if port.isdigit() and in_ephemeral_range(int(port)):
+            first, last = DEFAULT_EPHEMERAL
+            warnings.append(f"{label}: {p.key}: NIXL side-channel port {port} ({SIDE_CHANNEL_PORT}) is in Linux's "
+                            f"ephemeral range {first}-{last}: any connection can hold it when the engine restarts, "
+                            f"and vLLM then waits forever at start-up; pick a port below {first}")
+    problems = [f"{label}: PD pairing: {', '.join(keys)} on {host} share NIXL side-channel port {port} "
+                f"({SIDE_CHANNEL_PORT}); each instance needs its own" for (host, port), keys in sorted(seen.items())
+                if len(keys) > 1]
+    return problems, warnings
 
 
 def _routers(label: str, workers: list[Parsed], routers, unparsed: frozenset[str], connectors: set) -> list[str]:

@@ -28,13 +28,13 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from knobkeeper.errors import UserError
+from knobkeeper.ports import free_port
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -47,12 +47,6 @@ def _which(name: str) -> str:
     if not found:
         raise UserError(f"{name}: not installed (Debian: `apt-get install -y slurm-wlm munge`, or `make system-deps`)")
     return found
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
