@@ -39,19 +39,28 @@ def bare(tmp_path):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "engine_env: needs the cached vLLM engine environment (runs after the "
+                                       "tests that need none)")
     config.addinivalue_line("markers", "real_engine: runs against the session's real vLLM stack (run last)")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Real-engine tests run after every other test: the session-scoped stack (~6 GB, two engines)
-    is then started once, late, and stopped as the session ends instead of idling meanwhile. Those
-    that start engines of their own run before it: an idle real stack is not idle on this machine
-    (each vLLM instance's NIXL progress thread polls without sleeping, one core each): the
-    start-up-crash test took 235 s in CI beside it; run before it here, that test, the port-taken
-    test and the preflight faults passed within about a minute (seen once)."""
+    """Three groups, in this order: the tests that need no real engine; those that need the engine
+    environment (marked engine_env) or start engines of their own; those that use the session's
+    real stack.
+
+    Why the engine environment waits: `make test` installs it in the background while the first
+    group runs (tests/real_vllm.py `preinstall`, ~3 min cold), so the first test that needs it finds
+    it ready, or waits on the install's lock, instead of paying for it in series.
+    Why the stack comes last: it (~6 GB, two engines) is then started once, late, and stopped as the
+    session ends instead of idling meanwhile. Those that start engines of their own run before it:
+    an idle real stack was not idle on this machine before nixl's progress thread slept (each vLLM
+    instance's NIXL progress thread polled without sleeping, one core each): the start-up-crash test
+    took 235 s in CI beside it; run before it, that test, the port-taken test and the preflight
+    faults passed within about a minute (seen once)."""
     def order(item) -> tuple[bool, bool]:
-        real = item.get_closest_marker("real_engine") is not None
-        return real, real and "real_stack" in getattr(item, "fixturenames", ())
+        engine = item.get_closest_marker("engine_env") is not None or item.get_closest_marker("real_engine") is not None
+        return engine, engine and "real_stack" in getattr(item, "fixturenames", ())
 
     items.sort(key=order)  # stable: the order is kept otherwise
 

