@@ -39,8 +39,9 @@ from tests.infra import git
 # The session fixture's first deploy (~3 min here) and the ab run count against the first test's
 # time (pyproject's 300 s per test): seen cut at 300 s inside the ab run's first switch. In every
 # `make test` since nixl's progress thread sleeps (inventory/local_vllm.py's
-# KNOBKEEPER_NIXL_PROGRESS_DELAY_US): the module took 750 s here (ab run 497 s, story 253 s), where
-# it took 25 min and was opt-in while each worker spun a core. It replaces the sim's ab run through
+# KNOBKEEPER_NIXL_PROGRESS_DELAY_US): the module took 750 s here (ab run 497 s, story 253 s) on
+# 2026-12-02 and 573 s in a fresh clone's on 2026-12-03 (the stack's deploy and the ab run 428 s, the
+# story 145 s), where it took 25 min and was opt-in while each worker spun a core. It replaces the sim's ab run through
 # the deploy (the same code path: arms switched by deploying, knob carried, evidence committed).
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1800)]
 
