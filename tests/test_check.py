@@ -14,7 +14,7 @@ from knobkeeper.cli import main
 from knobkeeper.knobs.catalog import fingerprint
 from knobkeeper.timeutil import file_stem, parse_time
 from tests.infra import git
-from tests.review_fixtures import KNOB, commit_all, write_entry, write_evidence, write_incident
+from tests.review_fixtures import KNOB, commit_all, ctas_runs, write_entry, write_evidence, write_incident
 
 
 def kk(project, *args):
@@ -264,3 +264,47 @@ def test_check_reports_a_knob_the_pinned_engine_ignores_and_a_flag_its_parser_re
     # sglang 0.5.23's own parser (its side environment is built from PyPI once, then cached)
     assert any("inventory/example_prod.py" in line and "--cuda-graph-max-bs" in line and "ambiguous" in line
                for line in out), out
+
+
+# --- evidence backs only its own stack's role (issue 38, finding 2) ----------------------------------
+
+def _stored(project, knob=KNOB, value=512, setup=None, raw_files=()):
+    """An A/B written and committed by the store, as `ab import` does; (doc, its file's path, the commit)."""
+    from knobkeeper.evidence import store
+
+    doc = store.build_doc(knob=knob, role="decode", runs=ctas_runs(), setup=setup or {"engine": "sglang"},
+                          arms={"A": {"label": "baseline", "knobs": {knob: None}},
+                                "B": {"label": "candidate", "knobs": {knob: value}}})
+    path = store.write(project, doc, raw_files)
+    return doc, path.relative_to(project.root).as_posix(), git(project.root, "rev-parse", "HEAD")
+
+
+def test_evidence_of_one_stack_backs_no_set_on_another(project, monkeypatch):
+    """Evidence of the stack that names none (setup.stack empty) does not back a set on stack vllm's
+    decode, nor evidence of stack vllm a set on the unnamed stack's decode; `check` fails on an entry
+    that landed so; each backs its own stack's role, and a one-stack repo's plain role still works."""
+    from knobkeeper.changelog import ops
+    from tests.infra import cli, one_line_exit_2, snapshot
+
+    nccl = "NCCL_MIN_NCHANNELS"
+    plain, _, _ = _stored(project, knob=nccl, value=4)
+    vllm, _, _ = _stored(project, knob=nccl, value=4, setup={"engine": "vllm", "stack": "vllm"})
+    before = snapshot(project)
+    done = cli(project, "set", f"{nccl}=4", "--stack", "vllm", "--role", "decode", "--reason", "x", "--evidence", plain.id)
+    one_line_exit_2(done, f"--evidence {plain.id}: evidence {plain.id} tests {nccl} on decode, not {nccl} on vllm.decode")
+    done = cli(project, "set", f"{nccl}=4", "--role", "decode", "--reason", "x", "--evidence", vllm.id)
+    one_line_exit_2(done, f"--evidence {vllm.id}: evidence {vllm.id} tests {nccl} on vllm.decode, not {nccl} on decode")
+    assert snapshot(project) == before
+
+    assert ops.set_knob(project, nccl, "4", "vllm.decode", "A/B", evidence=[vllm.id]).entry.evidence == [vllm.id]
+    assert ops.set_knob(project, nccl, "4", "decode", "A/B", evidence=[plain.id]).entry.evidence == [plain.id]
+    assert kk(project).exit_code == 0
+
+    # Entries written by the landed code, which let either stand for the other.
+    monkeypatch.setattr(ops, "_check_evidence", lambda project, ids, *rest: list(ids))
+    crossed = [ops.set_knob(project, nccl, "8", "vllm.decode", "x", evidence=[plain.id]).entry,
+               ops.set_knob(project, nccl, "8", "decode", "x", evidence=[vllm.id]).entry]
+    out = lines(kk(project))
+    for entry, ev, own, other in ((crossed[0], plain, "decode", "vllm.decode"), (crossed[1], vllm, "vllm.decode", "decode")):
+        assert any(entry.id in line and f"its evidence does not back it: evidence {ev.id} tests {nccl} on {own}, "
+                                        f"not {nccl} on {other}" in line for line in out), out

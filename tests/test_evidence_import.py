@@ -129,6 +129,21 @@ def test_cli_import_with_several_files_per_option(tmp_path):
     assert "better" in out.output and "95% CI" in out.output
 
 
+def test_cli_import_names_the_stack_measured(tmp_path):
+    """`--stack vllm`: the evidence is of stack vllm's decode (setup.stack), the only role it backs;
+    a stack no inventory names is refused, nothing written."""
+    project = make_infra_repo(tmp_path)
+    args = ["import", "--repo", str(project.root), "--baseline", *_files("vllm_unset_*.json"), "--candidate",
+            *_files("vllm_ctas512_*.json"), "--role", "decode", "--knob", "NCCL_MIN_NCHANNELS=4"]
+    head = _head(project)
+    out = CliRunner().invoke(ab, [*args, "--stack", "vlm"])
+    assert out.exit_code == 2 and "--stack: stack 'vlm': no inventory names it" in out.output and _head(project) == head
+    out = CliRunner().invoke(ab, [*args, "--stack", "vllm"])
+    assert out.exit_code == 0, out.output
+    doc = store.load(project, out.output.split()[1])
+    assert doc.setup.stack == "vllm" and doc.scope == "vllm.decode" and doc.backs("NCCL_MIN_NCHANNELS", "vllm.decode", 4) is None
+
+
 @pytest.mark.parametrize("files,fmt,needle", [
     (["bad_sglang_unlimited.jsonl"], "auto", "line 1: max_concurrency"),
     (["bad_vllm_no_throughput.json"], "auto", "output_throughput: missing"),

@@ -84,6 +84,20 @@ def test_backs_names_the_knob_role_or_value_that_differs():
         f"stale evidence {doc.id}: it tested <512>, the change sets <None>")
 
 
+def test_backs_holds_evidence_to_its_own_stack_s_role():
+    """Issue 38 finding 2: a stack unnamed on one side is no wildcard. The unnamed stack's decode and
+    stack vllm's decode are two tables; each backs only its own (setup.stack or a scoped role)."""
+    plain, vllm, scoped = _doc(), _doc(setup={"stack": "vllm"}), _doc()
+    scoped.role = "vllm.decode"
+    assert plain.backs(KNOB, "vllm.decode", 512) == f"evidence {plain.id} tests {KNOB} on decode, not {KNOB} on vllm.decode"
+    assert vllm.backs(KNOB, "decode", 512) == f"evidence {vllm.id} tests {KNOB} on vllm.decode, not {KNOB} on decode"
+    assert vllm.backs(KNOB, "sglang.decode", 512) == (f"evidence {vllm.id} tests {KNOB} on vllm.decode, "
+                                                      f"not {KNOB} on sglang.decode")
+    assert plain.backs(KNOB, "decode", 512) is None                 # one-stack repos, as always
+    assert vllm.backs(KNOB, "vllm.decode", 512) is None and scoped.backs(KNOB, "vllm.decode", 512) is None
+    assert (plain.scope, vllm.scope, scoped.scope) == ("decode", "vllm.decode", "vllm.decode")
+
+
 def test_disagreements_find_a_description_its_runs_contradict():
     seen = KnobSeen("carried", "512", "started.sh: arm wants 512")
     runs = [{**r, "knob_seen": seen.to_json() if r["arm"] == "B" else {"status": "carried", "running": None}}

@@ -236,3 +236,22 @@ def test_the_body_says_where_the_report_is():
     assert "`knobkeeper report --open`" in report_pointer({})
     ci = report_pointer({"GITHUB_RUN_ID": "42", "GITHUB_REPOSITORY": "acme/infra"})
     assert "`knobkeeper-report` artifact of https://github.com/acme/infra/actions/runs/42" in ci
+
+
+def test_review_holds_evidence_to_the_stack_of_the_change():
+    """The review judges the binding on the entry's scope, as `set` and `check` do: default-stack
+    evidence behind a set on stack vllm's decode is a warning (it used to compare the bare role)."""
+    from knobkeeper.changelog.entries import Entry
+    from knobkeeper.evidence import store
+    from knobkeeper.review.body import ChangeView, EvidenceView, _evidence_warnings
+    from tests.review_fixtures import AUTHOR, ctas_runs
+
+    doc = store.build_doc(knob=KNOB, role="decode", runs=ctas_runs(),
+                          arms={"A": {"label": "baseline", "knobs": {KNOB: None}},
+                                "B": {"label": "candidate", "knobs": {KNOB: 512}}})
+    for stack, warned in ((None, False), ("vllm", True)):
+        entry = Entry(id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", author=AUTHOR, action="set", knob=KNOB,
+                      role="decode", reason="x", new=512, evidence=[doc.id], stack=stack)
+        found = _evidence_warnings(ChangeView(entry, "perf", "(unset)", "512"), EvidenceView(doc.id, doc), None)
+        line = f"decode {KNOB} (entry a1b2c3d4): evidence {doc.id} tests {KNOB} on decode, not {KNOB} on vllm.decode"
+        assert (line in found) is warned, found

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from knobkeeper.cli.common import KKGroup, console, emit_json, example, json_option, repo_option
+from knobkeeper.cli.core import stack_option
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
 
@@ -55,7 +56,7 @@ def _print_doc(doc, *, header: bool = True) -> None:
     con = console()
     safe = lambda text: escape(fmt.safe(text))  # noqa: E731  (file contents: no markup, no escapes)
     if header:
-        con.print(safe(f"evidence {doc.id}  {doc.knob} on {doc.role}: A={fmt.value(doc.baseline)}  "
+        con.print(safe(f"evidence {doc.id}  {doc.knob} on {doc.scope}: A={fmt.value(doc.baseline)}  "
                        f"B={fmt.value(doc.candidate)}  [{doc.source.tool}, {doc.created[:19]}Z]"))
     con.print(safe(" · ".join(x for x in (doc.engine_text(), doc.setup.measured_text()) if x)))
     for note in doc.unrecorded_notes():
@@ -138,12 +139,13 @@ keep_invalid_option = click.option("--keep-invalid", is_flag=True,
 @click.option("--engine", default=None, help="Engine name to record (default: from the format).")
 @click.option("--no-commit", is_flag=True, help="Write and stage the files but do not commit.")
 @keep_invalid_option
+@stack_option
 @repo_option
 @json_option
 @example("knobkeeper ab import --baseline base-*.jsonl --candidate ctas512-*.jsonl --role decode "
          "--knob SGLANG_SM120_MMA_TARGET_CTAS=512")
 def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, engine, no_commit, keep_invalid,
-               repo, as_json):
+               stack, repo, as_json):
     """Build one evidence file from the two arms' benchmark result files, judge it, commit it.
 
     The repeats of each level are the runs found for it. The level is the configured
@@ -196,7 +198,7 @@ def import_cmd(baseline, candidate, role, knob, baseline_value, fmt, inventory, 
     notes = importers.check_arms(baseline, candidate, fmt)   # mixed versions refused; nothing written yet
     doc = import_files(project, baseline=list(baseline), candidate=list(candidate), role=role, knob=knob,
                        baseline_value=baseline_value, fmt=fmt, inventory=inventory, engine=engine,
-                       no_commit=no_commit, keep_invalid=keep_invalid)
+                       no_commit=no_commit, keep_invalid=keep_invalid, stack=stack)
     _print_new(doc, as_json, notes)  # notes: runs whose errors gate had nothing to read
 
 

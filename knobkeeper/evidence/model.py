@@ -19,8 +19,9 @@ What the model answers, once for every reader (the CLI, review, report, audit, t
 `Evidence.is_adjusted` (schema 2 verdicts are family-wise; schema 1 were per level),
 `Evidence.p_cell(level)` (the p a verdict rests on, as shown), `Evidence.level_text(level)` (one
 text for a level), `Evidence.summary_line()`, `Evidence.gains()` (the levels that count),
-`Evidence.backs(knob, role, value)` (does it back that change) and `Evidence.disagreements()`
-(does it agree with itself). `Setup.build(...)` is the one setup every producer fills in.
+`Evidence.scope` (the knobs.toml table it measured), `Evidence.backs(knob, scope, value)` (does it
+back that change) and `Evidence.disagreements()` (does it agree with itself).
+`Setup.build(...)` is the one setup every producer fills in.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 from knobkeeper import fmt
 from knobkeeper.evidence.defaults import ALPHA, IMBALANCE
+from knobkeeper.knobs.values import scope, split_scope
 
 SCHEMA = "knobkeeper.evidence/2"
 SCHEMA_1 = "knobkeeper.evidence/1"
@@ -700,6 +702,14 @@ class Evidence(Typed):
     def candidate(self) -> Any:
         return self.value("B")
 
+    @property
+    def scope(self) -> str:
+        """The knobs.toml table the evidence measured: "decode" (the stack that names none) or
+        "vllm.decode" (from a role "vllm.decode" or, as `ab run` and `ab import --stack` write it,
+        setup.stack)."""
+        own_stack, own_role = split_scope(self.role)
+        return scope(own_stack or self.setup.stack, own_role)
+
     # -- what the verdicts mean
 
     @property
@@ -772,14 +782,14 @@ class Evidence(Typed):
 
     def backs(self, knob: str, role: str, value: Any, show: Callable[[Any], str] = fmt.value) -> str | None:
         """Why this evidence does not back setting `knob` to `value` on `role`, or None when it does:
-        it must test that knob on that role, with that value as its candidate. `role` may be a scope
-        ("vllm.decode"): its stack must then be the one the evidence measured (when it names one).
+        it must test that knob on that scope, with that value as its candidate. `role` is a scope:
+        "decode" is the role of the stack that names none, "vllm.decode" that of stack "vllm", and
+        the evidence's own scope (Evidence.scope) must be the same table. A stack left unnamed on
+        one side is not a wildcard: the default stack's decode and vLLM's decode run different
+        engines, and an A/B of one says nothing of the other.
         `show` writes a value (a catalog's display: a secret as its fingerprint)."""
-        stack, _, plain_role = role.rpartition(".")
-        own_stack, _, own_role = self.role.rpartition(".")
-        own_stack = own_stack or self.setup.stack or ""
-        if self.knob != knob or own_role != plain_role or (stack and own_stack and stack != own_stack):
-            return f"evidence {self.id} tests {self.knob} on {self.role}, not {knob} on {role}"
+        if self.knob != knob or self.scope != role:
+            return f"evidence {self.id} tests {self.knob} on {self.scope}, not {knob} on {role}"
         if not same_value(self.candidate, value):
             return f"stale evidence {self.id}: it tested {show(self.candidate)}, the change sets {show(value)}"
         return None

@@ -387,8 +387,11 @@ _WORKLOAD_EXTRA = ("backend", "request_format")
 def import_files(project: Project, *, baseline: list[str], candidate: list[str], role: str,
                  knob: str | None = None, baseline_value: str | None = None, fmt: str = "auto",
                  inventory: str | None = None, engine: str | None = None, no_commit: bool = False,
-                 keep_raw: bool = True, keep_invalid: bool = False) -> Evidence:
+                 keep_raw: bool = True, keep_invalid: bool = False, stack: str | None = None) -> Evidence:
     """Build one evidence doc from result files of the two arms, write and commit it; returns the doc.
+
+    `stack`: the stack whose `role` was measured, where the repo holds more than one (setup.stack;
+    None: the stack the inventories do not name). The evidence backs changes of that stack's role only.
 
     The repeats of each level are the runs found for it, in the order the files are given; the
     same file given twice and the same record twice count once (noted in `validity.reasons`).
@@ -400,6 +403,13 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
     """
     if not baseline:
         raise UserError("--baseline: give at least one result file of the baseline arm")
+    if stack:
+        from knobkeeper.knobs.pinned import check_stack
+
+        try:
+            check_stack(project.inventory_dir, stack)
+        except UserError as exc:
+            raise UserError(f"--stack: {exc}") from None
     read_a, read_b, notes = _read_files(baseline, candidate, fmt)
     found = (_kernels_arms(project, read_a, read_b, role, knob) if read_a[0][1] == "kernels"
              else _tool_arms(project, read_a, read_b, role, knob, baseline_value))
@@ -407,6 +417,7 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
         raise UserError(f"--{'baseline' if not found.runs_a else 'candidate'}: the files hold no runs of that arm")
     runs, duplicates = V.dedupe(_arm_runs(found))
     found.setup.inventory = found.setup.inventory or inventory
+    found.setup.stack = stack or found.setup.stack
     if engine:
         found.setup.engine = engine
     doc = build_doc(knob=found.knob, role=role, arms=found.arms, runs=runs, setup=found.setup,

@@ -99,7 +99,7 @@ def _evidence_warnings(change: ChangeView, ev: EvidenceView, catalog: Any) -> li
     if doc is None:
         return [f"{where}: evidence {ev.id} is missing or invalid: {ev.problem}"]
     # A change that takes no value (unset) is backed by what the evidence tested, whatever it was.
-    problem = doc.backs(e.knob, e.role, doc.candidate if e.new is None else e.new,
+    problem = doc.backs(e.knob, e.scope, doc.candidate if e.new is None else e.new,
                         show=lambda value: display(catalog, e.knob, value))
     out = [f"{where}: {problem}"] if problem else []
     try:
