@@ -266,7 +266,7 @@ def test_check_reports_a_knob_the_pinned_engine_ignores_and_a_flag_its_parser_re
                for line in out), out
 
 
-# --- evidence backs only its own stack's role (issue 38, finding 2) ----------------------------------
+# --- evidence is append-only (issue 38, finding 1) and backs only its own stack's role (finding 2) -----
 
 def _stored(project, knob=KNOB, value=512, setup=None, raw_files=()):
     """An A/B written and committed by the store, as `ab import` does; (doc, its file's path, the commit)."""
@@ -277,6 +277,96 @@ def _stored(project, knob=KNOB, value=512, setup=None, raw_files=()):
                                 "B": {"label": "candidate", "knobs": {knob: value}}})
     path = store.write(project, doc, raw_files)
     return doc, path.relative_to(project.root).as_posix(), git(project.root, "rev-parse", "HEAD")
+
+
+def _append_only_line(rel: str, added: str, ident: str | None) -> str:
+    fix = f"restore it (`git checkout {added[:10]} -- {rel}`)"
+    if ident:
+        fix += f"; to judge its runs again, `knobkeeper ab rejudge {ident}` writes a new evidence file that names it"
+    return (f"{rel}: changed since {added[:10]}, the commit that added it (evidence files are append-only: entries "
+            f"cite what it held); {fix}")
+
+
+def test_evidence_rewritten_and_rejudged_in_place_fails_check_naming_the_commit_that_added_it(project):
+    """The hostile steps of the issue: arm B's throughput divided by 20 in the committed file, judged
+    again with the store's own function (so its judgement follows from its runs and the knob, role and
+    value the adding commit names are untouched) and committed as "tidy evidence"."""
+    from knobkeeper.changelog import ops
+    from knobkeeper.evidence import store
+
+    doc, rel, added = _stored(project)
+    ops.set_knob(project, KNOB, "512", "decode", "A/B +12.8% @64", evidence=[doc.id], allow_undeclared=True)
+    data = json.loads((project.root / rel).read_text())
+    for run in data["runs"]:
+        if run["arm"] == "B":
+            run["output_tokens_per_s"] /= 20
+    forged = {**store.rejudge(store.Evidence.from_json(data)).to_json(), "id": doc.id}
+    forged.pop("rejudges", None)
+    assert store.verify(forged) == [] and forged["judgement"]["levels"][0]["verdict"] == "worse"
+    (project.root / rel).write_text(json.dumps(forged, indent=2) + "\n")
+    commit_all(project, "tidy evidence")
+
+    want = [_append_only_line(rel, added, doc.id)]
+    for args in ((), ("--base", "HEAD~1")):
+        result = kk(project, *args)
+        assert result.exit_code == 1 and lines(result) == want, (args, result.output)
+
+    # Any stored number, not only what the judgement recomputes: a level's mean B (shown by `ab show`,
+    # never recomputed by verify), edited in the working tree and not committed: the pre-commit gate.
+    git(project.root, "checkout", "-q", added, "--", rel)
+    data = json.loads((project.root / rel).read_text())
+    data["judgement"]["levels"][0]["mean_b"] *= 20
+    (project.root / rel).write_text(json.dumps(data, indent=2) + "\n")
+    result = kk(project)
+    assert result.exit_code == 1 and lines(result) == want, result.output
+
+
+def test_raw_files_are_append_only_and_untouched_old_files_pass(project):
+    """A raw file beside the evidence is held like the JSON; a schema-1 and a schema-2 file committed
+    by hand (plain git, no store commit) pass while untouched; with --base a deletion is named."""
+    from knobkeeper.evidence import judge as J
+    from knobkeeper.evidence.model import SCHEMA_1
+
+    doc, rel, added = _stored(project, raw_files=[("A-1-bench.jsonl", b'{"output_throughput": 1000.0}\n')])
+    two = write_evidence(project, ident="c0c0c0c0")
+    one = {k: v for k, v in two.to_json().items() if k != "validity"}   # as schema 1 wrote it: per level, unadjusted
+    one.update(schema=SCHEMA_1, id="b1b1b1b1", judgement=J.judge(two.runs, two.metric, adjust=False).to_json())
+    one = _write_doc(project, one)
+    commit_all(project, "old evidence, added by hand")
+    base = git(project.root, "rev-parse", "HEAD")
+    assert kk(project, "--base", base).exit_code == 0
+
+    [raw] = doc.source.raw_files
+    (project.root / raw).write_text('{"output_throughput": 20000.0}\n')
+    one.unlink()
+    commit_all(project, "a better raw number, one file fewer")
+    result = kk(project, "--base", base)
+    assert result.exit_code == 1
+    deleted = one.relative_to(project.root).as_posix()
+    assert lines(result) == [
+        _append_only_line(raw, added, None),
+        f"{deleted}: a committed evidence file was deleted since {base[:20]}; restore it "
+        f"(`git checkout {base[:10]} -- {deleted}`)"], result.output
+
+
+def test_a_rejudgement_must_hold_the_runs_it_rejudges(project):
+    from knobkeeper.evidence import store
+
+    doc, _, _ = _stored(project)
+    data = store.rejudge(doc).to_json()
+    data["runs"][0]["output_tokens_per_s"] *= 2                 # a "re-judgement" with a number of its own,
+    again = store.rejudge(store.Evidence.from_json(data))       # its judgement following from its runs
+    again.rejudges = doc.id
+    path = _write_doc(project, again)
+    orphan = _write_doc(project, {**store.rejudge(doc).to_json(), "rejudges": "0badbeef"})
+    result = kk(project)
+    assert result.exit_code == 1
+    assert sorted(lines(result)) == sorted([
+        f"{path.relative_to(project.root).as_posix()}: rejudges {doc.id}, but its runs differ from that file's; "
+        f"a re-judgement holds the runs it judges unchanged: write it with `knobkeeper ab rejudge {doc.id}`, or "
+        f"import new measurements as new evidence (`knobkeeper ab import`)",
+        f"{orphan.relative_to(project.root).as_posix()}: rejudges 0badbeef, which is missing from changelog/evidence/; "
+        f"restore the evidence it re-judges from git"]), result.output
 
 
 def test_evidence_of_one_stack_backs_no_set_on_another(project, monkeypatch):

@@ -143,3 +143,50 @@ def test_judge_options_are_kept_and_verify_uses_them():
     assert store.verify(edited), "a judgement made with options must not verify without them"
     assert validate({**doc, "judge_options": {"unit_noise": -1}})[0].startswith("judge_options:")
     assert validate({**doc, "judge_options": {"alpha": 0}})[0].startswith("judge_options:")
+
+
+def test_evidence_files_are_append_only_and_a_rejudgement_is_a_new_file(project):
+    """`store.write` never replaces an evidence file (the store's own path to a forgery, issue 38);
+    `ab rejudge ID` writes the runs of ID judged by today's method as a NEW file naming ID, commits
+    it alone, and leaves ID byte for byte as it was, cited by the entries that cite it."""
+    from knobkeeper.changelog import ops
+    from knobkeeper.evidence import judge as J
+    from knobkeeper.evidence.model import SCHEMA_1
+    from knobkeeper.review.check import check
+    from tests.infra import git, snapshot
+
+    doc = _doc()
+    path = store.write(project, doc)
+    before = snapshot(project)
+    with pytest.raises(UserError, match=f"already exists; evidence files are append-only .* `knobkeeper ab rejudge "
+                                        f"{doc.id}`, which writes a new file; nothing written"):
+        store.write(project, {**store.rejudge(doc).to_json(), "id": doc.id})
+    refused = CliRunner().invoke(ab, ["rejudge", doc.id, "--repo", str(project.root)])  # today's method already
+    assert refused.exit_code == 2 and "judges its runs as the file does" in refused.output, refused.output
+    assert snapshot(project) == before
+
+    # A schema-1 file (per level, unadjusted), committed by hand and cited by an entry.
+    old = {k: v for k, v in doc.to_json().items() if k != "validity"}
+    old.update(schema=SCHEMA_1, id="0a0a0a0a", judgement=J.judge(doc.runs, doc.metric, adjust=False).to_json())
+    old_path = path.with_name(path.name.replace(doc.id, "0a0a0a0a"))
+    old_path.write_text(json.dumps(old, indent=2) + "\n")
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-qm", "an old evidence file")
+    entry = ops.set_knob(project, KNOB, "512", "decode", "A/B", evidence=["0a0a0a0a"], allow_undeclared=True).entry
+    old_bytes = old_path.read_bytes()
+
+    out = CliRunner().invoke(ab, ["rejudge", "0a0a", "--repo", str(project.root)])
+    assert out.exit_code == 0, out.output
+    new_id = out.output.split()[1]
+    assert out.output.startswith(f"evidence {new_id}\nre-judges evidence 0a0a0a0a") and new_id != "0a0a0a0a"
+    again = store.load(project, new_id)
+    assert again.rejudges == "0a0a0a0a" and again.schema == "knobkeeper.evidence/2" and again.judgement.family
+    assert again.departures_from(store.load(project, "0a0a0a0a")) == [] and again.created == doc.created
+    assert old_path.read_bytes() == old_bytes
+    message = git(project.root, "log", "-1", "--format=%B")
+    assert message.startswith(f"evidence: {KNOB}=512 on decode (") and f"Rejudges: 0a0a0a0a" in message
+    assert git(project.root, "show", "--name-only", "--format=", "HEAD").split() == [
+        store.find(project, new_id).relative_to(project.root).as_posix()]
+    assert [e.evidence for e in ops.load_entries(project) if e.id == entry.id] == [["0a0a0a0a"]]
+    result = check(project)
+    assert result.ok, [p.line() for p in result.problems]

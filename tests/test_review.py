@@ -238,6 +238,36 @@ def test_the_body_says_where_the_report_is():
     assert "`knobkeeper-report` artifact of https://github.com/acme/infra/actions/runs/42" in ci
 
 
+def test_review_warns_about_an_evidence_file_changed_or_removed_in_the_range(short_tmp, monkeypatch):
+    """Issue 38: a branch that rewrites one committed evidence file (its numbers, judged again) and
+    deletes another adds no entry, yet the review must not read "0 knob changes, no warnings"."""
+    import json
+
+    pin_git_dates(monkeypatch)
+    project = make_infra_repo(short_tmp)
+    write_evidence(project)
+    write_evidence(project, ident="c3c3c3c3", value=256)
+    commit_all(project, "evidence")
+    git(project.root, "switch", "-q", "-c", "tidy")
+    [kept, gone] = sorted(project.evidence_dir.glob("*.json"), key=lambda p: "c3c3c3c3" in p.name)
+    data = json.loads(kept.read_text())
+    data["judgement"]["levels"][0]["mean_b"] /= 20
+    kept.write_text(json.dumps(data, indent=2) + "\n")
+    gone.unlink()
+    commit_all(project, "tidy evidence")
+    base = git(project.root, "rev-parse", "main")[:10]
+    review = R.collect(project, base="main")
+    rel = lambda p: p.relative_to(project.root).as_posix()  # noqa: E731
+    assert review.warnings == [
+        f"{rel(gone)}: a committed evidence file was deleted; evidence files are append-only (entries cite what it "
+        f"held): restore it (`git checkout {base} -- {rel(gone)}`)",
+        f"{rel(kept)}: a committed evidence file was modified; evidence files are append-only (entries cite what it "
+        f"held): restore it (`git checkout {base} -- {rel(kept)}`); to judge its runs again, "
+        f"`knobkeeper ab rejudge e1e2e3e4` writes a new file"], review.warnings
+    body = R.review_body(project, base="main")
+    assert "; 2 warnings" in body and f"a committed evidence file was modified" in body
+
+
 def test_review_holds_evidence_to_the_stack_of_the_change():
     """The review judges the binding on the entry's scope, as `set` and `check` do: default-stack
     evidence behind a set on stack vllm's decode is a warning (it used to compare the bare role)."""

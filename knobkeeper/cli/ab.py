@@ -1,4 +1,4 @@
-"""`knobkeeper ab`: A/B evidence — run (through the deploy), import (benchmark tools), show, list."""
+"""`knobkeeper ab`: A/B evidence — run (through the deploy), import (benchmark tools), show, list, rejudge."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def _print_doc(doc, *, header: bool = True) -> None:
     if header:
         con.print(safe(f"evidence {doc.id}  {doc.knob} on {doc.scope}: A={fmt.value(doc.baseline)}  "
                        f"B={fmt.value(doc.candidate)}  [{doc.source.tool}, {doc.created[:19]}Z]"))
+    if doc.rejudges:
+        con.print(safe(f"re-judges evidence {doc.rejudges}: its runs, judged again by today's method"))
     con.print(safe(" · ".join(x for x in (doc.engine_text(), doc.setup.measured_text()) if x)))
     for note in doc.unrecorded_notes():
         con.print(safe(note))
@@ -319,6 +321,25 @@ def show_cmd(ident, plot_path, repo, as_json):
     _print_doc(doc)
     if plot_path:
         click.echo(f"plot: {plot_path}")
+
+
+@ab.command("rejudge")
+@click.argument("ident", metavar="ID")
+@click.option("--no-commit", is_flag=True, help="Write and stage the new file but do not commit.")
+@repo_option
+@json_option
+@example("knobkeeper ab rejudge 1a2b3c4d")
+def rejudge_cmd(ident, no_commit, repo, as_json):
+    """Judge an evidence file's runs again by today's method, into a NEW evidence file.
+
+    Evidence files are append-only: the file ID is kept byte for byte, and the entries that cite
+    it keep citing it. The new file has its own id, names ID in `rejudges`, and holds ID's runs,
+    arms and setup unchanged (check refuses a re-judgement whose runs differ); cite it in a new
+    change (set ... --evidence NEW). Refused when today's method says what ID says already.
+    """
+    from knobkeeper.evidence.store import rejudge_file
+
+    _print_new(rejudge_file(find_project(repo), ident, no_commit=no_commit), as_json)
 
 
 @ab.command("list")

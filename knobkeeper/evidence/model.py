@@ -20,7 +20,8 @@ What the model answers, once for every reader (the CLI, review, report, audit, t
 `Evidence.p_cell(level)` (the p a verdict rests on, as shown), `Evidence.level_text(level)` (one
 text for a level), `Evidence.summary_line()`, `Evidence.gains()` (the levels that count),
 `Evidence.scope` (the knobs.toml table it measured), `Evidence.backs(knob, scope, value)` (does it
-back that change) and `Evidence.disagreements()` (does it agree with itself).
+back that change), `Evidence.disagreements()` (does it agree with itself) and
+`Evidence.departures_from(original)` (does a re-judgement hold what it re-judges).
 `Setup.build(...)` is the one setup every producer fills in.
 """
 
@@ -682,11 +683,16 @@ class Evidence(Typed):
     judge_options: dict[str, float] | None = None
     source: Source = field(default_factory=Source)
     canary: CanaryBlock | None = None
+    rejudges: str | None = None         # the id of the evidence whose runs this file judges again
     judgement: Judgement = field(default_factory=Judgement)
     anomalies: list[Anomaly] = field(default_factory=list)
     validity: Validity = field(default_factory=Validity)
-    OMIT = frozenset({"sequential", "judge_options", "canary"})
+    OMIT = frozenset({"sequential", "judge_options", "canary", "rejudges"})
     extra: dict[str, Any] = _extra()
+
+    # What a re-judgement must hold exactly as the evidence it re-judges: everything measured and
+    # how (only the judgement, the validity and the anomalies are computed again).
+    MEASURED: ClassVar[tuple[str, ...]] = ("knob", "role", "metric", "arms", "setup", "runs", "source")
 
     # -- the arms
 
@@ -793,6 +799,12 @@ class Evidence(Typed):
         if not same_value(self.candidate, value):
             return f"stale evidence {self.id}: it tested {show(self.candidate)}, the change sets {show(value)}"
         return None
+
+    def departures_from(self, original: "Evidence") -> list[str]:
+        """The measured parts (MEASURED) in which this re-judgement differs from `original`, the
+        evidence its `rejudges` names: a re-judgement judges the same runs again and measures nothing."""
+        mine, theirs = self.to_json(), original.to_json()
+        return [name for name in self.MEASURED if mine.get(name) != theirs.get(name)]
 
     def disagreements(self, committed: Mapping[str, Any] | None = None) -> list[str]:
         """Every way the file's own description (knob, role, arms, setup) contradicts its runs, or

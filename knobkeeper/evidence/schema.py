@@ -54,6 +54,9 @@ One JSON object:
                 out; the judgement then also carries "unit_noise") or {"alpha": 0.01}
     canary      optional (source tool "knobkeeper canary"): hosts, calibration, windows, queries
                 (knobkeeper/evidence/canary.py)
+    rejudges    optional: the id of the evidence whose runs this file judges again by today's
+                method (`knobkeeper ab rejudge ID`); everything measured is that file's, unchanged.
+                Evidence files are never rewritten: a new judgement is a new file.
     anomalies   [{"arm", "from_concurrency", "to_concurrency", "change", "p_value", "confidence"}]
                 throughput falling as concurrency rises, per arm
     source      {"tool": str, "raw_files": [relative paths], "format": str|null}
@@ -68,6 +71,7 @@ before (a count null with `not_recorded`, the setup's bench tool, served name an
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 from knobkeeper.evidence.model import SCHEMA, SCHEMA_1, SCHEMAS, VERDICTS, plain
@@ -156,6 +160,8 @@ RULES: tuple[tuple[str, bool, Callable[[Any, Any], bool], str, bool], ...] = (
     ("sequential.looks", REQUIRED, _list, "a list", False),
     ("judge_options", OPTIONAL, _judge_options,
      '{"unit_noise": a log-sd from 0 to 1, "alpha": a probability between 0 and 1}', False),
+    ("rejudges", OPTIONAL, lambda v, _: isinstance(v, str) and bool(re.fullmatch(r"[0-9a-f]+", v)),
+     "the hex id of the evidence it re-judges", True),
     ("anomalies", REQUIRED, _list, "a list", False),
     ("source", REQUIRED, _object, "an object", False),
     ("source.tool", REQUIRED, lambda v, _: isinstance(v, str), "a string", False),

@@ -3,8 +3,10 @@
 Files: changelog/evidence/<UTC stamp>-<id>.json, raw source files in changelog/evidence/<stem>/.
 This module is THE evidence reader and writer: other parts use `paths`, `find`, `load` (an
 `Evidence`, knobkeeper.evidence.model), `list_all`, `summary_line(doc)`, `gains(doc)` (the levels
-that count, and with which verdict) and `verify(doc)` (the stored judgement recomputed from the
-runs). Ids are literal hex prefixes, never patterns.
+that count, and with which verdict), `verify(doc)` (the stored judgement recomputed from the
+runs), and `history` / `altered` (the commit that added each file, and the files that no longer
+hold its bytes). Files are append-only: `write` never replaces one, `rejudge_file` writes a new
+one. Ids are literal hex prefixes, never patterns.
 """
 
 from __future__ import annotations
@@ -78,8 +80,14 @@ def _judge(doc: Evidence, notes: list[str]) -> None:
 
 
 def rejudge(doc: Evidence) -> Evidence:
-    """The same doc judged by today's method (schema 2), its file-level notes kept."""
+    """A NEW evidence doc holding `doc`'s runs judged by today's method (schema 2): a new id, its
+    `rejudges` naming `doc`, everything measured (Evidence.MEASURED) and the file-level notes kept.
+    `created` stays the measurement's: how old the evidence is (review's staleness) is the age of
+    its runs, not of their judgement. `doc` itself is never rewritten (evidence files are
+    append-only: entries cite what a file held when they were written)."""
     again = copy.deepcopy(doc)
+    again.id = new_id()
+    again.rejudges = doc.id
     _judge(again, [n for n in doc.validity.reasons if not n.startswith("knob value unverified")])
     return again
 
@@ -200,6 +208,10 @@ def write(project: Project, doc: Evidence, raw_files: Iterable[tuple[str, Path |
     doc = Evidence.of(doc)
     stem = file_stem(parse_time(doc.created), doc.id)
     path = project.evidence_dir / f"{stem}.json"
+    if path.exists() or (project.evidence_dir / stem).exists():
+        raise UserError(f"{project.rel(path)}: already exists; evidence files are append-only (entries cite what "
+                        f"they hold): judge its runs again with `knobkeeper ab rejudge {doc.id}`, which writes a "
+                        f"new file; nothing written")
     files: dict[Path, str | bytes] = {}
     rels = []
     for name, content in raw_files:
@@ -214,8 +226,26 @@ def write(project: Project, doc: Evidence, raw_files: Iterable[tuple[str, Path |
         raise UserError(f"evidence {doc.id}: {problems[0]}")
     files[path] = json.dumps(data, indent=2, allow_nan=False) + "\n"
     trailers = [("Evidence", doc.id), ("Knob", doc.knob), ("Role", doc.role)]
-    commit_change(project, files, Message(commit_summary(doc), doc.summary_line(), trailers), no_commit=no_commit)
+    body = doc.summary_line()
+    if doc.rejudges:
+        trailers.append(("Rejudges", doc.rejudges))
+        body = (f"The runs of evidence {doc.rejudges} judged again by today's method; that file is kept as it "
+                f"was.\n\n{body}")
+    commit_change(project, files, Message(commit_summary(doc), body, trailers), no_commit=no_commit)
     return path
+
+
+def rejudge_file(project: Project, ident: str, *, no_commit: bool = False) -> Evidence:
+    """`knobkeeper ab rejudge ID`: write and commit the re-judgement of evidence `ident` (rejudge)
+    as a new file; returns it. Refused (nothing written) when today's method says what the file
+    says already: a second file would only repeat it."""
+    old = load(project, ident)
+    again = rejudge(old)
+    if [again.judgement, again.validity, again.anomalies] == [old.judgement, old.validity, old.anomalies]:
+        raise UserError(f"evidence {old.id}: today's method judges its runs as the file does "
+                        f"({old.summary_line()}); nothing written")
+    path = write(project, again, no_commit=no_commit)
+    return read(path, project.rel(path))
 
 
 # ---------------------------------------------------------------- reading
@@ -291,6 +321,79 @@ def list_all(project: Project) -> list[Listed]:
         rows.append(Listed(doc.id, doc.created, doc.knob, doc.role, doc.baseline, doc.candidate, doc.summary_line(),
                            project.rel(path)))
     return rows
+
+
+# ---------------------------------------------------------------- what history holds of them
+#
+# Evidence files are append-only facts: entries cite a file by id for what it held when they were
+# written, so a file's bytes (any number, not only its judgement) never change once committed.
+# They are held immutable the way entries are: the bytes of the commit that first added each file
+# (its blob) are what the file must still hold; `check` compares every file with that blob.
+#
+# Rejected: a digest of each file in the commit that adds it (an `Evidence-Digest:` trailer). It
+# would hold only the files the store commits from now on: every evidence file already in a repo
+# (schema 1 and 2), and every one committed with plain git (by hand, a script, a merge), carries no
+# digest, so those would stay forgeable or need this blob comparison anyway; and the blob is the
+# file's exact bytes already, kept by git, where a digest would be a second copy of that fact. Both
+# trust history: a rewrite of the commit that added a file can change both the blob and a digest
+# with it. That is what `check --base` sees: the base's tree still holds the old bytes.
+
+@dataclass(frozen=True)
+class Added:
+    """The commit that first added a file under the evidence folder (JSON or raw file), and what it held."""
+
+    path: str           # relative to the repo root
+    commit: str
+    subject: str
+    blob: str           # the file's git object id in that commit
+
+
+def history(project: Project) -> dict[str, Added]:
+    """Every file ever committed under the evidence folder, by path: the FIRST commit that added it
+    (in history order, never by clocks: a path deleted and added again keeps its first bytes), its
+    summary line and its blob. One `git log` (merges read against their first parent, so a file a
+    merge itself added counts too); empty outside git or without commits. A shallow clone sees
+    only its own history: its oldest commit seems to add everything, as it holds it."""
+    from knobkeeper import gitio
+
+    done = gitio.run(project.root, "log", "-z", "--topo-order", "--diff-merges=first-parent", "--diff-filter=A",
+                     "--no-renames", "--raw", "--no-abbrev", "--format=%x01%H%x02%s", "--",
+                     project.rel(project.evidence_dir))
+    found: dict[str, Added] = {}
+    commit = subject = ""
+    tokens = done.stdout.split("\0") if done.returncode == 0 else []
+    at = 0
+    while at < len(tokens):
+        token = tokens[at].lstrip("\n")
+        if token.startswith("\1"):                                # a commit: \1SHA\2SUBJECT
+            commit, _, subject = token[1:].partition("\2")
+        elif token.startswith(":") and at + 1 < len(tokens):     # :MODE MODE OLD NEW A, then the path
+            blob, path = token.split()[3], tokens[at + 1]
+            found[path] = Added(path, commit, subject, blob)     # newest first: the last one seen is the first add
+            at += 1
+        at += 1
+    return found
+
+
+def altered(project: Project, added: Mapping[str, Added] | None = None) -> list[Added]:
+    """The committed evidence files (`history`) whose file in the working tree holds other bytes
+    than the commit that added them: edited since, committed or not (`git hash-object`, so the
+    repository's own filters apply as `git add` would). A file no longer there is not altered
+    (with --base, check names a deletion; an entry citing it names it missing); a link is refused
+    elsewhere (filecache.refused_files)."""
+    from knobkeeper import gitio
+    from knobkeeper.changelog.filecache import refusal
+
+    added = history(project) if added is None else added
+    present = [a for a in added.values() if "\n" not in a.path and (project.root / a.path).is_file()
+               and not refusal(project.root / a.path, project.root)]
+    if not present:
+        return []
+    done = gitio.run(project.root, "hash-object", "--stdin-paths", input="".join(f"{a.path}\n" for a in present))
+    blobs = done.stdout.split()
+    if done.returncode != 0 or len(blobs) != len(present):   # one unreadable file fails the batch: one by one
+        blobs = [gitio.run(project.root, "hash-object", "--", a.path).stdout.strip() for a in present]
+    return [a for a, blob in zip(present, blobs) if blob != a.blob]
 
 
 # ---------------------------------------------------------------- summaries for other parts

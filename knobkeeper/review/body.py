@@ -20,7 +20,7 @@ from knobkeeper.project import Project
 from knobkeeper.review.gitrange import changed_paths, commits_between, resolve_range, snapshot
 from knobkeeper.review.renders import InventoryRender, inventories, rebase_paths, relative, render_inventory
 from knobkeeper.review.restarts import plan_inventory
-from knobkeeper.timeutil import parse_time
+from knobkeeper.timeutil import id_from_stem, parse_time
 
 STALE_DAYS = 30
 SPEED_METRICS = ("output_tokens_per_s", "requests_per_s", "input_tokens_per_s", "total_tokens_per_s")
@@ -183,6 +183,7 @@ def collect(project: Project, base: str | None = None, head: str | None = None) 
     modified = sorted(p for p, s in entry_changes.items() if s != "A" and p.endswith(".toml"))
     warnings: list[str] = [f"{p}: a committed entry was {'deleted' if entry_changes[p] == 'D' else 'modified'}; "
                            f"entries are immutable (add a new entry with set/unset/revert instead)" for p in modified]
+    warnings += _evidence_rewrites(project, base_sha, head_sha)
     with snapshot(project, base_sha) as base_tree:
         renders_base = _render_all(project, base_tree, base_sha)
     with snapshot(project, head_sha) as tree:
@@ -220,6 +221,22 @@ def collect(project: Project, base: str | None = None, head: str | None = None) 
         warnings += _change_warnings(c, catalog)
     diffs, plans = _diffs_and_plans(renders_base, renders_head, warnings)
     return Review(base_sha, head_sha, commits, changes, reverts, diffs, plans, warnings, modified, rng.note)
+
+
+def _evidence_rewrites(project: Project, base: str, head: str) -> list[str]:
+    """One warning per evidence file (JSON or raw file) committed at the base and modified or deleted
+    in the range: evidence is append-only, a re-judgement is a new file (`check` fails on either)."""
+    folder = project.rel(project.evidence_dir)
+    out = []
+    for path, status in sorted(changed_paths(project, base, head, folder).items()):
+        if status not in ("M", "D") or Path(path).name.startswith("."):
+            continue
+        line = (f"{path}: a committed evidence file was {'deleted' if status == 'D' else 'modified'}; evidence files "
+                f"are append-only (entries cite what it held): restore it (`git checkout {base[:10]} -- {path}`)")
+        if status == "M" and path.endswith(".json") and path.rsplit("/", 1)[0] == folder:
+            line += f"; to judge its runs again, `knobkeeper ab rejudge {id_from_stem(Path(path).stem)}` writes a new file"
+        out.append(line)
+    return out
 
 
 def _engine_warnings(tree: Project, changed: set[tuple[str, str]]) -> list[str]:

@@ -72,6 +72,16 @@ class _Run:
     entries: list[Entry] = field(default_factory=list)
     entries_ok: bool = True
     bad_values: set[tuple[str, str]] = field(default_factory=set)
+    _evidence_history: dict | None = None
+
+    @property
+    def evidence_history(self) -> dict:
+        """store.history: the commit that first added each evidence file (one `git log` per run)."""
+        if self._evidence_history is None:
+            from knobkeeper.evidence import store
+
+            self._evidence_history = store.history(self.project)
+        return self._evidence_history
 
     def add(self, path: str, what: str, fix: str) -> None:
         self.result.problems.append(Problem(path, what, fix))
@@ -273,7 +283,7 @@ def check_evidence(run: _Run) -> None:
     project = run.project
     files = store.paths(project)
     run.result.counts["evidence"] = len(files)
-    committed = _committed_claims(project) if files else {}
+    committed = _committed_claims(project, run.evidence_history) if files else {}
     fix = "regenerate it with `knobkeeper ab import` or restore it from git"
     for path in files:
         rel = run.rel(path)
@@ -303,25 +313,79 @@ def check_evidence(run: _Run) -> None:
 _ADDED = re.compile(r"evidence: (?P<knob>[^=\s]+)=(?P<value>.*?) on (?P<role>\S+) \(")
 
 
-def _committed_claims(project: Project) -> dict[str, dict[str, str]]:
+def _committed_claims(project: Project, history: dict) -> dict[str, dict[str, str]]:
     """What the commit that added each evidence file said it held, by the file's path: the store's
-    summary `evidence: KNOB=VALUE on ROLE (...)` gives knob, value and role (one `git log` for all).
-    Files added otherwise (by hand, by a merge) claim nothing here."""
-    from knobkeeper import gitio
-
+    summary `evidence: KNOB=VALUE on ROLE (...)` gives knob, value and role (store.history: the
+    first commit that added it). Files added otherwise (by hand, by a merge) claim nothing here."""
     folder = project.rel(project.evidence_dir)
-    done = gitio.run(project.root, "-c", "core.quotepath=off", "log", "--diff-filter=A", "--no-renames",
-                     "--format=%x00%H%x00%s", "--name-only", "--", folder)
     claims: dict[str, dict[str, str]] = {}
-    current: dict[str, str] | None = None
-    for line in done.stdout.splitlines() if done.returncode == 0 else []:
-        if line.startswith("\0"):
-            sha, _, subject = line[1:].partition("\0")
-            found = _ADDED.match(subject)
-            current = {**found.groupdict(), "commit": sha} if found else None
-        elif current is not None and line.endswith(".json") and line.rsplit("/", 1)[0] == folder:
-            claims.setdefault(line, current)   # newest first: keep the latest add of a path
+    for path, added in history.items():
+        found = _ADDED.match(added.subject)
+        if found and path.endswith(".json") and path.rsplit("/", 1)[0] == folder:
+            claims[path] = {**found.groupdict(), "commit": added.commit}
     return claims
+
+
+def check_immutable_evidence(run: _Run) -> None:
+    """Every committed evidence file (its JSON and its raw files) holds the bytes of the commit that
+    added it (store.altered: evidence is append-only, like entries); with --base, none committed at
+    the base was modified or deleted since (what a rewrite of history shows)."""
+    from knobkeeper.evidence import store
+
+    project = run.project
+    reported: set[str] = set()
+    for added in store.altered(project, run.evidence_history):
+        reported.add(added.path)
+        run.add(added.path, f"changed since {added.commit[:10]}, the commit that added it (evidence files are "
+                            f"append-only: entries cite what it held)",
+                _evidence_fix(run, added.path, added.commit, modified=True))
+    if not run.base_sha:
+        return
+    folder = project.rel(project.evidence_dir)
+    for path, status in sorted(changed_paths(project, run.base_sha, None, folder).items()):
+        if status in ("M", "D") and path not in reported and not Path(path).name.startswith("."):
+            run.add(path, f"a committed evidence file was {'deleted' if status == 'D' else 'modified'} since "
+                          f"{run.base[:20]}", _evidence_fix(run, path, run.base_sha, modified=status == "M"))
+
+
+def _evidence_fix(run: _Run, path: str, sha: str, *, modified: bool) -> str:
+    """How to put back an evidence file (JSON or raw file) that `sha` holds as it must stay, and,
+    for a modified evidence JSON, the one way to a new judgement of its runs."""
+    fix = f"restore it (`git checkout {sha[:10]} -- {path}`)"
+    if modified and path.endswith(".json") and path.rsplit("/", 1)[0] == run.rel(run.project.evidence_dir):
+        fix += (f"; to judge its runs again, `knobkeeper ab rejudge {id_from_stem(Path(path).stem)}` writes a new "
+                f"evidence file that names it")
+    return fix
+
+
+def check_rejudgements(run: _Run) -> None:
+    """A re-judgement (`rejudges`) names evidence that exists and holds exactly its measurements
+    (Evidence.departures_from): it judges those runs again, it cannot bring other numbers in."""
+    from knobkeeper.evidence import store
+
+    project = run.project
+    files = store.paths(project)
+    ids = {id_from_stem(p.stem) for p in files}
+    for path in files:
+        try:
+            doc = store.read(path, run.rel(path))
+        except UserError:
+            continue   # check_evidence names it
+        if not doc.rejudges:
+            continue
+        if doc.rejudges not in ids:
+            run.add(run.rel(path), f"rejudges {doc.rejudges}, which is missing from {run.rel(project.evidence_dir)}/",
+                    "restore the evidence it re-judges from git")
+            continue
+        try:
+            original = store.load(project, doc.rejudges)
+        except UserError:
+            continue   # check_evidence names it
+        differ = doc.departures_from(original)
+        if differ:
+            run.add(run.rel(path), f"rejudges {original.id}, but its {', '.join(differ)} differ from that file's",
+                    f"a re-judgement holds the runs it judges unchanged: write it with `knobkeeper ab rejudge "
+                    f"{original.id}`, or import new measurements as new evidence (`knobkeeper ab import`)")
 
 
 def check_incidents(run: _Run) -> None:
@@ -495,7 +559,8 @@ def _role_of(render, host: str, service: str) -> str:
 
 
 CHECKS = (check_catalog, check_declared, check_secret_store, check_refused_files, check_abandoned_canary, check_entries, check_links, check_evidence,
-          check_incidents, check_immutable_entries, check_render, check_engine_contract)
+          check_immutable_evidence, check_rejudgements, check_incidents, check_immutable_entries, check_render,
+          check_engine_contract)
 
 
 def check(project: Project, base: str | None = None) -> CheckResult:
