@@ -264,3 +264,47 @@ def test_check_reports_a_knob_the_pinned_engine_ignores_and_a_flag_its_parser_re
     # sglang 0.5.23's own parser (its side environment is built from PyPI once, then cached)
     assert any("inventory/example_prod.py" in line and "--cuda-graph-max-bs" in line and "ambiguous" in line
                for line in out), out
+
+
+# --------------------------------------------------------------------------- a change that failed; an inventory that does not load
+
+def test_a_change_that_failed_on_a_full_disk_is_said_rolled_back_not_a_hand_edit(project, monkeypatch):
+    """The disk fills after `set` wrote knobs.toml: the entry's write fails, and so does putting
+    knobs.toml back. `check` advised `knobkeeper record` for that half-written change; it rolls it
+    back first now, says that a change failed and was rolled back, and the tree is as before."""
+    import errno
+
+    from knobkeeper.changelog import ops, store
+    from knobkeeper.errors import UserError
+    from tests.infra import snapshot
+
+    before = snapshot(project)
+    write, journal = store.atomic_write, project.private_dir / "journal.json"
+    written: list[Path] = []
+
+    def disk_fills_after_one_file(path, content, mode=None):
+        if path != journal and written:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        if path != journal:
+            written.append(path)
+        return write(path, content, mode)
+
+    monkeypatch.setattr(store, "atomic_write", disk_fills_after_one_file)
+    with pytest.raises(UserError, match="nor put the files back"):
+        ops.set_knob(project, "NCCL_DEBUG", "INFO", "decode", "debug a hang")
+    assert written == [project.knobs_path] and "NCCL_DEBUG" in project.knobs_path.read_text()  # half written
+    still_full = kk(project)
+    assert still_full.exit_code == 1
+    assert lines(still_full) == [".git/knobkeeper/journal.json: a change that did not finish cannot be rolled back "
+                                 "yet (No space left on device); free disk space, then run `knobkeeper check` again: "
+                                 "it rolls the change back first"]
+    monkeypatch.setattr(store, "atomic_write", write)  # space freed
+    result = kk(project)
+    assert result.exit_code == 0, result.output
+    assert "knobkeeper record" not in result.output
+    assert ("warning: the change `decode: set NCCL_DEBUG=INFO` failed before its commit (a write failed, e.g. on a "
+            "full disk, or its process died) and was rolled back: ") in result.stderr
+    assert "nothing of it was committed; run the command again (free disk space first" in result.stderr
+    assert snapshot(project) == before
+    assert not journal.exists()  # said once: the next check has nothing to roll back
+
