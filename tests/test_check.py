@@ -308,3 +308,31 @@ def test_a_change_that_failed_on_a_full_disk_is_said_rolled_back_not_a_hand_edit
     assert snapshot(project) == before
     assert not journal.exists()  # said once: the next check has nothing to roll back
 
+
+def test_an_inventory_that_does_not_load_is_named_with_its_line_and_the_others_are_checked(project):
+    """A syntax error in a new inventory was blamed on inventory/knobs.toml (every knob only an
+    engine registry declares is looked up through the inventories) and rendering was skipped for
+    every inventory. It is named once now, file and line, and the others render and are checked."""
+    from knobkeeper.changelog import ops
+    from knobkeeper.errors import UserError
+
+    ops.set_knob(project, "VLLM_CPU_OMP_THREADS_BIND", "0-1", "vllm.decode", "both cores")  # from vLLM's registry
+    text = 'decode = [("@local", {"engines": {"decode": "sim"}})\nrouter = []\n'
+    (project.inventory_dir / "new.py").write_text(text)
+    with pytest.raises(SyntaxError) as python:
+        compile(text, "new.py", "exec")
+    local = project.inventory_dir / "local.py"  # a problem in another inventory, to see that it is still checked
+    local.write_text(local.read_text().replace('"stop_timeout": 20,', '"stop_timeout": 20, "knob_defaults": {"decode": {"NO_SUCH_KNOB": 1}},'))
+    result = kk(project, "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    local_line, new_line = [p["line"] for p in data["problems"]]  # inventories in name order
+    assert new_line == (f"inventory/new.py: line {python.value.lineno}: SyntaxError: {python.value.msg}; "
+                        f"fix the inventory so that it loads")
+    assert local_line.startswith("inventory/local.py: fails to render for host @local of inventory/local.py: host "
+                                 "@local: data knob_defaults: unknown knob 'NO_SUCH_KNOB'"), local_line
+    assert not any(s.startswith("rendering") for s in data["skipped"]) and data["counts"]["inventories"] == 7
+    assert data["counts"]["files"] > 0
+    with pytest.raises(UserError, match=f"^inventory/new.py: line {python.value.lineno}: SyntaxError: .*; fix the "
+                                        f"inventory first"):  # set cannot judge a knob against it: refused
+        ops.set_knob(project, "VLLM_CPU_OMP_THREADS_BIND", "0", "vllm.decode", "x")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper.engine import family
-from knobkeeper.engine.pins import Pin, pins_for, stacks
+from knobkeeper.engine.pins import Pin, pins_for, stacks, unloadable_inventories
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.registry import COMPATIBLE, Registry, hint, load_registry
 from knobkeeper.knobs.values import split_scope
@@ -100,6 +100,9 @@ def settable(inventory_dir: Path, knob: Any, scope: str, allow_undeclared: bool 
     the CLI passes its --allow-undeclared flag.
     """
     stack, role = split_scope(scope)
+    broken = unloadable_inventories(inventory_dir)
+    if broken:  # what it pins is unknown, so the knob cannot be judged against it
+        raise UserError(f"{broken[0]}; fix the inventory first (a knob is judged against what every inventory runs)")
     check_stack(inventory_dir, stack)
     engine = knob.engine
     if engine is None:

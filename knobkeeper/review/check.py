@@ -72,6 +72,7 @@ class _Run:
     entries: list[Entry] = field(default_factory=list)
     entries_ok: bool = True
     bad_values: set[tuple[str, str]] = field(default_factory=set)
+    unloadable: set[str] = field(default_factory=set)  # inventories that do not load (named once, by check_render)
     halted: bool = False             # the files are half written: no later check can judge them
 
     def add(self, path: str, what: str, fix: str) -> None:
@@ -430,6 +431,8 @@ def check_engine_contract(run: _Run) -> None:
         path, _, what = line.partition(": ")
         run.add(path, fmt.safe(what), fix_knob)
     for inv in inventories(run.project):
+        if inv in run.unloadable:
+            continue
         try:
             problems, skipped, warnings = contract_problems(load_stack(run.project.root, inv), inv)
         except UserError as exc:
@@ -444,9 +447,13 @@ def check_engine_contract(run: _Run) -> None:
 
 def _render_errors(run: _Run, inv: str) -> None:
     for host, error in render_errors_per_host(run.project, inv):
+        if not host:  # the inventory itself does not load: its error names its file and line
+            run.unloadable.add(inv)
+            run.add(inv, error.removeprefix(f"{inv}: "), "fix the inventory so that it loads")
+            continue
         template = re.search(r"(templates/[\w.\-]+)", error)
         where = template.group(1) if template else inv
-        run.add(where, f"fails to render {'for host ' + host + ' ' if host else ''}of {inv}: {error}",
+        run.add(where, f"fails to render for host {host} of {inv}: {error}",
                 "fix the template or the host/group data it reads")
 
 
