@@ -324,6 +324,50 @@ def test_racing_writers_serialise_on_the_lock(project):
         assert len(files) == 2  # knobs.toml and exactly its own entry
 
 
+# --- the Old of a change: what the role ran, declared or the inventories' knob_defaults -------
+
+BIND = "VLLM_CPU_OMP_THREADS_BIND"  # only vLLM's registry declares it; inventory/local_vllm.py runs it from knob_defaults
+INVENTORY_DEFAULT = "1 (inventory default: inventory/local_vllm.py)"
+
+
+def test_a_first_set_names_the_inventory_default_the_role_ran(project):
+    """knobs.toml declares nothing for [vllm.decode], but inventory/local_vllm.py runs decode with
+    BIND=1 (knob_defaults): the first set recorded `(unset) -> 0-1`. Its Old is that 1 now, saying
+    where it came from, alike in the entry, the trailer, the command's line, `log` and the review;
+    the revert takes the role back to it by removing the declaration; declaring the default itself
+    is still a change."""
+    git(project.root, "rm", "-q", "inventory/example_prod_vllm.py")  # local_vllm.py alone runs stack vllm
+    git(project.root, "commit", "-qm", "one vLLM inventory")
+    base, before = head(project), project.knobs_path.read_text()
+    done = kk(project, "set", f"{BIND}=0-1", "--stack", "vllm", "--role", "decode", "--reason", "both cores")
+    assert done.exit_code == 0, done.output
+    assert f"vllm.decode: set {BIND}: {INVENTORY_DEFAULT} -> 0-1  (entry " in done.output
+    [entry] = load_entries(project)
+    assert (entry.old, entry.old_from) == ("1", "inventory default: inventory/local_vllm.py")
+    assert f"Old: {INVENTORY_DEFAULT}\nNew: 0-1" in git(project.root, "log", "-1", "--format=%(trailers)")
+    assert f"{INVENTORY_DEFAULT} -> 0-1" in kk(project, "log", BIND).output
+    review = kk(project, "review", "--base", base)
+    assert review.exit_code == 0, review.output
+    assert f"| vllm.decode | `{BIND}` | {INVENTORY_DEFAULT} -> 0-1 | set |" in review.output
+
+    ops.revert_knob(project, BIND, "vllm.decode", "suspect")
+    assert BIND not in read_declared(project.knobs_path)["vllm.decode"]  # the role runs the default 1 again
+    assert project.knobs_path.read_text() == before + "\n[vllm.decode]\n"  # the table set added stays, empty
+    declared = ops.set_knob(project, BIND, "1", "vllm.decode", "declare the baseline").entry
+    assert (declared.old, declared.old_from, declared.new) == ("1", "inventory default: inventory/local_vllm.py", "1")
+
+
+def test_a_first_set_says_so_when_the_stacks_inventories_run_different_values(project):
+    """Stack vllm's two inventories disagree (local_vllm.py runs 1, example_prod_vllm.py the
+    engine's default): the Old names both instead of picking one."""
+    entry = ops.set_knob(project, BIND, "0-1", "vllm.decode", "both cores").entry
+    differ = "inventory defaults differ: engine default in inventory/example_prod_vllm.py, 1 in inventory/local_vllm.py"
+    assert (entry.old, entry.old_from) == (None, differ)
+    assert f"Old: (unset; {differ})" in git(project.root, "log", "-1", "--format=%(trailers:unfold)")
+    plain = ops.set_knob(project, "NCCL_DEBUG", "INFO", "vllm.decode", "no inventory default").entry
+    assert (plain.old, plain.old_from) == (None, None)
+
+
 def test_a_failure_between_writing_and_committing_leaves_the_old_state(project, monkeypatch):
     before = tree_snapshot(project)
     monkeypatch.setenv("KNOBKEEPER_FAULT", "after-write")

@@ -4,7 +4,8 @@ Inventories are pyinfra inventory files (inventory/*.py: a list of hosts per gro
 NAME or (NAME, {data})) with group data in inventory/group_data/ (all.py, then <group>.py, then the
 host's own data win, as in pyinfra). They are read with runpy, not pyinfra: pyinfra's import alone
 costs ~300 ms, which `set` would pay on every call. Each host's role is judged by the one function,
-knobkeeper.engine.role_engine; its stack is data `stack` ("" when the inventory names none).
+knobkeeper.engine.role_engine; its stack is data `stack` ("" when the inventory names none); what it
+runs for the knobs knobs.toml does not declare, data `knob_defaults` (deploy/render.py applies them).
 
 An inventory that does not load (a syntax error, an exception) is left out of the pins, so that the
 others are still judged and rendered; `unloadable_inventories` names it, file and line, and `set`
@@ -32,6 +33,9 @@ class Pin(NamedTuple):
     version: str | None
     inventory: str  # e.g. inventory/example_prod.py
     hosts: tuple[str, ...]
+    # data knob_defaults[role] on these hosts, as (KNOB, value) pairs: what the role runs where
+    # knobs.toml declares no value (hosts of one inventory that differ are separate pins)
+    knob_defaults: tuple[tuple[str, Any], ...] = ()
 
     def label(self) -> str:
         return f"{self.engine} {self.version}" if self.version else self.engine
@@ -74,6 +78,16 @@ def _pins_and_errors(inventory_dir: Path) -> tuple[list[Pin], tuple[str, ...]]:
                       os.environ.get("KNOBKEEPER_LOCAL_WORKERS", ""))
 
 
+def _defaults_of(data: dict[str, Any], role: str) -> tuple[tuple[str, Any], ...]:
+    """data knob_defaults[role] as sorted (KNOB, value) pairs; values render.py would refuse (not a
+    scalar) are left out: the render names them."""
+    table = data.get("knob_defaults")
+    inner = table.get(role) if isinstance(table, dict) else None
+    if not isinstance(inner, dict):
+        return ()
+    return tuple(sorted((k, v) for k, v in inner.items() if isinstance(k, str) and isinstance(v, (str, int, float, bool))))
+
+
 @lru_cache(maxsize=8)
 def _read_pins(inventory_dir: Path, signature: tuple, *_environment: str) -> tuple[list[Pin], tuple[str, ...]]:
     group_dir = inventory_dir / "group_data"
@@ -95,7 +109,7 @@ def _read_pins(inventory_dir: Path, signature: tuple, *_environment: str) -> tup
             continue
         for key, name in found:
             table.setdefault(key, []).append(name)
-    pins = [Pin(s, r, e, v, inv, tuple(h)) for (s, r, e, v, inv), h in table.items()]
+    pins = [Pin(s, r, e, v, inv, tuple(h), d) for (s, r, e, v, inv, d), h in table.items()]
     return pins, tuple(broken)
 
 
@@ -114,7 +128,7 @@ def _inventory_pins(rel: str, groups: dict[str, Any], groups_data: dict[str, dic
             pin = role_engine(merged, group, where)
             if pin is None:
                 continue
-            out.append(((stack_of(merged, where), group, pin.engine, pin.version, rel), name))
+            out.append(((stack_of(merged, where), group, pin.engine, pin.version, rel, _defaults_of(merged, group)), name))
     return out
 
 

@@ -128,7 +128,7 @@ def settable(inventory_dir: Path, knob: Any, scope: str, allow_undeclared: bool 
             raise UserError(f"{knob.name}: {where} does not declare it{hints}; its catalog source is "
                             f"{knob.source!r}: pass --allow-undeclared to set it anyway")
         warnings.append(f"{knob.name}: not declared by {where}; set anyway (catalog source: {knob.source})")
-    return warnings
+    return list(dict.fromkeys(warnings))  # hosts of one inventory with different knob_defaults are pins apart
 
 
 def ignored_knobs(project: Any, include_other_origin: bool = False) -> list[str]:
