@@ -229,6 +229,22 @@ def test_revert_twice_is_nothing_to_revert(project):
     _bad(project, ["revert", KNOB, "--role", "decode", "--reason", "x"], "is a revert")
 
 
+BIND = "VLLM_CPU_OMP_THREADS_BIND"  # only vLLM's registry declares it; inventory/local_vllm.py runs it from knob_defaults
+
+
+def test_revert_restore_unset_without_the_stack_hint_it_as_set_does(project):
+    """A knob declared only under [vllm.decode]: without --stack, revert said only "nothing to
+    revert", where set names the stack; each now gives set's hint, in its own verb."""
+    ops.set_knob(project, BIND, "0-1", "vllm.decode", "both cores")
+    _bad(project, ["set", f"{BIND}=0", "--role", "decode", "--reason", "x"], "; declare it for --stack vllm")
+    _bad(project, ["revert", BIND, "--role", "decode", "--reason", "x"],
+         f"revert {BIND} on decode: nothing to revert (no changelog entry for it); revert it for --stack vllm")
+    _bad(project, ["restore", BIND, "--role", "decode"], "(it has no changelog entry); restore it for --stack vllm")
+    _bad(project, ["unset", BIND, "--role", "decode", "--reason", "x"], "nothing to unset; unset it for --stack vllm")
+    alone = kk(project, "revert", KNOB, "--role", "decode", "--reason", "x")  # in no stack: no stack to name
+    assert alone.exit_code == 2 and alone.output.rstrip().endswith("nothing to revert (no changelog entry for it)")
+
+
 def test_malformed_files_are_named_with_their_line(project):
     good = project.knobs_path.read_text()
     project.knobs_path.write_text(good + "\n[decode\n")
@@ -326,7 +342,6 @@ def test_racing_writers_serialise_on_the_lock(project):
 
 # --- the Old of a change: what the role ran, declared or the inventories' knob_defaults -------
 
-BIND = "VLLM_CPU_OMP_THREADS_BIND"  # only vLLM's registry declares it; inventory/local_vllm.py runs it from knob_defaults
 INVENTORY_DEFAULT = "1 (inventory default: inventory/local_vllm.py)"
 
 

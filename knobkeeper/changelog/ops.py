@@ -22,7 +22,7 @@ from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Knob, Value, fingerprint, load_catalog
 from knobkeeper.knobs.pinned import settable
 from knobkeeper.knobs.state import declared_from, load_document, read_declared, value_of, with_value
-from knobkeeper.knobs.values import split_scope
+from knobkeeper.knobs.values import split_scope, stack_hint
 from knobkeeper.project import Project
 from knobkeeper.timeutil import new_id
 
@@ -316,7 +316,8 @@ def unset_knob(project: Project, name: str, role: str, reason: str | None,
         reason = _reason(reason, f"unset {name}")
         old = value_of(declared, role, name)
         if old is None:
-            raise UserError(f"{name} is not set on {role}; nothing to unset")
+            hint = stack_hint(_other_stacks(role, [key for key, table in declared.items() if name in table]), "unset it")
+            raise UserError(f"{name} is not set on {role}; nothing to unset{hint}")
         entry = _new_entry(project, action="unset", knob=name, **_where(role), reason=reason, old=old, new=None)
         text = with_value(load_document(project.knobs_path), role, name, None)
         return _write(project, catalog, [entry], text, options)
@@ -330,11 +331,19 @@ def _require_secret_value(project: Project, knob: Knob, role: str, value: Value 
                         f"set it again with `knobkeeper set {knob.name} --role {role} --value-file PATH`")
 
 
+def _other_stacks(key: str, scopes: list[str]) -> list[str]:
+    """The stacks ("" : the unnamed one) of `scopes` that are key's role in another stack: where a
+    command given `key` should have looked (`stack_hint` words it as `set` does)."""
+    stack, role = split_scope(key)
+    return sorted({s for s, r in map(split_scope, scopes) if r == role and s != stack})
+
+
 def revert_target(entries: list[Entry], name: str, role: str) -> Entry:
     """The latest set/restore/record of the knob, which a revert takes back."""
     past = history(entries, role, name)
     if not past:
-        raise UserError(f"revert {name} on {role}: nothing to revert (no changelog entry for it)")
+        hint = stack_hint(_other_stacks(role, [e.scope for e in entries if e.knob == name]), "revert it")
+        raise UserError(f"revert {name} on {role}: nothing to revert (no changelog entry for it){hint}")
     latest = past[-1]
     if latest.action not in REVERTIBLE:
         raise UserError(
@@ -372,7 +381,8 @@ def restore_target(entries: list[Entry], name: str, role: str) -> tuple[Entry, E
     past = history(entries, role, name)
     if not past or past[-1].action != "revert":
         latest = f"its latest change is a {past[-1].action} ({past[-1].id})" if past else "it has no changelog entry"
-        raise UserError(f"restore {name} on {role}: nothing reverted to restore ({latest})")
+        hint = "" if past else stack_hint(_other_stacks(role, [e.scope for e in entries if e.knob == name]), "restore it")
+        raise UserError(f"restore {name} on {role}: nothing reverted to restore ({latest}){hint}")
     revert = past[-1]
     by_id = {e.id: e for e in entries}
     if revert.reverts not in by_id:

@@ -23,7 +23,7 @@ from knobkeeper.engine import family
 from knobkeeper.engine.pins import Pin, pins_for, stacks, unloadable_inventories
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.registry import COMPATIBLE, Registry, hint, load_registry
-from knobkeeper.knobs.values import split_scope
+from knobkeeper.knobs.values import split_scope, stack_hint
 
 
 def role_words(stack: str, role: str) -> str:
@@ -53,9 +53,7 @@ def _wrong_engine(name: str, engine: str, stack: str, role: str, pins: list[Pin]
     runs = ", ".join(sorted({f"{p.label()} (pinned in {p.inventory})" for p in pins}))
     elsewhere = sorted({p.stack for p in _engine_pins_of_role(inventory_dir, role) if p.stack != stack
                         and family(p.engine).reads_knobs_of == engine})
-    fix = f"; declare it for --stack {elsewhere[0]}" if elsewhere and elsewhere[0] else (
-        "; declare it without --stack" if elsewhere else "")
-    return f"{name} is read by {engine}, but {role_words(stack, role)} runs {runs}{fix}"
+    return f"{name} is read by {engine}, but {role_words(stack, role)} runs {runs}{stack_hint(elsewhere, 'declare it')}"
 
 
 def _engine_pins_of_role(inventory_dir: Path, role: str) -> list[Pin]:
