@@ -229,6 +229,22 @@ def test_revert_twice_is_nothing_to_revert(project):
     _bad(project, ["revert", KNOB, "--role", "decode", "--reason", "x"], "is a revert")
 
 
+BIND = "VLLM_CPU_OMP_THREADS_BIND"  # only vLLM's registry declares it; inventory/local_vllm.py runs it from knob_defaults
+
+
+def test_revert_restore_unset_without_the_stack_hint_it_as_set_does(project):
+    """A knob declared only under [vllm.decode]: without --stack, revert said only "nothing to
+    revert", where set names the stack; each now gives set's hint, in its own verb."""
+    ops.set_knob(project, BIND, "0-1", "vllm.decode", "both cores")
+    _bad(project, ["set", f"{BIND}=0", "--role", "decode", "--reason", "x"], "; declare it for --stack vllm")
+    _bad(project, ["revert", BIND, "--role", "decode", "--reason", "x"],
+         f"revert {BIND} on decode: nothing to revert (no changelog entry for it); revert it for --stack vllm")
+    _bad(project, ["restore", BIND, "--role", "decode"], "(it has no changelog entry); restore it for --stack vllm")
+    _bad(project, ["unset", BIND, "--role", "decode", "--reason", "x"], "nothing to unset; unset it for --stack vllm")
+    alone = kk(project, "revert", KNOB, "--role", "decode", "--reason", "x")  # in no stack: no stack to name
+    assert alone.exit_code == 2 and alone.output.rstrip().endswith("nothing to revert (no changelog entry for it)")
+
+
 def test_malformed_files_are_named_with_their_line(project):
     good = project.knobs_path.read_text()
     project.knobs_path.write_text(good + "\n[decode\n")
@@ -322,6 +338,49 @@ def test_racing_writers_serialise_on_the_lock(project):
     for sha in git(project.root, "rev-list", "HEAD~" + str(2 * rounds) + "..HEAD").splitlines():
         files = git(project.root, "show", "--name-only", "--format=", sha).splitlines()
         assert len(files) == 2  # knobs.toml and exactly its own entry
+
+
+# --- the Old of a change: what the role ran, declared or the inventories' knob_defaults -------
+
+INVENTORY_DEFAULT = "1 (inventory default: inventory/local_vllm.py)"
+
+
+def test_a_first_set_names_the_inventory_default_the_role_ran(project):
+    """knobs.toml declares nothing for [vllm.decode], but inventory/local_vllm.py runs decode with
+    BIND=1 (knob_defaults): the first set recorded `(unset) -> 0-1`. Its Old is that 1 now, saying
+    where it came from, alike in the entry, the trailer, the command's line, `log` and the review;
+    the revert takes the role back to it by removing the declaration; declaring the default itself
+    is still a change."""
+    git(project.root, "rm", "-q", "inventory/example_prod_vllm.py")  # local_vllm.py alone runs stack vllm
+    git(project.root, "commit", "-qm", "one vLLM inventory")
+    base, before = head(project), project.knobs_path.read_text()
+    done = kk(project, "set", f"{BIND}=0-1", "--stack", "vllm", "--role", "decode", "--reason", "both cores")
+    assert done.exit_code == 0, done.output
+    assert f"vllm.decode: set {BIND}: {INVENTORY_DEFAULT} -> 0-1  (entry " in done.output
+    [entry] = load_entries(project)
+    assert (entry.old, entry.old_from) == ("1", "inventory default: inventory/local_vllm.py")
+    assert f"Old: {INVENTORY_DEFAULT}\nNew: 0-1" in git(project.root, "log", "-1", "--format=%(trailers)")
+    assert f"{INVENTORY_DEFAULT} -> 0-1" in kk(project, "log", BIND).output
+    review = kk(project, "review", "--base", base)
+    assert review.exit_code == 0, review.output
+    assert f"| vllm.decode | `{BIND}` | {INVENTORY_DEFAULT} -> 0-1 | set |" in review.output
+
+    ops.revert_knob(project, BIND, "vllm.decode", "suspect")
+    assert BIND not in read_declared(project.knobs_path)["vllm.decode"]  # the role runs the default 1 again
+    assert project.knobs_path.read_text() == before + "\n[vllm.decode]\n"  # the table set added stays, empty
+    declared = ops.set_knob(project, BIND, "1", "vllm.decode", "declare the baseline").entry
+    assert (declared.old, declared.old_from, declared.new) == ("1", "inventory default: inventory/local_vllm.py", "1")
+
+
+def test_a_first_set_says_so_when_the_stacks_inventories_run_different_values(project):
+    """Stack vllm's two inventories disagree (local_vllm.py runs 1, example_prod_vllm.py the
+    engine's default): the Old names both instead of picking one."""
+    entry = ops.set_knob(project, BIND, "0-1", "vllm.decode", "both cores").entry
+    differ = "inventory defaults differ: engine default in inventory/example_prod_vllm.py, 1 in inventory/local_vllm.py"
+    assert (entry.old, entry.old_from) == (None, differ)
+    assert f"Old: (unset; {differ})" in git(project.root, "log", "-1", "--format=%(trailers:unfold)")
+    plain = ops.set_knob(project, "NCCL_DEBUG", "INFO", "vllm.decode", "no inventory default").entry
+    assert (plain.old, plain.old_from) == (None, None)
 
 
 def test_a_failure_between_writing_and_committing_leaves_the_old_state(project, monkeypatch):

@@ -398,3 +398,75 @@ def test_evidence_of_one_stack_backs_no_set_on_another(project, monkeypatch):
     for entry, ev, own, other in ((crossed[0], plain, "decode", "vllm.decode"), (crossed[1], vllm, "vllm.decode", "decode")):
         assert any(entry.id in line and f"its evidence does not back it: evidence {ev.id} tests {nccl} on {own}, "
                                         f"not {nccl} on {other}" in line for line in out), out
+
+
+# --------------------------------------------------------------------------- a change that failed; an inventory that does not load
+
+def test_a_change_that_failed_on_a_full_disk_is_said_rolled_back_not_a_hand_edit(project, monkeypatch):
+    """The disk fills after `set` wrote knobs.toml: the entry's write fails, and so does putting
+    knobs.toml back. `check` advised `knobkeeper record` for that half-written change; it rolls it
+    back first now, says that a change failed and was rolled back, and the tree is as before."""
+    import errno
+
+    from knobkeeper.changelog import ops, store
+    from knobkeeper.errors import UserError
+    from tests.infra import snapshot
+
+    before = snapshot(project)
+    write, journal = store.atomic_write, project.private_dir / "journal.json"
+    written: list[Path] = []
+
+    def disk_fills_after_one_file(path, content, mode=None):
+        if path != journal and written:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        if path != journal:
+            written.append(path)
+        return write(path, content, mode)
+
+    monkeypatch.setattr(store, "atomic_write", disk_fills_after_one_file)
+    with pytest.raises(UserError, match="nor put the files back"):
+        ops.set_knob(project, "NCCL_DEBUG", "INFO", "decode", "debug a hang")
+    assert written == [project.knobs_path] and "NCCL_DEBUG" in project.knobs_path.read_text()  # half written
+    still_full = kk(project)
+    assert still_full.exit_code == 1
+    assert lines(still_full) == [".git/knobkeeper/journal.json: a change that did not finish cannot be rolled back "
+                                 "yet (No space left on device); free disk space, then run `knobkeeper check` again: "
+                                 "it rolls the change back first"]
+    monkeypatch.setattr(store, "atomic_write", write)  # space freed
+    result = kk(project)
+    assert result.exit_code == 0, result.output
+    assert "knobkeeper record" not in result.output
+    assert ("warning: the change `decode: set NCCL_DEBUG=INFO` failed before its commit (a write failed, e.g. on a "
+            "full disk, or its process died) and was rolled back: ") in result.stderr
+    assert "nothing of it was committed; run the command again (free disk space first" in result.stderr
+    assert snapshot(project) == before
+    assert not journal.exists()  # said once: the next check has nothing to roll back
+
+
+def test_an_inventory_that_does_not_load_is_named_with_its_line_and_the_others_are_checked(project):
+    """A syntax error in a new inventory was blamed on inventory/knobs.toml (every knob only an
+    engine registry declares is looked up through the inventories) and rendering was skipped for
+    every inventory. It is named once now, file and line, and the others render and are checked."""
+    from knobkeeper.changelog import ops
+    from knobkeeper.errors import UserError
+
+    ops.set_knob(project, "VLLM_CPU_OMP_THREADS_BIND", "0-1", "vllm.decode", "both cores")  # from vLLM's registry
+    text = 'decode = [("@local", {"engines": {"decode": "sim"}})\nrouter = []\n'
+    (project.inventory_dir / "new.py").write_text(text)
+    with pytest.raises(SyntaxError) as python:
+        compile(text, "new.py", "exec")
+    local = project.inventory_dir / "local.py"  # a problem in another inventory, to see that it is still checked
+    local.write_text(local.read_text().replace('"stop_timeout": 20,', '"stop_timeout": 20, "knob_defaults": {"decode": {"NO_SUCH_KNOB": 1}},'))
+    result = kk(project, "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    local_line, new_line = [p["line"] for p in data["problems"]]  # inventories in name order
+    assert new_line == (f"inventory/new.py: line {python.value.lineno}: SyntaxError: {python.value.msg}; "
+                        f"fix the inventory so that it loads")
+    assert local_line.startswith("inventory/local.py: fails to render for host @local of inventory/local.py: host "
+                                 "@local: data knob_defaults: unknown knob 'NO_SUCH_KNOB'"), local_line
+    assert not any(s.startswith("rendering") for s in data["skipped"]) and data["counts"]["inventories"] == 7
+    assert data["counts"]["files"] > 0
+    with pytest.raises(UserError, match=f"^inventory/new.py: line {python.value.lineno}: SyntaxError: .*; fix the "
+                                        f"inventory first"):  # set cannot judge a knob against it: refused
+        ops.set_knob(project, "VLLM_CPU_OMP_THREADS_BIND", "0", "vllm.decode", "x")

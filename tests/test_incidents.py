@@ -203,3 +203,49 @@ def test_revert_for_a_resolved_incident_is_refused(project):
     result = kk(project, "revert", KNOB, "--role", "decode", "--reason", "x", "--incident", inc.id)
     assert result.exit_code == 2 and "resolved at" in result.output and "open a new incident" in result.output
     assert snapshot(project) == before
+
+
+def test_snapshot_reads_the_incidents_or_the_deployed_stack_never_an_undeployed_default(project, monkeypatch):
+    """`incident snapshot ID` read inventory/local.py by default and committed "unreachable" for a
+    stack never deployed. It reads the stack the incident's last snapshot read, else the one last
+    deployed, and refuses (nothing written) when there is none, or when nothing answers in a stack
+    this repo never deployed. The engines are stood in for: what is asked is which stack is read."""
+    from knobkeeper.deploy import record, stack
+    from knobkeeper.evidence import metrics
+
+    read: list[str] = []
+    answers = {"error": "connection refused"}
+    monkeypatch.setattr(stack, "running_stack", lambda root, inventory: read.append(inventory) or inventory)
+    monkeypatch.setattr(metrics, "snapshot", lambda _stack, window: {"window_s": window, "services": [
+        {"host": "@local", "service": "knobkeeper-decode", "role": "decode", **answers}]})
+    inc = I.open_incident(project, "harness hangs").incident
+    before = snapshot(project)
+    refused = kk(project, "incident", "snapshot", inc.id, "--window", "0.01")
+    assert refused.exit_code == 2 and read == [], refused.output
+    assert refused.output == (f"error: incident snapshot {inc.id}: no stack to read: the incident has no snapshot yet "
+                              f"and changelog/deploys/ no deploy record; give --inventory PATH of the deployed stack "
+                              f"the incident is about\n")
+    never = kk(project, "incident", "snapshot", inc.id, "--inventory", "inventory/local.py", "--window", "0.01")
+    assert never.exit_code == 2 and "--inventory inventory/local.py: nothing answered, and this repo has no deploy " \
+                                    "record of it: not recorded" in never.output, never.output
+    assert snapshot(project) == before and read == ["inventory/local.py"]
+
+    def deployed(inventory_path: str, started_at: str) -> None:
+        record.save(project, record.DeployRecord(id=started_at[-9:-1], inventory=inventory_path.split("/")[-1][:-3],
+                                                 inventory_path=inventory_path, commit="0" * 40, dirty=False,
+                                                 allow_dirty=False, options={}, order=[], started_at=started_at,
+                                                 result="ok"), commit=True)
+
+    deployed("inventory/local_vllm.py", "2026-12-01T10:00:00.000001Z")
+    down = kk(project, "incident", "snapshot", inc.id, "--window", "0.01")  # deployed, down now: the observation
+    assert down.exit_code == 0 and read[-1] == "inventory/local_vllm.py", down.output
+    assert "knobkeeper-decode unreachable" in down.output
+    deployed(f"{project.root}/inventory/local.py", "2026-12-01T11:00:00.000001Z")  # any spelling of the path
+    answers = {"error": None, "running": 0, "queued": 0, "tokens_per_s": 0.0}
+    kk(project, "incident", "snapshot", inc.id, "--window", "0.01")
+    assert read[-1] == "inventory/local_vllm.py"  # the incident's own stack, not the one deployed since
+    other = I.open_incident(project, "another").incident
+    kk(project, "incident", "snapshot", other.id, "--window", "0.01")
+    assert read[-1] == "inventory/local.py"  # a new incident: the stack deployed last
+    stored = sorted(json.loads(p.read_text())["inventory"] for p in project.incidents_dir.rglob("snapshot-*.json"))
+    assert stored == ["inventory/local.py", "inventory/local_vllm.py", "inventory/local_vllm.py"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from knobkeeper import fmt
 from knobkeeper.audit.status import RevertStatus, revert_status
-from knobkeeper.changelog.entries import Entry, load_entries
+from knobkeeper.changelog.entries import Entry, load_entries, shown_old
 from knobkeeper.changelog.incidents import Incident, load_incidents
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
@@ -140,7 +140,7 @@ def _entry_text(e: Entry) -> str:
     links = "".join(f" {k}={v}" for k, v in (("reverts", e.reverts), ("restores", e.restores), ("refutes", e.refutes),
                                               ("incident", e.incident)) if v)
     ev = f" evidence={','.join(e.evidence)}" if e.evidence else ""
-    return f"{e.role}: {e.action} {e.knob} {fmt.value(e.old)} -> {fmt.value(e.new)}{links}{ev}  ({e.author}: {fmt.short(e.reason, 60)})"
+    return f"{e.role}: {e.action} {e.knob} {shown_old(e)} -> {fmt.value(e.new)}{links}{ev}  ({e.author}: {fmt.short(e.reason, 60)})"
 
 
 def _iso_of(value: Any) -> str | None:

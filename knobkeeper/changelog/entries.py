@@ -6,6 +6,17 @@ one-stack repo), old, new (absent = unset; a secret's values are fingerprints), 
 reverts, restores, incident, hypothesis, evidence. `scope` ("decode", "vllm.decode") is the
 knobs.toml table it changes: replay, provenance and history key on it.
 
+`old` is what the role ran before the change. Where knobs.toml declared no value, that is what the
+stack's inventories run by their data `knob_defaults`, and `old_from` says so: `old` is then the
+inventories' value, not a declared one (a revert of the entry removes the declaration again), e.g.
+
+    old = "1"
+    old_from = "inventory default: inventory/local_vllm.py"
+
+or, when the stack's inventories run different values, no `old` and
+`old_from = "inventory defaults differ: 1 in inventory/local_vllm.py, engine default in ..."`.
+`shown_old` is how every command and the review show it.
+
 The ORDER of entries is the order of history (see order.py): the commit that brought each file
 into HEAD's first-parent line, a merged branch's entries where it was merged, in the branch's
 own order. Entries added by one commit, and entries not committed yet (last), keep file-name
@@ -22,9 +33,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import tomlkit
+
+from knobkeeper import fmt
 
 from knobkeeper.changelog.filecache import find_one, load_folder, plain_file
 from knobkeeper.changelog.order import commit_order
@@ -57,6 +70,7 @@ class Entry:
     evidence: list[str] = field(default_factory=list)
     refutes: str | None = None  # a restore that records the revert it restores was refuted
     stack: str | None = None  # None: the unnamed stack
+    old_from: str | None = None  # `old` was not declared: the inventories' knob_defaults (module docstring)
 
     @property
     def scope(self) -> str:
@@ -82,6 +96,17 @@ class Entry:
         return {k: v for k, v in asdict(self).items() if v is not None and v != []}
 
 
+def shown_old(entry: Entry, display: Callable[[Any], str] = fmt.value) -> str:
+    """The entry's old value as people read it: `512`, `(unset)`, `1 (inventory default:
+    inventory/local_vllm.py)` or `(unset; inventory defaults differ: ...)`. `display` shows a value
+    (a catalog knob's display keeps a secret a fingerprint)."""
+    if entry.old_from is None:
+        return display(entry.old)
+    if entry.old is None:
+        return f"(unset; {entry.old_from})"
+    return f"{display(entry.old)} ({entry.old_from})"
+
+
 def entry_path(project: Project, entry: Entry) -> Path:
     return project.entries_dir / f"{entry.stem}.toml"
 
@@ -102,7 +127,7 @@ def _from_dict(path: Path, data: dict[str, Any]) -> Entry:
     for key in _TEXT_FIELDS:
         if not isinstance(data[key], str) or not data[key].strip():
             raise UserError(f"{path}: {key}: expected a non-empty string")
-    for key in _LINK_FIELDS:
+    for key in (*_LINK_FIELDS, "old_from"):
         if key in data and not isinstance(data[key], str):
             raise UserError(f"{path}: {key}: expected a string (an entry id or text)")
     if "stack" in data and (not isinstance(data["stack"], str) or not _NAME.fullmatch(data["stack"])):

@@ -372,6 +372,21 @@ def resolve_incident(project: Project, ident: str, root_cause: str | None, impli
     return IncidentChange(incident, "resolve", sha, warnings)
 
 
+def snapshot_inventory(project: Project, incident: Incident) -> str | None:
+    """The inventory the incident's latest snapshot read (`inventory` in its JSON), or None."""
+    import json
+
+    folder = project.incidents_dir / incident.stem
+    for path in sorted(folder.glob("snapshot-*.json"), reverse=True) if folder.is_dir() else []:
+        try:
+            data = json.loads(plain_file(path, project.root).read_text())
+        except (OSError, ValueError, UserError):
+            continue  # a link or a torn file names no stack
+        if isinstance(data, dict) and isinstance(data.get("inventory"), str) and data["inventory"]:
+            return data["inventory"]
+    return None
+
+
 def add_snapshot(project: Project, ident: str, summary: str, data: dict[str, Any], *,
                  no_commit: bool = False) -> IncidentChange:
     """Record a snapshot of the stack's gauges in an incident: a note (its one-line `summary`, shown

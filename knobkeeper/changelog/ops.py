@@ -13,15 +13,16 @@ from pathlib import Path
 import tomllib
 
 from knobkeeper import gitio
-from knobkeeper.changelog.entries import Entry, entry_path, history, load_entries, new_entry_time, replay
+from knobkeeper.changelog.entries import Entry, entry_path, history, load_entries, new_entry_time, replay, shown_old
 from knobkeeper.changelog.filecache import files_with_id_prefix
 from knobkeeper.changelog.secrets import secret_path, secret_value, value_files
 from knobkeeper.changelog.store import Message, atomic_write, commit_change, git_author, repo_lock
+from knobkeeper.engine.pins import pins_for
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Knob, Value, fingerprint, load_catalog
 from knobkeeper.knobs.pinned import settable
 from knobkeeper.knobs.state import declared_from, load_document, read_declared, value_of, with_value
-from knobkeeper.knobs.values import split_scope
+from knobkeeper.knobs.values import split_scope, stack_hint
 from knobkeeper.project import Project
 from knobkeeper.timeutil import new_id
 
@@ -138,7 +139,7 @@ def _reason(reason: str | None, what: str) -> str:
 
 def _summary(entry: Entry, knob: Knob) -> str:
     if entry.action in ("unset",) or (entry.action == "revert" and entry.new is None):
-        return f"{entry.scope}: {entry.action} {entry.knob} (was {knob.display(entry.old)})"
+        return f"{entry.scope}: {entry.action} {entry.knob} (was {shown_old(entry, knob.display)})"
     return f"{entry.scope}: {entry.action} {entry.knob}={knob.display(entry.new)}"
 
 
@@ -148,7 +149,7 @@ def _trailers(entries: list[Entry], catalog: Catalog) -> list[tuple[str, str]]:
         knob = catalog.get(entry.knob)
         trailers += [
             ("Knob", entry.knob), ("Role", entry.role), ("Action", entry.action),
-            ("Old", knob.display(entry.old)), ("New", knob.display(entry.new)), ("Entry", entry.id),
+            ("Old", shown_old(entry, knob.display)), ("New", knob.display(entry.new)), ("Entry", entry.id),
         ]
         if entry.stack:
             trailers.append(("Stack", entry.stack))
@@ -177,7 +178,8 @@ def _write(project: Project, catalog: Catalog, entries: list[Entry], knobs_text:
     else:
         summary = f"record: {len(entries)} hand edits of knobs.toml"
         body = entries[0].reason + "\n\n" + "\n".join(
-            f"- {e.scope}: {e.knob} {catalog.get(e.knob).display(e.old)} -> {catalog.get(e.knob).display(e.new)}" for e in entries
+            f"- {e.scope}: {e.knob} {shown_old(e, catalog.get(e.knob).display)} -> {catalog.get(e.knob).display(e.new)}"
+            for e in entries
         )
     if entries[0].hypothesis:
         body += f"\n\nHypothesis: {entries[0].hypothesis}"
@@ -193,6 +195,34 @@ def _where(key: str) -> dict[str, str | None]:
     function takes is a scope, so a one-stack repo's calls read as they always did."""
     stack, role = split_scope(key)
     return {"role": role, "stack": stack or None}
+
+
+def _before(project: Project, knob: Knob, key: str, declared: Value | None) -> dict[str, Value | str | None]:
+    """The `old` and `old_from` of a change to `knob` in scope `key` whose declared value was
+    `declared`: that value; where none was declared, what the stack's inventories run for the role
+    by their data knob_defaults (deploy/render.py applies them), and that it came from there; else
+    nothing (the engine's own default). The inventories are those that run the role in that stack
+    (engine.pins, as set judges the knob); where they run different values, no `old`, and
+    `old_from` names each rather than picking one."""
+    if declared is not None or knob.secret:  # a secret has no inventory default (render refuses one)
+        return {"old": declared, "old_from": None}
+    stack, role = split_scope(key)
+    pins = pins_for(project.inventory_dir, stack, role)
+    inventories = [p.inventory for p in pins]
+    ran: dict[str, Value | None] = {}
+    for pin in pins:
+        label = pin.inventory if inventories.count(pin.inventory) == 1 else f"{pin.inventory} ({', '.join(pin.hosts)})"
+        value = dict(pin.knob_defaults).get(knob.name)
+        try:
+            ran[label] = None if value is None else knob.from_data(value)
+        except UserError:
+            ran[label] = value  # the render refuses it, naming it; shown here as written
+    if all(v is None for v in ran.values()):
+        return {"old": None, "old_from": None}
+    if len({(type(v), v) for v in ran.values()}) == 1:
+        return {"old": next(iter(ran.values())), "old_from": f"inventory default: {', '.join(ran)}"}
+    each = ", ".join(f"{'engine default' if v is None else knob.display(v)} in {label}" for label, v in ran.items())
+    return {"old": None, "old_from": f"inventory defaults differ: {each}"}
 
 
 def _new_entry(project: Project, **fields) -> Entry:
@@ -219,7 +249,7 @@ def set_knob(project: Project, name: str, raw_value: str, role: str, reason: str
                 return _store_secret_only(project, role, name, str(value))
             raise UserError(f"{name} is already {knob.display(stored)} on {role}; nothing to change")
         entry = _new_entry(project, action="set", knob=name, **_where(role), reason=reason,
-                           old=old, new=stored, evidence=evidence_ids)
+                           **_before(project, knob, role, old), new=stored, evidence=evidence_ids)
         text = with_value(load_document(project.knobs_path), role, name, stored)
         secrets = value_files(project, role, name, str(value)) if knob.secret else None
         change = _write(project, catalog, [entry], text, options, secrets)
@@ -249,14 +279,15 @@ def set_knobs(project: Project, items: list[tuple[str, str, str]], reason: str, 
             old = value_of(declared, role, name)
             if old == value and type(old) is type(value):
                 continue
-            entries.append(_new_entry(project, action="set", knob=name, role=role, reason=reason, old=old, new=value))
+            entries.append(_new_entry(project, action="set", knob=name, role=role, reason=reason,
+                                      **_before(project, knob, role, old), new=value))
             text = with_value(document, role, name, value)
         files: dict[Path, str] = {**(extra_files or {})}
         if entries:
             files[project.knobs_path] = text
         for entry in entries:
             files[entry_path(project, entry)] = entry.to_toml()
-        body = reason + ("\n\n" + "\n".join(f"- {e.role}: {e.knob} {catalog.get(e.knob).display(e.old)} -> "
+        body = reason + ("\n\n" + "\n".join(f"- {e.role}: {e.knob} {shown_old(e, catalog.get(e.knob).display)} -> "
                                             f"{catalog.get(e.knob).display(e.new)}" for e in entries) if entries else "")
         message = Message(summary=summary or f"set {len(entries)} knobs", body=body,
                           trailers=_trailers(entries, catalog) if entries else [("Action", "import")])
@@ -285,7 +316,8 @@ def unset_knob(project: Project, name: str, role: str, reason: str | None,
         reason = _reason(reason, f"unset {name}")
         old = value_of(declared, role, name)
         if old is None:
-            raise UserError(f"{name} is not set on {role}; nothing to unset")
+            hint = stack_hint(_other_stacks(role, [key for key, table in declared.items() if name in table]), "unset it")
+            raise UserError(f"{name} is not set on {role}; nothing to unset{hint}")
         entry = _new_entry(project, action="unset", knob=name, **_where(role), reason=reason, old=old, new=None)
         text = with_value(load_document(project.knobs_path), role, name, None)
         return _write(project, catalog, [entry], text, options)
@@ -299,11 +331,19 @@ def _require_secret_value(project: Project, knob: Knob, role: str, value: Value 
                         f"set it again with `knobkeeper set {knob.name} --role {role} --value-file PATH`")
 
 
+def _other_stacks(key: str, scopes: list[str]) -> list[str]:
+    """The stacks ("" : the unnamed one) of `scopes` that are key's role in another stack: where a
+    command given `key` should have looked (`stack_hint` words it as `set` does)."""
+    stack, role = split_scope(key)
+    return sorted({s for s, r in map(split_scope, scopes) if r == role and s != stack})
+
+
 def revert_target(entries: list[Entry], name: str, role: str) -> Entry:
     """The latest set/restore/record of the knob, which a revert takes back."""
     past = history(entries, role, name)
     if not past:
-        raise UserError(f"revert {name} on {role}: nothing to revert (no changelog entry for it)")
+        hint = stack_hint(_other_stacks(role, [e.scope for e in entries if e.knob == name]), "revert it")
+        raise UserError(f"revert {name} on {role}: nothing to revert (no changelog entry for it){hint}")
     latest = past[-1]
     if latest.action not in REVERTIBLE:
         raise UserError(
@@ -323,13 +363,16 @@ def revert_knob(project: Project, name: str, role: str, reason: str | None, inci
         knob = catalog.for_role(name, role)
         reason = _reason(reason, f"revert {name}")
         target = revert_target(load_entries(project), name, role)
-        _require_secret_value(project, knob, role, target.old, "revert")
+        # An old value knobs.toml did not declare (the inventories' default) comes back by removing
+        # the declaration: the role then runs what its inventories give it, as before the change.
+        back = None if target.old_from is not None else target.old
+        _require_secret_value(project, knob, role, back, "revert")
         incident_id = _check_incident(project, incident) if incident else None
-        current = value_of(declared, role, name)
         entry = _new_entry(project, action="revert", knob=name, **_where(role), reason=reason,
-                           old=current, new=target.old, reverts=target.id, incident=incident_id,
+                           **_before(project, knob, role, value_of(declared, role, name)), new=back,
+                           reverts=target.id, incident=incident_id,
                            hypothesis=hypothesis.strip() if hypothesis else None)
-        text = with_value(load_document(project.knobs_path), role, name, target.old)
+        text = with_value(load_document(project.knobs_path), role, name, back)
         return _write(project, catalog, [entry], text, options)
 
 
@@ -338,7 +381,8 @@ def restore_target(entries: list[Entry], name: str, role: str) -> tuple[Entry, E
     past = history(entries, role, name)
     if not past or past[-1].action != "revert":
         latest = f"its latest change is a {past[-1].action} ({past[-1].id})" if past else "it has no changelog entry"
-        raise UserError(f"restore {name} on {role}: nothing reverted to restore ({latest})")
+        hint = "" if past else stack_hint(_other_stacks(role, [e.scope for e in entries if e.knob == name]), "restore it")
+        raise UserError(f"restore {name} on {role}: nothing reverted to restore ({latest}){hint}")
     revert = past[-1]
     by_id = {e.id: e for e in entries}
     if revert.reverts not in by_id:
@@ -372,7 +416,8 @@ def restore_knob(project: Project, name: str, role: str, reason: str | None = No
         if verdict is not None and verdict.reason:
             why = f"{reason.strip()}; {verdict.reason}" if reason and reason.strip() else verdict.reason
         entry = _new_entry(project, action="restore", knob=name, **_where(role), reason=why,
-                           old=value_of(declared, role, name), new=original.new, restores=revert.id,
+                           **_before(project, knob, role, value_of(declared, role, name)), new=original.new,
+                           restores=revert.id,
                            evidence=carried, incident=revert.incident,
                            refutes=revert.id if refutes else None)
         text = with_value(load_document(project.knobs_path), role, name, original.new)
@@ -430,5 +475,6 @@ def record_edits(project: Project, reason: str | None, options: CommitOptions | 
             knob = catalog.for_role(name, role)
             if knob.secret and new is not None:
                 raise UserError(f"{project.rel(project.knobs_path)}: [{role}] {name} is a secret; use `knobkeeper set` so its value stays out of git")
-            entries.append(_new_entry(project, action="record", knob=name, **_where(role), reason=reason, old=old, new=new))
+            entries.append(_new_entry(project, action="record", knob=name, **_where(role), reason=reason,
+                                      **_before(project, knob, role, old), new=new))
         return _write(project, catalog, entries, project.knobs_path.read_text(), options)

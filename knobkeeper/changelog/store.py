@@ -161,17 +161,19 @@ def repo_lock(project: Project) -> Iterator[None]:
         yield
 
 
-def settle(project: Project) -> None:
+def settle(project: Project) -> RolledBack | None:
     """For read commands: if a crashed change left a journal, recover it (under the lock) first,
-    so nothing is read that git does not hold. Costs one stat when there is none."""
-    if not _journal_path(project).exists():
-        return
+    so nothing is read that git does not hold; what it rolled back, if anything. Costs one stat
+    when there is none."""
+    if not journal_file(project).exists():
+        return None
     with _flock(project):
         clear_stale_index_lock(project)
-        recover(project)
+        return recover(project)
 
 
-def _journal_path(project: Project) -> Path:
+def journal_file(project: Project) -> Path:
+    """Where a change being written keeps what its files held before (`recover` reads it)."""
     return project.private_dir / "journal.json"
 
 
@@ -219,11 +221,21 @@ def clear_stale_index_lock(project: Project) -> None:
     lock.unlink(missing_ok=True)
 
 
-def recover(project: Project) -> bool:
-    """Roll back files of a change whose process died before committing it. True if it did."""
-    journal = _journal_path(project)
+@dataclass
+class RolledBack:
+    """A change that did not finish (its process died, or a write failed and so did putting the
+    files back) and that `recover` rolled back: its commit summary (None in a journal written before
+    the summary was kept there) and the tracked files put back as they were before it."""
+
+    change: str | None
+    files: list[str]
+
+
+def recover(project: Project) -> RolledBack | None:
+    """Roll back files of a change whose process died before committing it; what it rolled back."""
+    journal = journal_file(project)
     if not journal.exists():
-        return False
+        return None
     try:
         record = json.loads(journal.read_text())
         tracked, private, head = record["files"], record.get("private", {}), record["head"]
@@ -233,10 +245,10 @@ def recover(project: Project) -> bool:
     if gitio.head_sha(project.root) != head:
         # The commit landed; only the journal removal was lost.
         journal.unlink()
-        return False
+        return None
     _roll_back(project, tracked, private)
     journal.unlink()
-    return True
+    return RolledBack(record.get("change"), sorted(tracked))
 
 
 def _roll_back(project: Project, tracked: dict[str, str | None], private: dict[str, str | None]) -> None:
@@ -327,9 +339,10 @@ def commit_change(
     rels = [project.rel(p) for p in files]
     old = {rel: _read_old(path) for path, rel in zip(files, rels)}
     old_private = {project.rel(path): _read_old(path) for path in private_files}
-    journal = _journal_path(project)
+    journal = journal_file(project)
     try:
-        atomic_write(journal, json.dumps({"head": gitio.head_sha(project.root), "files": old, "private": old_private}))
+        atomic_write(journal, json.dumps({"head": gitio.head_sha(project.root), "files": old, "private": old_private,
+                                          "change": message.summary}))
     except OSError as exc:   # disk full, a file size limit: nothing was written yet
         raise UserError(f"{journal}: cannot write ({exc.strerror or exc}); nothing was changed") from None
     fds = _lock_fds(project)

@@ -135,14 +135,16 @@ def list_cmd(status: str, repo, as_json: bool) -> None:
 
 @incident_group.command("snapshot")
 @click.argument("incident_id", metavar="ID")
-@click.option("--inventory", default="inventory/local.py", show_default=True, help="The stack to read.")
+@click.option("--inventory", default=None, metavar="PATH",
+              help="The stack to read (default: the one the incident's last snapshot read, else the one last deployed).")
 @click.option("--window", type=float, default=5.0, show_default=True,
               help="Seconds between the two scrapes that give each engine's tokens/s.")
 @repo_option
-@example("knobkeeper incident snapshot 1a2b3c4d --inventory inventory/local.py")
+@example("knobkeeper incident snapshot 1a2b3c4d --inventory inventory/local_vllm.py")
 def snapshot_cmd(incident_id, inventory, window, repo):
     """Record every service's engine and router gauges now (running, queued, tokens/s, in-flight,
-    workers as the router sees them) into the incident: a note plus the full JSON, one commit."""
+    workers as the router sees them) into the incident: a note plus the full JSON, one commit.
+    Refused when there is no stack to read, or when nothing answers in a stack never deployed here."""
     from knobkeeper.audit.snapshot import snapshot_incident
 
     change = snapshot_incident(find_project(repo), incident_id, inventory, window)

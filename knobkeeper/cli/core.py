@@ -47,6 +47,8 @@ def _split_assignment(text: str) -> tuple[str, str]:
 
 
 def _report(change, verb: str) -> None:
+    from knobkeeper.changelog.entries import shown_old
+
     if not change.entries:  # nothing declared changed (e.g. a secret's value stored on this machine)
         for text in change.warnings:
             warn(text)
@@ -54,7 +56,7 @@ def _report(change, verb: str) -> None:
     where = f" on branch {change.branch}" if change.branch else ""
     committed = f"commit {change.commit[:10]}{where}" if change.commit else "staged, not committed"
     for extra in change.entries:
-        click.echo(fmt.safe(f"{extra.scope}: {extra.action} {extra.knob}: {fmt.value(extra.old)} -> {fmt.value(extra.new)}")
+        click.echo(fmt.safe(f"{extra.scope}: {extra.action} {extra.knob}: {shown_old(extra)} -> {fmt.value(extra.new)}")
                    + f"  (entry {extra.id})")
     click.echo(committed)
     for text in change.warnings:
@@ -229,6 +231,7 @@ def record_cmd(reason: str, repo, no_commit, branch) -> None:
 @example("knobkeeper log SGLANG_SM120_MMA_TARGET_CTAS --role decode --since 2026-11-01")
 def log_cmd(knob, role, since, stack, repo, as_json: bool) -> None:
     """The changelog, newest first, with each change's evidence judgement."""
+    from knobkeeper.changelog.entries import shown_old
     from knobkeeper.changelog.queries import filter_log
     from knobkeeper.timeutil import parse_time
 
@@ -243,7 +246,7 @@ def log_cmd(knob, role, since, stack, repo, as_json: bool) -> None:
         return
     for e in rows:
         links = "".join(f" {k}={v}" for k, v in (("reverts", e.reverts), ("restores", e.restores), ("incident", e.incident)) if v)
-        click.echo(fmt.safe(f"{e.time[:19]}Z {e.id} {e.scope}: {e.action} {e.knob} {fmt.value(e.old)} -> {fmt.value(e.new)}{links}"))
+        click.echo(fmt.safe(f"{e.time[:19]}Z {e.id} {e.scope}: {e.action} {e.knob} {shown_old(e)} -> {fmt.value(e.new)}{links}"))
         click.echo(f"    {fmt.safe(e.author)}: {fmt.safe(e.reason)}")
         for line in _evidence_lines(project, e):
             click.echo(f"    evidence {fmt.safe(line)}")

@@ -68,7 +68,8 @@ def check(base: str | None, repo: str | None, as_json: bool) -> None:
     git; entries name existing evidence and incidents; evidence files pass their schema and their
     judgements follow from their runs; every template renders for every host of every inventory;
     rendered launch scripts pass `bash -n` and shellcheck, units pass `systemd-analyze verify`,
-    supervisord sections parse. A linter that is not installed is skipped and said so.
+    supervisord sections parse. A linter that is not installed is skipped and said so. A change
+    that failed before its commit (a full disk, a killed process) is rolled back first, and said.
     """
     from knobkeeper import review as R
 

@@ -308,7 +308,7 @@ def normalize_overrides(catalog: Catalog, overrides: Mapping[str, Any] | None, r
         if knob.secret:
             raise UserError(f"knob_overrides: {name} is a secret knob; secrets cannot be overridden for a run")
         if value is not None:
-            value = knob.parse(value) if isinstance(value, str) and knob.type not in ("string", "enum") else knob.check(value)
+            value = knob.from_data(value)
         out.setdefault(key, {})[name] = value
     return out
 

@@ -53,7 +53,7 @@ from knobkeeper.deploy.model import HostPlan, Service, Stack, Supervisor
 from knobkeeper.deploy.topology import ROLE_PREFIX, Role, deploy_order, role_from_data
 from knobkeeper.engine import SIM, role_engine
 from knobkeeper.engine.pins import stack_of
-from knobkeeper.errors import UserError
+from knobkeeper.errors import UserError, code_error
 from knobkeeper.knobs.values import check_env_name
 
 MANAGERS = ("supervisord", "systemd", "slurm")  # slurm: the stack is one job (knobkeeper/deploy/slurm/)
@@ -272,7 +272,7 @@ def load_inventory(project_root: Path, inventory_path: str | os.PathLike, data: 
             inner = getattr(exc, "exception", None) or exc
             if isinstance(inner, UserError):
                 raise inner from None
-            raise UserError(f"inventory {inventory_path}: {inner}") from None
+            raise UserError(code_error(str(inventory_path), inner, path)) from None
 
 
 def load_stack(project_root: Path, inventory_path: str | os.PathLike, data: Mapping[str, Any] | None = None) -> Stack:

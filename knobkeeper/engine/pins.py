@@ -4,7 +4,13 @@ Inventories are pyinfra inventory files (inventory/*.py: a list of hosts per gro
 NAME or (NAME, {data})) with group data in inventory/group_data/ (all.py, then <group>.py, then the
 host's own data win, as in pyinfra). They are read with runpy, not pyinfra: pyinfra's import alone
 costs ~300 ms, which `set` would pay on every call. Each host's role is judged by the one function,
-knobkeeper.engine.role_engine; its stack is data `stack` ("" when the inventory names none).
+knobkeeper.engine.role_engine; its stack is data `stack` ("" when the inventory names none); what it
+runs for the knobs knobs.toml does not declare, data `knob_defaults` (deploy/render.py applies them).
+
+An inventory that does not load (a syntax error, an exception) is left out of the pins, so that the
+others are still judged and rendered; `unloadable_inventories` names it, file and line, and `set`
+refuses while there is one (knobkeeper.knobs.pinned.settable). Group data that does not load leaves
+every inventory out.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from knobkeeper.engine import role_engine
-from knobkeeper.errors import UserError
+from knobkeeper.errors import UserError, code_error
 
 STACK_KEY = "stack"
 
@@ -27,6 +33,9 @@ class Pin(NamedTuple):
     version: str | None
     inventory: str  # e.g. inventory/example_prod.py
     hosts: tuple[str, ...]
+    # data knob_defaults[role] on these hosts, as (KNOB, value) pairs: what the role runs where
+    # knobs.toml declares no value (hosts of one inventory that differ are separate pins)
+    knob_defaults: tuple[tuple[str, Any], ...] = ()
 
     def label(self) -> str:
         return f"{self.engine} {self.version}" if self.version else self.engine
@@ -39,51 +48,88 @@ def stack_of(data: dict[str, Any], where: str) -> str:
     return name
 
 
-def _module_data(path: Path) -> dict[str, Any]:
+def _module_data(path: Path, rel: str) -> dict[str, Any]:
     import runpy
 
     try:
         return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("_")}
-    except Exception as exc:  # an inventory is user code; its error becomes one line
-        raise UserError(f"{path}: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # an inventory is user code; its error becomes one line naming its line
+        raise UserError(code_error(rel, exc, path)) from None
 
 
 def engine_pins(inventory_dir: Path) -> list[Pin]:
-    """Every (stack, role, engine, version) some inventory runs (see _read_pins); re-read only when
-    an inventory file changed."""
+    """Every (stack, role, engine, version) some inventory that loads runs (see _read_pins); re-read
+    only when an inventory file changed."""
+    return _pins_and_errors(inventory_dir)[0]
+
+
+def unloadable_inventories(inventory_dir: Path) -> list[str]:
+    """One line per inventory (or group data file) that does not load: `inventory/new.py: line 3:
+    SyntaxError: invalid syntax`."""
+    return list(_pins_and_errors(inventory_dir)[1])
+
+
+def _pins_and_errors(inventory_dir: Path) -> tuple[list[Pin], tuple[str, ...]]:
     if not inventory_dir.is_dir():
-        return []
+        return [], ()
     files = sorted([*inventory_dir.glob("*.py"), *inventory_dir.glob("group_data/*.py")])
     signature = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
     return _read_pins(inventory_dir, signature, os.environ.get("KNOBKEEPER_LOCAL_PORTS", ""),
                       os.environ.get("KNOBKEEPER_LOCAL_WORKERS", ""))
 
 
+def _defaults_of(data: dict[str, Any], role: str) -> tuple[tuple[str, Any], ...]:
+    """data knob_defaults[role] as sorted (KNOB, value) pairs; values render.py would refuse (not a
+    scalar) are left out: the render names them."""
+    table = data.get("knob_defaults")
+    inner = table.get(role) if isinstance(table, dict) else None
+    if not isinstance(inner, dict):
+        return ()
+    return tuple(sorted((k, v) for k, v in inner.items() if isinstance(k, str) and isinstance(v, (str, int, float, bool))))
+
+
 @lru_cache(maxsize=8)
-def _read_pins(inventory_dir: Path, signature: tuple, *_environment: str) -> list[Pin]:
+def _read_pins(inventory_dir: Path, signature: tuple, *_environment: str) -> tuple[list[Pin], tuple[str, ...]]:
     group_dir = inventory_dir / "group_data"
     groups_data: dict[str, dict[str, Any]] = {}
-    if group_dir.is_dir():
-        for path in sorted(group_dir.glob("*.py")):
-            groups_data[path.stem] = _module_data(path)
+    try:
+        if group_dir.is_dir():
+            for path in sorted(group_dir.glob("*.py")):
+                groups_data[path.stem] = _module_data(path, f"{inventory_dir.name}/group_data/{path.name}")
+    except UserError as exc:
+        return [], (str(exc),)
     table: dict[tuple, list[str]] = {}
+    broken: list[str] = []
     for path in sorted(inventory_dir.glob("*.py")):
         rel = f"{inventory_dir.name}/{path.name}"
-        for group, hosts in _module_data(path).items():
-            if not isinstance(hosts, (list, tuple)):
+        try:
+            found = _inventory_pins(rel, _module_data(path, rel), groups_data)
+        except UserError as exc:  # it does not load, or a host's engines/stack is wrong: left out, named
+            broken.append(str(exc))
+            continue
+        for key, name in found:
+            table.setdefault(key, []).append(name)
+    pins = [Pin(s, r, e, v, inv, tuple(h), d) for (s, r, e, v, inv, d), h in table.items()]
+    return pins, tuple(broken)
+
+
+def _inventory_pins(rel: str, groups: dict[str, Any], groups_data: dict[str, dict[str, Any]]) -> list[tuple[tuple, str]]:
+    """(pin key, host name) of every host of one inventory that runs an engine for its group."""
+    out = []
+    for group, hosts in groups.items():
+        if not isinstance(hosts, (list, tuple)):
+            continue
+        for host in hosts:
+            name, data = (host if isinstance(host, tuple) and len(host) == 2 else (host, {}))
+            if not isinstance(name, str) or not isinstance(data, dict):
                 continue
-            for host in hosts:
-                name, data = (host if isinstance(host, tuple) and len(host) == 2 else (host, {}))
-                if not isinstance(name, str) or not isinstance(data, dict):
-                    continue
-                merged = {**groups_data.get("all", {}), **groups_data.get(group, {}), **data}
-                where = f"{rel}: host {name}"
-                pin = role_engine(merged, group, where)
-                if pin is None:
-                    continue
-                key = (stack_of(merged, where), group, pin.engine, pin.version, rel)
-                table.setdefault(key, []).append(name)
-    return [Pin(s, r, e, v, inv, tuple(h)) for (s, r, e, v, inv), h in table.items()]
+            merged = {**groups_data.get("all", {}), **groups_data.get(group, {}), **data}
+            where = f"{rel}: host {name}"
+            pin = role_engine(merged, group, where)
+            if pin is None:
+                continue
+            out.append(((stack_of(merged, where), group, pin.engine, pin.version, rel, _defaults_of(merged, group)), name))
+    return out
 
 
 def stacks(inventory_dir: Path) -> list[str]:

@@ -138,6 +138,11 @@ class Knob:
                 raise bad
         return value
 
+    def from_data(self, value: Any) -> Value:
+        """A value from an inventory's data (knob_defaults, a run's overrides): text for a typed knob
+        is parsed as on the command line, anything else checked as from TOML; UserError if bad."""
+        return self.parse(value) if isinstance(value, str) and self.type not in ("string", "enum") else self.check(value)
+
     def render_value(self, value: Value) -> str:
         """The text the process sees in its environment."""
         if isinstance(value, bool):

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper.engine import family
-from knobkeeper.engine.pins import Pin, pins_for, stacks
+from knobkeeper.engine.pins import Pin, pins_for, stacks, unloadable_inventories
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.registry import COMPATIBLE, Registry, hint, load_registry
-from knobkeeper.knobs.values import split_scope
+from knobkeeper.knobs.values import split_scope, stack_hint
 
 
 def role_words(stack: str, role: str) -> str:
@@ -53,9 +53,7 @@ def _wrong_engine(name: str, engine: str, stack: str, role: str, pins: list[Pin]
     runs = ", ".join(sorted({f"{p.label()} (pinned in {p.inventory})" for p in pins}))
     elsewhere = sorted({p.stack for p in _engine_pins_of_role(inventory_dir, role) if p.stack != stack
                         and family(p.engine).reads_knobs_of == engine})
-    fix = f"; declare it for --stack {elsewhere[0]}" if elsewhere and elsewhere[0] else (
-        "; declare it without --stack" if elsewhere else "")
-    return f"{name} is read by {engine}, but {role_words(stack, role)} runs {runs}{fix}"
+    return f"{name} is read by {engine}, but {role_words(stack, role)} runs {runs}{stack_hint(elsewhere, 'declare it')}"
 
 
 def _engine_pins_of_role(inventory_dir: Path, role: str) -> list[Pin]:
@@ -100,6 +98,9 @@ def settable(inventory_dir: Path, knob: Any, scope: str, allow_undeclared: bool 
     the CLI passes its --allow-undeclared flag.
     """
     stack, role = split_scope(scope)
+    broken = unloadable_inventories(inventory_dir)
+    if broken:  # what it pins is unknown, so the knob cannot be judged against it
+        raise UserError(f"{broken[0]}; fix the inventory first (a knob is judged against what every inventory runs)")
     check_stack(inventory_dir, stack)
     engine = knob.engine
     if engine is None:
@@ -125,7 +126,7 @@ def settable(inventory_dir: Path, knob: Any, scope: str, allow_undeclared: bool 
             raise UserError(f"{knob.name}: {where} does not declare it{hints}; its catalog source is "
                             f"{knob.source!r}: pass --allow-undeclared to set it anyway")
         warnings.append(f"{knob.name}: not declared by {where}; set anyway (catalog source: {knob.source})")
-    return warnings
+    return list(dict.fromkeys(warnings))  # hosts of one inventory with different knob_defaults are pins apart
 
 
 def ignored_knobs(project: Any, include_other_origin: bool = False) -> list[str]:

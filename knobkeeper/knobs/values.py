@@ -40,3 +40,12 @@ def split_scope(key: str) -> tuple[str, str]:
 
 def role_of(key: str) -> str:
     return split_scope(key)[1]
+
+
+def stack_hint(stacks: list[str], verb: str) -> str:
+    """`; declare it for --stack vllm` (`verb` "declare it"), or `; declare it without --stack`: the
+    option that names the first of `stacks` ("" : the stack the inventories do not name), for a
+    command that found the knob under another stack than the one it was given; "" for no stacks."""
+    if not stacks:
+        return ""
+    return f"; {verb} for --stack {stacks[0]}" if stacks[0] else f"; {verb} without --stack"

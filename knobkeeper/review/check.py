@@ -72,6 +72,8 @@ class _Run:
     entries: list[Entry] = field(default_factory=list)
     entries_ok: bool = True
     bad_values: set[tuple[str, str]] = field(default_factory=set)
+    unloadable: set[str] = field(default_factory=set)  # inventories that do not load (named once, by check_render)
+    halted: bool = False             # the files are half written: no later check can judge them
     _evidence_history: dict | None = None
 
     @property
@@ -95,6 +97,34 @@ class _Run:
 
 
 # --------------------------------------------------------------------------- one function per kind
+
+def check_unfinished_change(run: _Run) -> None:
+    """First, before anything is read: a change that did not finish (its process died, or a write
+    failed and so did putting its files back: a full disk) is rolled back, and said. Read before
+    that, its half-written knobs.toml looked like a hand edit (`knobkeeper record` was advised for a
+    change that had failed). One that cannot be rolled back yet is a problem, and nothing after it
+    is judged: every later check would read the half-written files."""
+    from knobkeeper.changelog.store import journal_file, settle
+
+    journal = run.rel(journal_file(run.project))
+    try:
+        back = settle(run.project)
+    except OSError as exc:
+        run.halted = True
+        run.add(journal, f"a change that did not finish cannot be rolled back yet ({exc.strerror or exc})",
+                "free disk space, then run `knobkeeper check` again: it rolls the change back first")
+        return
+    except UserError as exc:
+        run.halted = True
+        run.add(journal, run.own_message(exc, journal_file(run.project)), "then run `knobkeeper check` again")
+        return
+    if back is not None:
+        what = f"the change `{fmt.safe(back.change)}`" if back.change else "a change"
+        run.result.warnings.append(
+            f"{what} failed before its commit (a write failed, e.g. on a full disk, or its process died) and was "
+            f"rolled back: {', '.join(back.files)} are as they were before it, and nothing of it was committed; "
+            f"run the command again (free disk space first if the disk is full)")
+
 
 def check_catalog(run: _Run) -> None:
     """The catalog loads, and every knob name is a name a shell reads as a variable."""
@@ -185,10 +215,8 @@ def check_abandoned_canary(run: _Run) -> None:
 def check_entries(run: _Run) -> None:
     """Every entry file parses, and knobs.toml holds what the entries replay to."""
     from knobkeeper.changelog.entries import in_history_order
-    from knobkeeper.changelog.store import settle
 
     project = run.project
-    settle(project)  # a crashed change is rolled back before anything is judged
     paths = sorted(project.entries_dir.glob("*.toml")) if project.entries_dir.is_dir() else []
     for path in [p for p in paths if not refusal(p, project.root)]:   # links: check_refused_files
         try:
@@ -467,6 +495,8 @@ def check_engine_contract(run: _Run) -> None:
         path, _, what = line.partition(": ")
         run.add(path, fmt.safe(what), fix_knob)
     for inv in inventories(run.project):
+        if inv in run.unloadable:
+            continue
         try:
             problems, skipped, warnings = contract_problems(load_stack(run.project.root, inv), inv)
         except UserError as exc:
@@ -481,9 +511,13 @@ def check_engine_contract(run: _Run) -> None:
 
 def _render_errors(run: _Run, inv: str) -> None:
     for host, error in render_errors_per_host(run.project, inv):
+        if not host:  # the inventory itself does not load: its error names its file and line
+            run.unloadable.add(inv)
+            run.add(inv, error.removeprefix(f"{inv}: "), "fix the inventory so that it loads")
+            continue
         template = re.search(r"(templates/[\w.\-]+)", error)
         where = template.group(1) if template else inv
-        run.add(where, f"fails to render {'for host ' + host + ' ' if host else ''}of {inv}: {error}",
+        run.add(where, f"fails to render for host {host} of {inv}: {error}",
                 "fix the template or the host/group data it reads")
 
 
@@ -558,9 +592,9 @@ def _role_of(render, host: str, service: str) -> str:
     return next(iter(render.service_files(host, service).values())).role
 
 
-CHECKS = (check_catalog, check_declared, check_secret_store, check_refused_files, check_abandoned_canary, check_entries, check_links, check_evidence,
-          check_immutable_evidence, check_rejudgements, check_incidents, check_immutable_entries, check_render,
-          check_engine_contract)
+CHECKS = (check_unfinished_change, check_catalog, check_declared, check_secret_store, check_refused_files,
+          check_abandoned_canary, check_entries, check_links, check_evidence, check_immutable_evidence,
+          check_rejudgements, check_incidents, check_immutable_entries, check_render, check_engine_contract)
 
 
 def check(project: Project, base: str | None = None) -> CheckResult:
@@ -568,4 +602,6 @@ def check(project: Project, base: str | None = None) -> CheckResult:
     run = _Run(project, base, resolve_ref(project, base, "--base") if base else None)
     for step in CHECKS:
         step(run)
+        if run.halted:
+            break
     return run.result

@@ -9,12 +9,19 @@ from typing import Mapping
 
 from knobkeeper import fmt
 from knobkeeper.audit.status import MEANING
+from knobkeeper.changelog.entries import shown_old
 from knobkeeper.project import Project
 from knobkeeper.review.body import EVIDENCE_EXPECTED, Review, collect
 
 
 def _name_only(author: str) -> str:
     return author.split("<", 1)[0].strip() or author
+
+
+def _old(change) -> str:
+    """A change's old value as the changelog shows it everywhere (entries.shown_old: an inventory
+    default says so), from the value the review displays (a secret: its fingerprint)."""
+    return shown_old(change.entry, lambda _value: change.display_old)
 
 
 def summary_line(review: Review) -> str:
@@ -34,7 +41,7 @@ def summary_line(review: Review) -> str:
 def title(review: Review) -> str:
     if len(review.changes) == 1:
         c = review.changes[0]
-        return f"knobs: {c.entry.action} {c.entry.knob} on {c.entry.scope}: {c.display_old} -> {c.display_new}"
+        return f"knobs: {c.entry.action} {c.entry.knob} on {c.entry.scope}: {_old(c)} -> {c.display_new}"
     return f"knobs: {len(review.changes)} changes on {', '.join(sorted({c.entry.role for c in review.changes})) or 'no role'}"
 
 
@@ -53,7 +60,7 @@ def _section_table(w, title_: str, columns: list[str], rows: list[list[str]], em
 
 
 def _changes(review: Review, w) -> None:
-    rows = [[fmt.cell(c.entry.scope), f"`{fmt.cell(c.entry.knob)}`", f"{fmt.cell(c.display_old)} -> {fmt.cell(c.display_new)}",
+    rows = [[fmt.cell(c.entry.scope), f"`{fmt.cell(c.entry.knob)}`", f"{fmt.cell(_old(c))} -> {fmt.cell(c.display_new)}",
              c.entry.action, fmt.cell(c.entry.reason), f"`{c.entry.id}`", fmt.cell(_name_only(c.entry.author))]
             for c in review.changes]
     _section_table(w, "Knob changes", ["role", "knob", "old -> new", "action", "reason", "entry", "author"], rows,
@@ -68,7 +75,7 @@ def _evidence(review: Review, w) -> None:
         w("")
     for c in review.changes:
         e = c.entry
-        w(f"#### {fmt.cell(e.role)} `{fmt.cell(e.knob)}` {fmt.cell(c.display_old)} -> {fmt.cell(c.display_new)} "
+        w(f"#### {fmt.cell(e.role)} `{fmt.cell(e.knob)}` {fmt.cell(_old(c))} -> {fmt.cell(c.display_new)} "
           f"(entry `{e.id}`, risk {c.risk or 'unknown'})")
         w("")
         if not c.evidence:
