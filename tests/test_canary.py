@@ -482,6 +482,30 @@ def test_failing_candidate_is_rolled_back_with_evidence(tmp_path):
     assert (project.root / "inventory" / "knobs.toml").read_text() == before
 
 
+def test_the_evidence_names_the_metrics_of_the_engine_family_it_measured(tmp_path):
+    """Issue 37: a canary on vLLM workers recorded SGLang's metric names in its evidence (the scrape
+    source's text was SGLang's, the Prometheus queries took SGLang's by default). Its workers' family
+    names them now, for either source."""
+    from knobkeeper.engine.vllm import VLLM
+
+    project = make_infra_repo(tmp_path)
+    t = [M.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics", VLLM.metrics) for i in (1, 2, 3)]
+    plan = C.Plan("NCCL_MIN_NCHANNELS", 8, None, "decode", canary=[t[0]], baseline=t[1:])
+    recorded = {}
+    for kind in ("scrape", "prometheus"):
+        source = FakeSource(_noisy(1), _noisy(11, 1.01))
+        source.name = kind
+        out = C.run(project, plan, source, C.Switch(lambda t, k: None, lambda: None),
+                    C.Options(duration=0.04, interval=0.01, settle=0))
+        recorded[kind] = store.load(project, out.doc["id"])["canary"]["queries"]
+    for kind, queries in recorded.items():
+        text = json.dumps(queries)
+        assert "sglang" not in text and "vllm:generation_tokens_total" in queries["output_tokens_per_s"], (kind, text)
+        assert 'vllm:request_success_total{finished_reason=~"abort|error"}' in queries["errors"], (kind, queries)
+    assert recorded["prometheus"] == M.queries(0.01, VLLM.metrics)
+    assert recorded["scrape"]["running"] == "mean of vllm:num_requests_running samples in the window"
+
+
 def test_choose_refuses_one_host_and_the_whole_role():
     plan = _plan()
     with pytest.raises(UserError, match="at least 2"):

@@ -83,6 +83,10 @@ A source that dies: while it waits out its windows the canary polls the source e
 (PrometheusSource.poll); one that stops answering stops the canary at once, its hosts put back,
 the line saying so.
 
+The evidence names the metrics under the names of the engine family it measured (the targets'
+`metrics`, knobkeeper.engine: vLLM's vllm:*, SGLang's and the sim's sglang:*), written above with
+SGLang's.
+
 Guards: TTFT and TPOT percentiles, as ratios the same way, in the judgement's family (lower is
 better). Errors: aborted requests on the canary hosts against the baseline hosts over the canary
 windows, an exact one-sided binomial test (given the total, the canary's share of the errors is its
@@ -104,11 +108,12 @@ from knobkeeper.changelog.store import repo_lock
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.deploy.record import DEPLOY_BUSY
+from knobkeeper.engine.family import Metrics
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
                                           SCRAPE_INTERVAL_S)
 from knobkeeper.evidence import validity as V
-from knobkeeper.evidence.metrics import Target, WindowStats, queries
+from knobkeeper.evidence.metrics import Target, WindowStats, queries, scrape_queries
 from knobkeeper.timeutil import iso, utcnow
 from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
 
@@ -197,6 +202,11 @@ class Plan:
     @property
     def targets(self) -> list[Target]:
         return [*self.canary, *self.baseline]
+
+    @property
+    def metrics(self) -> Metrics:
+        """The metric names of the role's engine family (every worker of a role runs one engine)."""
+        return self.canary[0].metrics
 
     def unit_noise(self, restart_noise: float, calibrated: bool) -> float:
         """The log-sd no window averages out (see the module doc: restart noise)."""
@@ -605,15 +615,9 @@ def _record(plan: Plan, source, options: Options, seen: _Measured, seconds: floa
     return CanaryBlock(
         hosts={"canary": [t.key for t in plan.canary], "baseline": [t.key for t in plan.baseline]},
         source={"kind": source.name, "url": getattr(source, "url", None)},
-        queries=queries(options.interval) if source.name == "prometheus" else {
-            "output_tokens_per_s": "increase of sglang:generation_tokens_total between the samples at the "
-                                   "window edges / their time apart",
-            "decoding": "increase of sglang:inter_token_latency_seconds_sum / the time apart",
-            "itl_ms": "1000 x increase of ..._sum / increase of ..._count",
-            "running": "mean of sglang:num_running_reqs samples in the window",
-            "requests": "increase of sglang:num_requests_total",
-            "errors": "increase of sglang:num_aborted_requests_total",
-            "ttft_ms/tpot_ms": "histogram_quantile on the bucket increases (Prometheus's interpolation)"},
+        # the names of the family measured (issue 37: a vLLM canary recorded SGLang's here)
+        queries=(queries(options.interval, plan.metrics) if source.name == "prometheus"
+                 else scrape_queries(plan.metrics)),
         design=("calibrated: per-window canary/baseline ratios, canary windows (B) against calibration "
                 "windows (A)" if seen.calibrated else "uncalibrated: every (host, canary window) a run"),
         interval_s=options.interval, duration_s=options.duration,

@@ -91,8 +91,10 @@ class WindowStats:
                 **({"restarts": self.restarts} if self.restarts else {})}
 
 
-def queries(window_s: float, names: Metrics = SGLANG_METRICS) -> dict[str, str]:
-    """The PromQL of every quantity for a window of `window_s` (recorded in the evidence)."""
+def queries(window_s: float, names: Metrics) -> dict[str, str]:
+    """The PromQL of every quantity for a window of `window_s` under the names of the workers' engine
+    family (`names`: no default, so that no caller records one family's names for another's workers;
+    recorded in the evidence)."""
     w = duration_text(window_s)
     tpot = " or ".join(f"rate({n}_bucket[{w}])" for n in names.tpot)
     itl = names.itl
@@ -108,6 +110,23 @@ def queries(window_s: float, names: Metrics = SGLANG_METRICS) -> dict[str, str]:
         out[f"ttft_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) (rate({names.ttft}_bucket[{w}])))"
         out[f"tpot_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) ({tpot}))"
     return out
+
+
+def scrape_queries(names: Metrics) -> dict[str, str]:
+    """What the scrape path computes for every quantity, under the names of the workers' engine
+    family (recorded in the evidence, as `queries` is for Prometheus)."""
+    tpot = " or ".join(names.tpot)
+    return {
+        "output_tokens_per_s": f"increase of {names.tokens} between the samples at the window edges / their "
+                               f"time apart",
+        "decoding": f"increase of {names.itl}_sum / the time apart",
+        "itl_ms": f"1000 x increase of {names.itl}_sum / increase of {names.itl}_count",
+        "running": f"mean of {names.running} samples in the window",
+        "requests": f"increase of {names.requests.promql()}" if names.requests else "not counted by the engine",
+        "errors": (f"increase of {names.aborted.promql()}" if names.aborted else "0 (the engine counts none)")
+                  + ", plus the requests in flight at each restart",
+        "ttft_ms/tpot_ms": f"histogram_quantile on the bucket increases of {names.ttft} and {tpot} "
+                           f"(Prometheus's interpolation)"}
 
 
 def _promql(series: Series | None) -> str:
