@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -101,6 +105,13 @@ class Load:
     def join(self) -> dict:
         self.thread.join(180)
         return self.result
+
+
+def load_process(pd) -> subprocess.Popen:
+    """The same load in a process of its own, for as long as a test needs it: stopped by its PID."""
+    return start([PY, "-m", "knobkeeper.loadgen", "--endpoint", pd["router"], "--concurrency", "24", "--duration",
+                  "300", "--api", "generate", "--input-len", "64", "--output-len", "48", "--output-range", "0.5",
+                  "--warmup", "0"], pd["tmp"] / "load.log")
 
 
 def _edges(seconds: float, windows: int) -> list[float]:
@@ -624,6 +635,83 @@ def test_interrupt_puts_the_canary_back(pd):
     assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
 
 
+# The CLI in a process of its own (the deploy and the host look-up of `status` stood in for, the
+# workers those of this module's fixture): the test kills the candidate worker by its PID, then the
+# canary by its PID while its put-back deploy runs.
+CANARY_KILLED_IN_PUT_BACK = textwrap.dedent(f"""
+    import json, sys, time
+    from types import SimpleNamespace
+    import knobkeeper.deploy.api as api
+    import knobkeeper.deploy.status as S
+    import knobkeeper.evidence.canary as C
+    import knobkeeper.evidence.metrics as M
+    from knobkeeper.cli import main
+
+    workers = json.loads(sys.argv[2])          # [canary, baseline]: (key, host, url)
+    M.targets_of = lambda stack, roles=None: [M.Target(key, host, "decode", url) for key, host, url in workers]
+
+    def deploy(project, inventory, **kw):      # the candidate is the worker already running
+        phase = kw["extra_data"]["canary"]["phase"]
+        print(phase, flush=True)
+        if phase == "rollback":
+            time.sleep(120)                    # SIGKILL lands here
+        return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
+
+    C.SETTLE_MIN_S = 0.0
+    S.stack_status = lambda project, inventory: []
+    api.run_deploy = deploy
+    main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "2s", "--duration", "20s", "--interval", "1s",
+          "--scrape-interval", "0.25s", "--repo", sys.argv[1]])
+""")
+
+
+def test_a_candidate_killed_mid_canary_is_worse_and_its_evidence_outlives_a_kill_in_the_put_back(pd, short_tmp):
+    """Issue 38, as seen: the candidate's worker kill -9'd in a canary window, then the canary
+    SIGKILLed during its put-back. Before, the dead worker's windows were measured, came out "no
+    valid window" and the put-back began with no evidence. Now the refused scrape stops the measuring
+    at the next poll, no window from the death on is judged, and the evidence (worse: the candidate
+    died) is committed before the put-back starts; the marker says where the canary was killed."""
+    from knobkeeper.deploy import canary_state
+
+    project = make_infra_repo(short_tmp)
+    baseline, worker = pd["decodes"]
+    workers = [(d.target.key, d.target.host, d.target.url) for d in (worker, baseline)]
+    load = load_process(pd)
+    time.sleep(WARM)                                      # requests reach both workers: their series exist
+    proc = subprocess.Popen([PY, "-c", CANARY_KILLED_IN_PUT_BACK, str(project.root), json.dumps(workers)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+                            env={**os.environ, "KNOBKEEPER_LOCAL_WORKERS": "decode=2"})
+    try:
+        assert proc.stdout.readline().strip() == "candidate", proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(2.5)                                   # the settle and a window or so on the candidate
+        killed = time.time()
+        os.kill(worker.proc.pid, signal.SIGKILL)
+        assert proc.stdout.readline().strip() == "rollback"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop(load)
+        worker.restart({})                                # a fresh worker for the module's other tests
+    subject = git(project.root, "log", "-1", "--format=%s")
+    cause = f"the candidate died: {worker.target.key}: its /metrics refused the connection at "
+    assert subject.startswith(f"evidence: {KNOB}=512 on decode (") and f"canary worse: {cause}" in subject, subject
+    (path,) = store.paths(project)
+    assert git(project.root, "status", "--porcelain") == ""        # written and committed, nothing half
+    doc = store.read(path, project.rel(path))
+    assert doc.canary.verdict == "worse" and doc.canary.rolled_back and store.verify(doc) == []
+    assert doc.canary.failed_guards[0].startswith(cause), doc.canary.failed_guards
+    canary = [w for w in doc.canary.windows if w.phase == "canary"]
+    assert 0 < len(canary) < 20, canary                  # measuring stopped at the death, not after 20 s of windows
+    after = [w for w in canary if w.end > killed]
+    assert after and all(not w.valid and f"the candidate died: {worker.target.key}" in w.reasons for w in after)
+    assert {r.extra.get("window") for r in doc.runs} <= {w.index for w in doc.canary.windows if w.valid}
+    line = canary_state.abandoned_line(project)
+    assert line and "during its put-back; put back with `knobkeeper canary --abort`" in line, line
+
+
 # ---------------------------------------------------------------- the command: refusals before any deploy
 
 TWO_DECODE = '''
@@ -729,7 +817,5 @@ router = [("@local", _d)]
 
 
 def subprocess_log(project) -> str:
-    import subprocess
-
     return subprocess.run(["git", "-C", str(project.root), "log", "--format=%B"], capture_output=True,
                           text=True, check=True).stdout
