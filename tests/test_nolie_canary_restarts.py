@@ -9,7 +9,7 @@ from __future__ import annotations
 from knobkeeper.evidence import canary as C
 from knobkeeper.evidence import metrics as M
 from knobkeeper.evidence import store
-from tests.infra import make_infra_repo
+from tests.infra import git, make_infra_repo
 from tests.test_canary import FakeSource, _noisy, _plan, _with_requests
 
 
@@ -48,33 +48,78 @@ def test_a_restart_inside_a_window_is_counted_with_the_requests_it_failed():
     assert crashed.as_dict()["restarts"] == 1 and "restarts" not in steady.as_dict()
 
 
-def test_restarts_invalidate_their_windows_and_three_fail_the_candidate(tmp_path):
+def test_a_restart_of_the_candidate_is_its_death_and_no_window_from_it_on_is_judged(tmp_path):
+    """Issue 38: a candidate's crash is itself the verdict. Seen afterwards in its windows (a source
+    that cannot watch): worse, "the candidate died" first among the failed guards and in the commit,
+    the windows from the crash on not judged (before: three restarts were needed, one cost a window)."""
     project = make_infra_repo(tmp_path)
     plan = _plan()
     canary = _with_requests(_noisy(31))
-    for w in canary["h1/decode"][:3]:                # the candidate crashes the engine in three windows
-        w.restarts = 1
+    canary["h1/decode"][1].restarts = 1            # the candidate crashes in the second canary window
     calls = []
     out = C.run(project, plan, FakeSource(_with_requests(_noisy(30)), canary),
                 C.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
                 C.Options(duration=0.04, interval=0.01, settle=0))
     assert out.verdict == "worse" and out.action == "rolled back" and calls == ["apply", "restore"]
     doc = store.load(project, out.doc["id"])
-    reasons = [w["reasons"] for w in doc["canary"]["windows"] if w["phase"] == "canary" and not w["valid"]]
-    assert reasons == [["restarted: h1/decode (1x)"]] * 3, reasons
-    assert "restarts: the canary workers restarted 3 times in the canary windows (3 fail the candidate)" \
-        in doc["canary"]["failed_guards"], doc["canary"]["failed_guards"]
-    notes = doc.validity.reasons
-    assert sum("restarted: h1/decode" in note for note in notes) == 3, notes
+    windows = [w for w in doc["canary"]["windows"] if w["phase"] == "canary"]
+    assert [w["reasons"] for w in windows] == [[], ["restarted: h1/decode (1x)", "the candidate died: h1/decode"],
+                                               ["the candidate died: h1/decode"], ["the candidate died: h1/decode"]]
+    assert doc["canary"]["failed_guards"][0] == "the candidate died: h1/decode: its process was replaced in window 5"
+    assert {r["window"] for r in doc["runs"] if r["arm"] == "B"} == {4}   # only the window before the crash
+    assert git(project.root, "log", "-1", "--format=%s").endswith(
+        "canary worse: the candidate died: h1/decode: its process was replaced in window 5, rolled back)")
+    assert store.verify(doc) == []
 
 
-def test_one_restart_is_an_invalid_window_not_a_failure_by_itself():
+def test_a_baseline_restart_is_an_invalid_window_not_a_failure():
+    """A baseline worker's crash is not the candidate's: it costs that window only."""
     plan = _plan()
     canary = _with_requests(_noisy(41, n=6))
-    canary["h1/decode"][2].restarts = 1
+    canary["h2/decode"][2].restarts = 1
     runs, windows = C.window_runs(plan, canary, calibration=_with_requests(_noisy(40, n=6)))
     invalid = [w for w in windows if not w.valid]
-    assert [w.reasons for w in invalid] == [["restarted: h1/decode (1x)"]]
-    assert C.restarts_of(plan, windows) == 1
+    assert [w.reasons for w in invalid] == [["restarted: h2/decode (1x)"]]
+    assert C.candidate_death(plan, windows) is None and C.restarts_of(plan, windows) == 0
     verdict, failed = C.decide(plan, windows, C.judgement(runs))
-    assert not any(f.startswith("restarts") for f in failed), failed
+    assert not any(f.startswith("the candidate died") for f in failed), failed
+
+
+# ---------------------------------------------------------------- the candidate seen dying (metrics.lost)
+
+def _steady(until: int) -> list:
+    return [s for s in _samples(None) if s.t <= until]
+
+
+def test_lost_names_a_replaced_process_and_ignores_the_deploys_own_restart():
+    gone = M.lost("h1/decode", _samples(5), [], since=0.0, now=9.0, names=M.SGLANG_METRICS)
+    assert (gone.alive, gone.seen) == (5.0, 6.0)
+    assert gone.what.startswith("its process was replaced between 1970-01-01T00:00:05Z and 1970-01-01T00:00:06Z")
+    # the candidate deploy's own restart is before `since` (the moment the deploy returned)
+    assert M.lost("h1/decode", _samples(5), [], since=6.0, now=9.0, names=M.SGLANG_METRICS) is None
+
+
+def test_lost_a_refused_scrape_is_death_a_slow_one_is_not_until_it_lasts():
+    refused = [M.Unanswered(4.5, "connection refused", refused=True)]
+    gone = M.lost("h1/decode", _steady(4), refused, since=0.0, now=5.0, names=M.SGLANG_METRICS)
+    assert (gone.alive, gone.seen) == (4.0, 4.5) and "refused the connection at 1970-01-01T00:00:04Z" in gone.what
+    # one timeout, then answers again: alive (that window is "unanswered", not judged, but no death)
+    slow = [M.Unanswered(4.5, "timed out")]
+    assert M.lost("h1/decode", _samples(None), slow, since=0.0, now=9.0, names=M.SGLANG_METRICS) is None
+    # timeouts with no answer since: death only once they last UNANSWERED_GONE_S
+    streak = [M.Unanswered(4.0 + 0.5 * k, "timed out") for k in range(1, 30)]
+    limit = 4.5 + M.UNANSWERED_GONE_S
+    assert M.lost("h1/decode", _steady(4), streak, since=0.0, now=limit - 0.1, names=M.SGLANG_METRICS) is None
+    gone = M.lost("h1/decode", _steady(4), streak, since=0.0, now=limit, names=M.SGLANG_METRICS)
+    assert gone.alive == 4.0 and "has not answered since 1970-01-01T00:00:04Z" in gone.what, gone
+
+
+def test_a_window_with_a_failed_scrape_is_not_judged():
+    stats = M.ScrapeSource._window(_samples(None), 4.0, 8.0, unanswered=[M.Unanswered(5.5, "refused", True)])
+    assert stats.unanswered == 1 and stats.as_dict()["unanswered"] == 1
+    assert M.ScrapeSource._window(_samples(None), 0.0, 4.0, unanswered=[M.Unanswered(5.5, "x")]).unanswered == 0
+    plan = _plan()
+    rows = _noisy(50, n=3)
+    rows["h2/decode"][1].unanswered = 2
+    windows = C.assess_windows(plan, rows, C.CANARY)
+    assert [w.reasons for w in windows] == [[], ["unanswered: h2/decode (2 scrapes failed)"], []]

@@ -100,6 +100,42 @@ def test_a_worker_restarted_mid_window_is_a_restart_in_the_prometheus_source(sta
     assert C.restarts_of(_plan(workers), windows) == 1
 
 
+def test_a_candidate_crash_seen_through_prometheus_is_worse_and_stops_the_windows(stack, tmp_path):
+    """Issue 38 through `--source prometheus`: the candidate worker killed by PID and started again
+    on its port (a crash supervisord restarted) one second into the canary windows. The raw samples
+    Prometheus holds show the new process at the next poll: the measuring stops, the evidence says
+    the candidate died and is committed before the put-back."""
+    from knobkeeper.evidence import store
+    from tests.infra import git
+
+    project = make_infra_repo(tmp_path)
+    workers, prom = stack["workers"], stack["prom"]
+    plan = _plan(workers)
+    calls, crashed = [], {}
+
+    def crash():
+        crashed["at"] = time.time()
+        workers[0].crash_and_restart()
+
+    def apply(targets, knobs):
+        calls.append("apply")
+        threading.Timer(1.0, crash).start()
+
+    out = C.run(project, plan, M.PrometheusSource(prom.url, plan.targets, SCRAPE),
+                C.Switch(apply, lambda: calls.append(("restore", git(project.root, "log", "-1", "--format=%s")))),
+                C.Options(duration=40, interval=2, calibrate=4, settle=0))
+    assert out.verdict == "worse" and out.action == "rolled back"
+    assert calls[0] == "apply" and calls[1][0] == "restore" and len(calls) == 2, calls
+    cause = "the candidate died: h1/decode: its process was replaced between "
+    assert out.doc.canary.failed_guards[0].startswith(cause), out.doc.canary.failed_guards
+    assert f"canary worse: {cause}" in calls[1][1], calls          # committed before the put-back
+    canary = [w for w in out.doc.canary.windows if w.phase == "canary"]
+    assert 0 < len(canary) < 20, canary                             # not the 40 s of windows
+    after = [w for w in canary if w.end > crashed["at"]]
+    assert after and all(not w.valid and "the candidate died: h1/decode" in w.reasons for w in after), canary
+    assert store.verify(store.load(project, out.doc.id)) == []
+
+
 def test_prometheus_dying_mid_canary_stops_it_within_a_poll_and_puts_the_hosts_back(stack, tmp_path):
     """Last in the module: it kills the module's Prometheus."""
     project = make_infra_repo(tmp_path)

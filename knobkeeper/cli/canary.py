@@ -64,8 +64,9 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
     window's mean load) is taken relative to the baseline hosts' in that same window, first for
     --calibrate with every host at the declared value, then for --duration with the candidate on
     the canary hosts; the change between the two is judged family-wise with TTFT and TPOT as guards
-    and an errors test. Worse, or a failed guard: the canary hosts are rolled back and the command
-    exits 1. Better with --promote: a `set` with the evidence, then the whole role is deployed.
+    and an errors test. Worse, a failed guard, or a canary worker that died on the candidate (the
+    windows stop there): the evidence is committed, then the canary hosts are rolled back, exit 1.
+    Better with --promote: a `set` with the evidence, then the whole role is deployed.
     Otherwise the canary hosts are put back, and it says how long a canary would decide. Ctrl-C or
     SIGTERM puts them back too. The evidence is written either way (changelog/evidence/, source
     "knobkeeper canary").

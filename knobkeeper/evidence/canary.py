@@ -69,19 +69,36 @@ tokens/s; a knob that speeds a host up also shrinks its batch, so the effect's s
 size is that of the host at its own load. The raw tokens/s is kept in every window.
 
 Validity: a window is invalid (listed with its reasons, not judged) when a host served no tokens or
-held no requests (no traffic), or when the most and least loaded host differ by more than
-`imbalance` x (default 2: the router is not spreading the load). No valid window at all: the canary
-is put back and the command fails.
+held no requests (no traffic), when a scrape of a host failed in it (it was not seen whole: a worker
+that died there is measured only up to its death), or when the most and least loaded host differ by
+more than `imbalance` x (default 2: the router is not spreading the load). No valid window at all:
+the canary is put back and the command fails.
 
 Restarts: a worker whose process start time changes, or whose token or request counter goes down,
 within a window restarted there (metrics.restarts_in, on knobkeeper's own samples or on the raw
-samples Prometheus holds); that window is invalid with reason "restarted", the requests in flight
-before the crash count as its errors (the errors test sees them), and RESTARTS_FAIL restarts of the
-canary workers over the canary windows fail the candidate.
+samples Prometheus holds); that window is invalid with reason "restarted", and the requests in
+flight before the crash count as its errors (the errors test sees them). A baseline worker's
+restart costs only its windows.
+
+The candidate dying is the verdict. From the candidate deploy on, every poll (below) asks the source
+whether a canary worker died (metrics.lost: its process replaced, its port refusing connections, or
+no answer for metrics.UNANSWERED_GONE_S). The first sign stops the measuring there: the windows up to
+then are kept, the one it died in is cut at that moment, every window from the last moment it was
+seen alive on is invalid ("the candidate died"), and the verdict is "worse" with the failed guard
+"the candidate died: HOST/SERVICE: what was seen", whatever the windows before said. A restart of a
+canary worker seen only afterwards in a canary window (a source that cannot watch) is the same
+death. As for any "worse", the evidence is written and committed first, then the hosts are put back
+(`run`), so a canary killed during that put-back has left its evidence. Before this, a candidate
+killed mid-canary had its dead windows measured, came out "no valid window" and was put back with
+no evidence at all (issue 38).
 
 A source that dies: while it waits out its windows the canary polls the source every POLL_S s
-(PrometheusSource.poll); one that stops answering stops the canary at once, its hosts put back,
-the line saying so.
+(PrometheusSource.poll) and at every window edge; one that stops answering stops the canary at
+once, its hosts put back, the line saying so.
+
+The evidence names the metrics under the names of the engine family it measured (the targets'
+`metrics`, knobkeeper.engine: vLLM's vllm:*, SGLang's and the sim's sglang:*), written above with
+SGLang's.
 
 Guards: TTFT and TPOT percentiles, as ratios the same way, in the judgement's family (lower is
 better). Errors: aborted requests on the canary hosts against the baseline hosts over the canary
@@ -104,11 +121,11 @@ from knobkeeper.changelog.store import repo_lock
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.deploy.record import DEPLOY_BUSY
+from knobkeeper.engine.family import Metrics
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
                                           SCRAPE_INTERVAL_S)
-from knobkeeper.evidence import validity as V
-from knobkeeper.evidence.metrics import Target, WindowStats, queries
+from knobkeeper.evidence.metrics import Gone, Target, WindowStats, queries, scrape_queries
 from knobkeeper.timeutil import iso, utcnow
 from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
 
@@ -116,11 +133,6 @@ METRIC = "output_tokens_per_s"
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
 SETTLE_MIN_S = 10.0
-# A worker whose process is replaced during a window (a crash supervisord restarted): that window is
-# invalid ("restarted"), the requests in flight at the crash count as errors, and this many restarts
-# of the canary workers fail the candidate whatever the valid windows say (its worst windows are
-# exactly the ones a crash makes invalid). The same number as ab run's (evidence/validity).
-RESTARTS_FAIL = V.RESTARTS_FAIL
 GUARD_FIELDS = ("ttft_ms", "tpot_ms")
 GUARD_KEYS = ("p50", "p99")
 CALIBRATION, CANARY = "calibration", "canary"
@@ -197,6 +209,11 @@ class Plan:
     @property
     def targets(self) -> list[Target]:
         return [*self.canary, *self.baseline]
+
+    @property
+    def metrics(self) -> Metrics:
+        """The metric names of the role's engine family (every worker of a role runs one engine)."""
+        return self.canary[0].metrics
 
     def unit_noise(self, restart_noise: float, calibrated: bool) -> float:
         """The log-sd no window averages out (see the module doc: restart noise)."""
@@ -275,6 +292,8 @@ def assess_windows(plan: Plan, stats: dict[str, list[WindowStats]], phase: str, 
             load, rate = per_request_rate(s)
             if getattr(s, "restarts", 0):   # its counters started again: the window's numbers are not its own
                 reasons.append(f"restarted: {key} ({s.restarts}x)")
+            elif getattr(s, "unanswered", 0):   # not seen whole: dead for part of it, or we cannot tell
+                reasons.append(f"unanswered: {key} ({s.unanswered} scrapes failed)")
             elif not s.output_tokens_per_s or not load or not rate:
                 reasons.append(f"no traffic on {key}")
             else:
@@ -369,16 +388,40 @@ def host_runs(plan: Plan, windows: list[Window]) -> list[Run]:
     return runs
 
 
+def candidate_death(plan: Plan, windows: list[Window]) -> Gone | None:
+    """The candidate's death as its windows show it afterwards: the first canary window in which a
+    canary worker's process was replaced (what a source that cannot watch, or a death after the last
+    poll, leaves; the module doc)."""
+    for w in windows:
+        for t in plan.canary if w.phase == CANARY else ():
+            if w.hosts[t.key].get("restarts"):
+                return Gone(t.key, w.start, w.end, f"its process was replaced in window {w.index}")
+    return None
+
+
+def mark_dead(plan: Plan, windows: list[Window], died: Gone) -> None:
+    """Every canary window that ends after the last moment the candidate was seen alive: invalid."""
+    for w in windows:
+        if w.phase == CANARY and w.end > died.alive:
+            w.valid, w.throughput, w.in_flight = False, None, None
+            w.reasons.append(f"the candidate died: {died.key}")
+
+
 def window_runs(plan: Plan, stats: dict[str, list[WindowStats]], imbalance: float = IMBALANCE,
-                calibration: dict[str, list[WindowStats]] | None = None) -> tuple[list[Run], list[Window]]:
-    """(runs, windows): the judged runs of either design, and every window with its validity."""
+                calibration: dict[str, list[WindowStats]] | None = None,
+                died: Gone | None = None) -> tuple[list[Run], list[Window]]:
+    """(runs, windows): the judged runs of either design, and every window with its validity; the
+    windows from the candidate's death on (`died`, else `candidate_death`) are not judged."""
     before = assess_windows(plan, calibration, CALIBRATION, imbalance) if calibration else []
     after = assess_windows(plan, stats, CANARY, imbalance, first_index=len(before))
     windows = before + after
+    died = died or candidate_death(plan, windows)
+    if died is not None:
+        mark_dead(plan, windows, died)
     if calibration:
         runs = ratio_runs(plan, windows)
-        if not {r.arm for r in runs} >= {"A", "B"}:
-            runs = []   # a phase without a valid window: nothing to compare
+        if not {r.arm for r in runs} >= {"A", "B"} and died is None:
+            runs = []   # a phase without a valid window: nothing to compare (a dead candidate keeps what it has)
         return runs, windows
     return host_runs(plan, windows), windows
 
@@ -449,16 +492,17 @@ def restarts_of(plan: Plan, windows: list[Window]) -> int:
     return sum(int(w.hosts[t.key].get("restarts") or 0) for w in windows if w.phase == CANARY for t in plan.canary)
 
 
-def decide(plan: Plan, windows: list[Window], judged: Judgement | None, alpha: float = ALPHA) -> tuple[str, list[str]]:
-    """(verdict, failed guards): the level's verdict, "worse" when any guard or the errors test failed."""
-    failed = [f"{g.metric} {g.effect * 100:+.1f}%" for g in (judged.regressions if judged else [])]
+def decide(plan: Plan, windows: list[Window], judged: Judgement | None, alpha: float = ALPHA,
+           died: Gone | None = None) -> tuple[str, list[str]]:
+    """(verdict, failed guards): the level's verdict, "worse" when the candidate died (`died`, or
+    `candidate_death` of the windows: first among the failed guards), any guard or the errors test
+    failed."""
+    died = died or candidate_death(plan, windows)
+    failed = [f"the candidate died: {died.key}: {died.what}"] if died is not None else []
+    failed += [f"{g.metric} {g.effect * 100:+.1f}%" for g in (judged.regressions if judged else [])]
     errors = errors_test(plan, windows, alpha)
     if errors.failed:
         failed.append(errors.text())
-    restarts = restarts_of(plan, windows)
-    if restarts >= RESTARTS_FAIL:
-        failed.append(f"restarts: the canary workers restarted {restarts} times in the canary windows "
-                      f"({RESTARTS_FAIL} fail the candidate)")
     levels = judged.levels if judged else []
     verdict = levels[0].verdict if levels else "inconclusive"
     return ("worse" if failed else verdict), failed
@@ -467,12 +511,36 @@ def decide(plan: Plan, windows: list[Window], judged: Judgement | None, alpha: f
 # ---------------------------------------------------------------- measuring
 
 # While it waits, the canary asks its source every this many seconds whether it still can measure
-# (PrometheusSource.poll: Prometheus answers): a source that died stops the canary within a window.
+# (PrometheusSource.poll: Prometheus answers) and, once the candidate is on, whether a canary worker
+# died (`gone`): a source or a candidate that died stops the canary within a window.
 POLL_S = 5.0
 
 
-def _wait_until(deadline: float, source) -> None:
-    """Sleep until `deadline` (unix s), calling `source.poll()` (where it has one) every POLL_S s."""
+class CandidateDied(Exception):
+    """A canary worker died after the candidate deploy, as the source saw it (`gone`, metrics.lost)."""
+
+    def __init__(self, gone: Gone):
+        super().__init__(gone.what)
+        self.gone = gone
+
+
+def _watch(source, plan: Plan, since: float) -> Callable[[], None] | None:
+    """The check each poll makes once the candidate is on: CandidateDied when a canary worker died
+    after `since` (the deploy's own restart is before it); None for a source that cannot tell."""
+    gone = getattr(source, "gone", None)
+    if gone is None:
+        return None
+
+    def watch() -> None:
+        seen = gone(plan.canary, since)
+        if seen is not None:
+            raise CandidateDied(seen)
+    return watch
+
+
+def _wait_until(deadline: float, source, watch: Callable[[], None] | None = None) -> None:
+    """Sleep until `deadline` (unix s), calling `source.poll()` (where it has one) and `watch` every
+    POLL_S s and at the deadline."""
     poll = getattr(source, "poll", None)
     while True:
         left = deadline - time.time()
@@ -481,14 +549,19 @@ def _wait_until(deadline: float, source) -> None:
         time.sleep(min(left, POLL_S))
         if poll is not None:
             poll()
+        if watch is not None:
+            watch()
 
 
 def _windows_of(count: int, interval: float, on_window: Callable[[int, int], None] | None, done: int,
-                total: int, source=None) -> list[float]:
-    """Wait out `count` windows of `interval` s (polling `source`); their edges (unix s)."""
-    edges = [time.time()]
+                total: int, source=None, watch: Callable[[], None] | None = None,
+                edges: list[float] | None = None) -> list[float]:
+    """Wait out `count` windows of `interval` s (polling `source`, calling `watch`); their edges (unix
+    s), appended to `edges` as they pass (what a caller stopped by `watch` has of them)."""
+    edges = [] if edges is None else edges
+    edges.append(time.time())
     for k in range(count):
-        _wait_until(edges[0] + (k + 1) * interval, source)
+        _wait_until(edges[0] + (k + 1) * interval, source, watch)
         edges.append(time.time())
         if on_window:
             on_window(done + k + 1, total)
@@ -513,11 +586,13 @@ class _Measured:
     failed: list[str]
     calibrated: bool
     deployed: float | None
+    died: Gone | None = None
 
 
 def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
     """Calibration windows, the candidate deploy, the settle, the canary windows, the verdict.
-    Once apply has begun, any failure, Ctrl-C or SIGTERM puts the canary hosts back (and re-raises)."""
+    Once apply has begun, any failure, Ctrl-C or SIGTERM puts the canary hosts back (and re-raises);
+    a candidate that died ends the windows there with the verdict "worse" (the module doc)."""
     n_windows, n_calibration = int(options.duration // options.interval), int(options.calibration_s // options.interval)
     total = n_windows + n_calibration
     applied = False
@@ -532,19 +607,20 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
             applied = False
             raise
         deployed = time.time()
-        _wait_until(deployed + options.settle_s, source)
-        edges = _windows_of(n_windows, options.interval, options.on_window, n_calibration, total, source)
-        source.stop()
-        calibration = source.windows(calibration_edges) if calibration_edges else None
-        runs, windows = window_runs(plan, source.windows(edges), options.imbalance, calibration)
-        noise = plan.unit_noise(options.restart_noise, bool(calibration))
-        judged = judgement(runs, noise, options.alpha) if runs else None
-        verdict, failed = decide(plan, windows, judged, options.alpha)
-        if not runs and verdict == "worse":
-            runs, noise = _unjudged_runs(plan, windows), 0.0
-        if not runs:
-            reasons = sorted({r for w in windows for r in w.reasons})
-            raise UserError(f"canary: no valid window ({'; '.join(reasons[:3]) or 'no data'})")
+        watch, edges, died = _watch(source, plan, deployed), [], None
+        try:
+            _wait_until(deployed + options.settle_s, source, watch)
+            _windows_of(n_windows, options.interval, options.on_window, n_calibration, total, source, watch, edges)
+            source.stop()
+            if watch is not None:
+                watch()   # a death after the last poll: the source's last samples
+        except CandidateDied as dead:
+            _stop_quietly(source)
+            died = dead.gone
+            if len(edges) <= n_windows:   # stopped inside the windows (or the settle: one from the deploy on)
+                edges = edges or [deployed]
+                edges.append(max(died.seen, edges[-1]))   # the window it died in, cut where it was seen gone
+        return _verdict(plan, source, options, calibration_edges, edges, died, deployed)
     except NothingApplied:
         _stop_quietly(source)
         raise
@@ -563,7 +639,29 @@ def _collect(plan: Plan, source, switch: Switch, options: Options) -> _Measured:
             switch.restore()
         _stop_quietly(source)
         raise
-    return _Measured(windows, runs, noise, verdict, failed, bool(calibration), deployed)
+
+
+def _verdict(plan: Plan, source, options: Options, calibration_edges: list[float], edges: list[float],
+             died: Gone | None, deployed: float) -> _Measured:
+    """The windows read from the source, judged; a dead candidate (`died`, or seen in its windows)
+    is "worse" with whatever the windows before its death hold (never a window from it on)."""
+    calibration = source.windows(calibration_edges) if calibration_edges else None
+    runs, windows = window_runs(plan, source.windows(edges), options.imbalance, calibration, died)
+    died = died or candidate_death(plan, windows)
+    noise = plan.unit_noise(options.restart_noise, bool(calibration))
+    judged = judgement(runs, noise, options.alpha) if runs and {r.arm for r in runs} >= {"A", "B"} else None
+    verdict, failed = decide(plan, windows, judged, options.alpha, died)
+    if not runs and died is not None:
+        # Nothing comparable before the death: what the baseline hosts served meanwhile (arm A only:
+        # an invalid level), never a number from the dead candidate's windows.
+        runs, noise = [r for r in _unjudged_runs(plan, windows) if r.arm == "A"], 0.0
+    elif not runs and verdict == "worse":
+        runs, noise = _unjudged_runs(plan, windows), 0.0
+    if not runs:
+        reasons = sorted({r for w in windows for r in w.reasons})
+        dead = f"{failed[0]}; " if died is not None else ""
+        raise UserError(f"canary: {dead}no valid window ({'; '.join(reasons[:3]) or 'no data'})")
+    return _Measured(windows, runs, noise, verdict, failed, bool(calibration), deployed, died)
 
 
 def measure(plan: Plan, source, switch: Switch, options: Options | None = None, setup: Setup | None = None) -> Evidence:
@@ -592,9 +690,11 @@ def measure(plan: Plan, source, switch: Switch, options: Options | None = None, 
     reasons = [f"window {w.index} ({w.phase}): {'; '.join(w.reasons)}" for w in seen.windows if not w.valid]
     setup = setup or Setup()
     setup.workload = Workload(duration_s=options.duration)
+    # a dead candidate's evidence is kept with what it has (a level of arm A only is invalid)
     doc = build_doc(knob=plan.knob, role=plan.role, arms=arms, runs=seen.runs, setup=setup,
                     source={"tool": "knobkeeper canary", "format": "canary"}, extra={"canary": block},
-                    notes=reasons, judge_options=_judge_options(seen.noise, options.alpha))
+                    notes=reasons, judge_options=_judge_options(seen.noise, options.alpha),
+                    keep_invalid=seen.died is not None)
     if seen.verdict == "worse":
         raise CanaryWorse(doc, f"canary worse: {', '.join(seen.failed) or 'throughput'}; canary hosts rolled back")
     return doc
@@ -605,15 +705,9 @@ def _record(plan: Plan, source, options: Options, seen: _Measured, seconds: floa
     return CanaryBlock(
         hosts={"canary": [t.key for t in plan.canary], "baseline": [t.key for t in plan.baseline]},
         source={"kind": source.name, "url": getattr(source, "url", None)},
-        queries=queries(options.interval) if source.name == "prometheus" else {
-            "output_tokens_per_s": "increase of sglang:generation_tokens_total between the samples at the "
-                                   "window edges / their time apart",
-            "decoding": "increase of sglang:inter_token_latency_seconds_sum / the time apart",
-            "itl_ms": "1000 x increase of ..._sum / increase of ..._count",
-            "running": "mean of sglang:num_running_reqs samples in the window",
-            "requests": "increase of sglang:num_requests_total",
-            "errors": "increase of sglang:num_aborted_requests_total",
-            "ttft_ms/tpot_ms": "histogram_quantile on the bucket increases (Prometheus's interpolation)"},
+        # the names of the family measured (issue 37: a vLLM canary recorded SGLang's here)
+        queries=(queries(options.interval, plan.metrics) if source.name == "prometheus"
+                 else scrape_queries(plan.metrics)),
         design=("calibrated: per-window canary/baseline ratios, canary windows (B) against calibration "
                 "windows (A)" if seen.calibrated else "uncalibrated: every (host, canary window) a run"),
         interval_s=options.interval, duration_s=options.duration,

@@ -32,6 +32,15 @@ request counter going down) between two samples restarted there: `restarts_in`, 
 the scrape path's samples, the raw samples Prometheus holds (`PrometheusSource.samples`) and `ab
 run`'s samples before and after each run (`ProcessWatch`).
 
+Unanswered scrapes: a window in which some scrape of a worker failed (`WindowStats.unanswered`: the
+scrape path's failed fetches, Prometheus's `up == 0` samples) was not seen whole; a worker that
+died in it is measured only up to its death there, so the canary does not judge that window.
+
+A worker gone (`lost`, the one rule again, on either source's samples and failed scrapes since a
+moment): its process was replaced, its port refused the connection (nothing listens: the process is
+gone; only the scrape path can tell a refusal from a timeout), or it has not answered for
+UNANSWERED_GONE_S. `ScrapeSource.gone` and `PrometheusSource.gone` say it while the canary runs.
+
 `scrape_config(stack)` renders the prometheus.yml that scrapes every worker's /metrics and the
 router's metrics port, each target labelled `kk_target="<host>/<service>"` so that the PromQL and
 the scrape path name series the same way.
@@ -52,6 +61,7 @@ from typing import Any, Callable, Iterable
 from knobkeeper.engine.family import Metrics, Series
 from knobkeeper.engine.sglang import SGLANG_METRICS
 from knobkeeper.errors import UserError
+from knobkeeper.timeutil import iso
 
 QUANTILES = {"p50": 0.5, "p99": 0.99}
 LABEL = "kk_target"
@@ -82,17 +92,21 @@ class WindowStats:
     decoding: float | None = None
     itl_ms: float | None = None
     requests: int | None = None
-    restarts: int = 0   # times the worker's process was seen replaced in the window (ScrapeSource._restarts)
+    restarts: int = 0   # times the worker's process was seen replaced in the window (restarts_in)
+    unanswered: int = 0   # scrapes of the worker that failed in the window (the module doc)
 
     def as_dict(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "output_tokens_per_s": self.output_tokens_per_s,
                 "running": self.running, "errors": self.errors, "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
                 "decoding": self.decoding, "itl_ms": self.itl_ms, "requests": self.requests,
-                **({"restarts": self.restarts} if self.restarts else {})}
+                **({"restarts": self.restarts} if self.restarts else {}),
+                **({"unanswered": self.unanswered} if self.unanswered else {})}
 
 
-def queries(window_s: float, names: Metrics = SGLANG_METRICS) -> dict[str, str]:
-    """The PromQL of every quantity for a window of `window_s` (recorded in the evidence)."""
+def queries(window_s: float, names: Metrics) -> dict[str, str]:
+    """The PromQL of every quantity for a window of `window_s` under the names of the workers' engine
+    family (`names`: no default, so that no caller records one family's names for another's workers;
+    recorded in the evidence)."""
     w = duration_text(window_s)
     tpot = " or ".join(f"rate({n}_bucket[{w}])" for n in names.tpot)
     itl = names.itl
@@ -103,11 +117,31 @@ def queries(window_s: float, names: Metrics = SGLANG_METRICS) -> dict[str, str]:
         "requests": f"sum by ({LABEL}) (increase({_promql(names.requests)}[{w}]))",
         "decoding": f"sum by ({LABEL}) (rate({itl}_sum[{w}]))",
         "itl_ms": f"1000 * sum by ({LABEL}) (rate({itl}_sum[{w}])) / sum by ({LABEL}) (rate({itl}_count[{w}]))",
+        # Prometheus's own `up` (0 for a scrape that failed), its count minus its sum: the failed scrapes
+        "unanswered": f"sum by ({LABEL}) (count_over_time(up[{w}]) - sum_over_time(up[{w}]))",
     }
     for key, q in QUANTILES.items():
         out[f"ttft_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) (rate({names.ttft}_bucket[{w}])))"
         out[f"tpot_ms.{key}"] = f"1000 * histogram_quantile({q}, sum by ({LABEL}, le) ({tpot}))"
     return out
+
+
+def scrape_queries(names: Metrics) -> dict[str, str]:
+    """What the scrape path computes for every quantity, under the names of the workers' engine
+    family (recorded in the evidence, as `queries` is for Prometheus)."""
+    tpot = " or ".join(names.tpot)
+    return {
+        "output_tokens_per_s": f"increase of {names.tokens} between the samples at the window edges / their "
+                               f"time apart",
+        "decoding": f"increase of {names.itl}_sum / the time apart",
+        "itl_ms": f"1000 x increase of {names.itl}_sum / increase of {names.itl}_count",
+        "running": f"mean of {names.running} samples in the window",
+        "requests": f"increase of {names.requests.promql()}" if names.requests else "not counted by the engine",
+        "errors": (f"increase of {names.aborted.promql()}" if names.aborted else "0 (the engine counts none)")
+                  + ", plus the requests in flight at each restart",
+        "unanswered": "scrapes of the worker that failed in the window",
+        "ttft_ms/tpot_ms": f"histogram_quantile on the bucket increases of {names.ttft} and {tpot} "
+                           f"(Prometheus's interpolation)"}
 
 
 def _promql(series: Series | None) -> str:
@@ -198,19 +232,37 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
 
 # ---------------------------------------------------------------- the scrape source
 
+class ScrapeFailed(UserError):
+    """A /metrics that did not answer; `refused`: the connection was refused (nothing listens on the
+    port: the process is gone), not a timeout or an HTTP error from a process still there."""
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
+
+
 def fetch(url: str, timeout: float = 5.0) -> str:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise UserError(f"{url}: cannot scrape ({reason})") from None
+        raise ScrapeFailed(f"{url}: cannot scrape ({reason})", isinstance(reason, ConnectionRefusedError)) from None
 
 
 @dataclass
 class _Sample:
     t: float
     data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """A scrape of a worker that failed: when it began (unix s), why, whether it was refused."""
+
+    t: float
+    why: str
+    refused: bool = False
 
 
 def _counter(data: dict[str, Any], name: str | Series | None) -> float | None:
@@ -245,6 +297,60 @@ def _span(samples: list[_Sample], start: float, end: float) -> list[_Sample]:
     before = [s for s in samples if s.t <= start]
     first = before[-1].t if before else start
     return [s for s in samples if first <= s.t <= end]
+
+
+# A worker none of whose scrapes answered for this long is gone, also when no refusal says so (a
+# hung process, a host that dropped off the network, or Prometheus, whose `up` cannot tell a refusal
+# from a timeout). Above the scrape path's own timeout (4 scrape intervals, at least 1 s; the default
+# 1-s interval: 4 s) with room for a busy machine, so one slow answer is never a death.
+UNANSWERED_GONE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A worker seen dead or replaced (`lost`): `alive`, the last moment (unix s) it was seen as the
+    process it was; `seen`, when it was seen gone; `what`, what was seen, as words."""
+
+    key: str
+    alive: float
+    seen: float
+    what: str
+
+
+def _clock(t: float) -> str:
+    from datetime import datetime, timezone
+
+    return iso(datetime.fromtimestamp(t, timezone.utc))[:19] + "Z"
+
+
+def lost(key: str, samples: list[_Sample], unanswered: list[Unanswered], since: float, now: float,
+         names: Metrics) -> Gone | None:
+    """Whether the worker `key` died after `since` (unix s), from its samples and its failed scrapes
+    up to `now`: THE rule for both sources (the module doc), the earliest sign first:
+
+    - its process was replaced (`restarts_in` between two samples: a crash its manager restarted);
+    - a scrape was refused (nothing listens on its port: the process is gone);
+    - none of its scrapes answered for UNANSWERED_GONE_S up to `now`.
+    """
+    samples = [x for x in samples if x.t >= since]
+    unanswered = [u for u in unanswered if u.t >= since]
+    found = []
+    for p, q in zip(samples, samples[1:]):
+        if restarts_in([p, q], names)[0]:
+            found.append(Gone(key, p.t, q.t, f"its process was replaced between {_clock(p.t)} and {_clock(q.t)} "
+                                             f"(a new process start time, or its counters went back)"))
+            break
+    refused = next((u for u in unanswered if u.refused), None)
+    if refused is not None:
+        alive = max((x.t for x in samples if x.t < refused.t), default=since)
+        found.append(Gone(key, alive, refused.t, f"its /metrics refused the connection at {_clock(refused.t)} "
+                                                 f"(nothing listens on its port: the process is gone)"))
+    last = max((x.t for x in samples), default=since)
+    streak = [u for u in unanswered if u.t > last]
+    if streak and now - streak[0].t >= UNANSWERED_GONE_S:
+        found.append(Gone(key, last, now, f"its /metrics has not answered since {_clock(streak[0].t)} "
+                                          f"({len(streak)} scrapes: {streak[-1].why})"))
+    return min(found, key=lambda g: g.alive, default=None)
 
 
 class ProcessWatch:
@@ -289,7 +395,7 @@ class ScrapeSource:
         self.targets = list(targets)
         self.scrape_interval = scrape_interval
         self.samples: dict[str, list[_Sample]] = {t.key: [] for t in self.targets}
-        self.failures: dict[str, str] = {}
+        self.unanswered: dict[str, list[Unanswered]] = {t.key: [] for t in self.targets}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -306,11 +412,19 @@ class ScrapeSource:
 
     def _scrape_all(self) -> None:
         for t in self.targets:
+            began = time.time()
             try:
                 text = fetch(t.url, timeout=max(1.0, self.scrape_interval * 4))
                 self.samples[t.key].append(_Sample(time.time(), parse(text)))
             except (UserError, ValueError) as exc:
-                self.failures[t.key] = str(exc)
+                self.unanswered[t.key].append(Unanswered(began, str(exc), getattr(exc, "refused", False)))
+
+    def gone(self, targets: Iterable[Target], since: float) -> Gone | None:
+        """The first of `targets` that died after `since` (unix s), from the samples so far (`lost`)."""
+        now = time.time()
+        found = [lost(t.key, list(self.samples[t.key]), list(self.unanswered[t.key]), since, now, t.metrics)
+                 for t in targets]
+        return min((g for g in found if g is not None), key=lambda g: g.alive, default=None)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -331,17 +445,20 @@ class ScrapeSource:
 
     def windows(self, edges: list[float]) -> dict[str, list[WindowStats]]:
         """Per target, one WindowStats per consecutive pair of `edges` (unix seconds)."""
-        return {t.key: [self._window(self.samples[t.key], a, b, t.metrics) for a, b in zip(edges, edges[1:])]
+        return {t.key: [self._window(self.samples[t.key], a, b, t.metrics, self.unanswered[t.key])
+                        for a, b in zip(edges, edges[1:])]
                 for t in self.targets}
 
     @staticmethod
-    def _window(samples: list[_Sample], start: float, end: float, names: Metrics = SGLANG_METRICS) -> WindowStats:
+    def _window(samples: list[_Sample], start: float, end: float, names: Metrics = SGLANG_METRICS,
+                unanswered: Iterable[Unanswered] = ()) -> WindowStats:
         before = [s for s in samples if s.t <= start]
         upto = [s for s in samples if s.t <= end]
         inside = [s for s in samples if start < s.t <= end]
         gauge = [s.data["gauges"].get(names.running) for s in inside]
         gauge = [g for g in gauge if g is not None]
         stats = WindowStats(start, end, None, sum(gauge) / len(gauge) if gauge else None, 0)
+        stats.unanswered = sum(1 for u in unanswered if start < u.t <= end)
         if not before or not upto or upto[-1].t <= before[-1].t:
             return stats
         a, b = before[-1], upto[-1]
@@ -454,6 +571,22 @@ class PrometheusSource:
         # The window's last samples reach Prometheus up to one scrape interval after its end.
         time.sleep(self.scrape_interval * 2 + 0.2)
 
+    def gone(self, targets: Iterable[Target], since: float) -> Gone | None:
+        """The first of `targets` that died after `since` (unix s), from the raw samples Prometheus
+        holds and its failed scrapes (`up` 0), by the same rule as the scrape path (`lost`)."""
+        targets = list(targets)
+        now = time.time()
+        raw = self.samples(since, now)
+        keys = {t.key for t in targets}
+        unanswered: dict[str, list[Unanswered]] = {}
+        for series in self.query(f'up{{{LABEL}!=""}}[{duration_text(now - since)}]', at=now):
+            key = series["metric"].get(LABEL)
+            for t, v in series.get("values", []) if key in keys else ():
+                if float(v) == 0:
+                    unanswered.setdefault(key, []).append(Unanswered(float(t), "Prometheus could not scrape it (up 0)"))
+        found = [lost(t.key, raw.get(t.key, []), unanswered.get(t.key, []), since, now, t.metrics) for t in targets]
+        return min((g for g in found if g is not None), key=lambda g: g.alive, default=None)
+
     def samples(self, start: float, end: float) -> dict[str, list[_Sample]]:
         """Per target, the raw samples Prometheus holds from `start` to `end` of what `restarts_in`
         reads (the process start time, the token and request counters, the running gauge), one
@@ -514,7 +647,8 @@ class PrometheusSource:
                 rows.append(WindowStats(edges[i], end, val("output_tokens_per_s"), val("running"),
                                         int(round(val("errors") or 0)), pair("ttft_ms"), pair("tpot_ms"),
                                         val("decoding"), val("itl_ms"),
-                                        None if finished is None else int(round(finished))))
+                                        None if finished is None else int(round(finished)),
+                                        unanswered=int(round(val("unanswered") or 0))))
             out[t.key] = rows
         # Restarts: Prometheus's rate() and increase() already step over a counter reset, so the
         # numbers above hold; which windows a worker was replaced in comes from its raw samples.

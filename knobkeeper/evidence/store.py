@@ -192,9 +192,12 @@ def commit_summary(doc: Evidence) -> str:
     if regressions:
         what += ", but " + ", ".join(f"{g.label} {fmt.pct(g.effect, 0)} @{g.concurrency}" for g in regressions)
     canary = doc.canary
-    if canary is not None and canary.verdict == "worse":   # the errors test is the canary's, outside the judgement
-        errors = [f.split(" (p ")[0] for f in canary.failed_guards if f.startswith("errors")]
-        what += f"; canary worse{': ' + errors[0] if errors else ''}{', rolled back' if canary.rolled_back else ''}"
+    if canary is not None and canary.verdict == "worse":
+        # the canary's own failures, outside the judgement (its regressions are said above): the
+        # candidate's death, the errors test; the first one, up to its parenthesis
+        own = [f.split(" (")[0] for f in canary.failed_guards
+               if not any(f.startswith(f"{g.metric} ") for g in regressions)]
+        what += f"; canary worse{': ' + own[0] if own else ''}{', rolled back' if canary.rolled_back else ''}"
     return f"evidence: {doc.knob}={fmt.value(doc.candidate)} on {doc.role} ({what})"
 
 

@@ -45,8 +45,9 @@ from knobkeeper import fmt
 from knobkeeper.evidence.model import METRIC, KnobSeen, LevelValidity, Run, Validity
 
 ERROR_RATE_MAX = 0.05
-# This many worker restarts while the candidate is measured fail it (ab run's arm B, a canary's
-# canary windows): one crash can be a neighbour's, three are the candidate's.
+# This many worker restarts while the candidate is measured fail it (ab run's arm B): one crash can
+# be a neighbour's, three are the candidate's. A canary watches its candidate workers as it runs
+# and stops at the first one's death, which is its verdict (knobkeeper.evidence.canary, issue 38).
 RESTARTS_FAIL = 3
 CARRIED, NOT_CARRIED, UNVERIFIED = "carried", "not carried", "unverified"
 
