@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import shlex
 import time
 from typing import Any
 
@@ -167,7 +168,15 @@ class SlurmRun:
             if res.gpus and "gpu" not in part.gres:
                 raise UserError(f"slurm: data {role}_slurm['gpus'] = {res.gpus}: partition {part.name} has no gpu gres "
                                 f"({part.gres})")
-        client.test(self.script, s.script_path)
+        # The script travels as a file, as sbatch will read it: inline in the shell line, a large knob
+        # value (its text is in the script up to 3 times) made that line "Argument list too long".
+        from knobkeeper.deploy.operations import _on
+
+        copy = _put_temp(self.script)
+        try:
+            client.test(copy, s.script_path)
+        finally:
+            _on()(f"rm -f {shlex.quote(copy)}")
 
     # --- gates -------------------------------------------------------------------------------------------
 
@@ -367,6 +376,15 @@ class _GateError(Exception):
     def __init__(self, message: str, status: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def _put_temp(text: str) -> str:
+    """`text` in a new temporary file on the login host (through pyinfra's connector: a copy on this
+    machine, SFTP over SSH), and its path there."""
+    path = current_host.get_temp_filename()
+    if not current_host.put_file(io.BytesIO(text.encode()), path):
+        raise SlurmError(f"slurm: cannot write a temporary copy of the job script to {path} on {current_host.name}")
+    return path
 
 
 def _read_placement(path: str) -> Placement | None:
