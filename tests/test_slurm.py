@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -23,7 +24,9 @@ import pytest
 from knobkeeper.changelog.ops import set_knob
 from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.plan import plan_text, restart_plan
-from knobkeeper.deploy.slurm.job import DELIMITER
+from knobkeeper.deploy.slurm.client import Client
+from knobkeeper.deploy.slurm.job import DELIMITER, settings_of
+from knobkeeper.deploy.slurm.ops import ended_words
 from knobkeeper.deploy.stack import load_stack, running_stack
 from knobkeeper.deploy.status import stack_status
 from knobkeeper.errors import UserError
@@ -233,14 +236,13 @@ def test_a_job_script_over_the_size_slurm_takes_is_refused_where_it_renders(proj
     """sbatch refuses a job script over the cluster's max_script_size (Slurm's default 4 MiB) only at
     submit time; the render refuses it first, so `check` and `plan` (and the deploy, before anything
     is uploaded) say so in one line naming the knob value that weighs most."""
-    from knobkeeper.deploy.render import render_stack
-
     inv = project.root / INV
     inv.write_text(inv.read_text().replace('"slurm_pending_timeout": 120,',
                                            '"slurm_pending_timeout": 120, "slurm_max_script_size": 150000,'))
     git(project.root, "commit", "-q", "-am", "a cluster that takes job scripts up to 150000 bytes")
     set_knob(project, "NCCL_SOCKET_IFNAME", "x" * 40000, "decode", "a large value")
-    render_stack(project, load_stack(project.root, INV))  # ~136 KB: it fits
+    fits = kk(project, "plan", INV, "--data", "slurm_timeout=1")  # ~136 KB: it fits (no cluster: the plan says so)
+    assert fits.exit_code == 0 and "slurm job knobkeeper-local_slurm: unknown\n   why: slurm: squeue" in fits.output
     set_knob(project, "NCCL_SOCKET_IFNAME", "x" * 60000, "decode", "a larger one")
     plan = kk(project, "plan", INV)
     assert plan.exit_code == 2, plan.output
@@ -427,6 +429,13 @@ def test_a_failed_gate_cancels_the_new_job_and_the_old_one_keeps_serving(site):
         time.sleep(0.2)
     assert site.scontrol_state(new.id) == "CANCELLED" and site.jobs()[before] == "RUNNING"
     assert _chat(serving)["choices"]  # the old job never stopped serving
+    # How a gate names a job that ended, from what scontrol says of this cancelled one: its Reason
+    # is "None", scontrol's word for none, which the line leaves out.
+    client = Client(settings_of(load_stack(site.project.root, INV, FAST)),
+                    lambda command: subprocess.run(command, shell=True, capture_output=True, text=True).stdout.splitlines())
+    rows = client.show(new.id)
+    assert rows[0]["Reason"] == "None"
+    assert re.fullmatch(rf"job {new.id} ended CANCELLED \(exit \d+:\d+\)", ended_words(new.id, rows, None))
 
     # A job that dies during start-up: the one line carries its last output lines.
     args = {**FAST["engine_args"], "decode": ["--time-scale", "0.05", "--no-such-flag"]}

@@ -95,8 +95,8 @@ class Job:
 
     @property
     def reason(self) -> str:
-        reasons = [c.reason for c in self.components if c.reason not in ("None", "")]
-        return ", ".join(dict.fromkeys(reasons))
+        reasons = [no_reason(c.reason) for c in self.components]
+        return ", ".join(dict.fromkeys(r for r in reasons if r))
 
     def nodes(self, offset: int) -> str:
         for c in self.components:
@@ -113,6 +113,11 @@ class Partition:
     memory_mb: int  # the most memory one node has
     gres: str
     up: bool
+
+
+def no_reason(reason: str | None) -> str:
+    """Slurm's reason, or "" where squeue and scontrol print their word for none ("None")."""
+    return "" if reason in (None, "", "None", "(null)") else reason
 
 
 def slurm_time(text: str | None) -> str | None:

@@ -30,7 +30,7 @@ from pyinfra.operations import files, python
 
 from knobkeeper.deploy.health import PROGRESS_EVERY_S, QUIET_S, _say, healthy_now
 from knobkeeper.deploy.record import SlurmJob, SlurmRecord
-from knobkeeper.deploy.slurm.client import HOPELESS, Client, Job, SlurmError
+from knobkeeper.deploy.slurm.client import HOPELESS, Client, Job, SlurmError, no_reason
 from knobkeeper.deploy.slurm.decide import decide
 from knobkeeper.deploy.slurm.job import Placement, Resources, megabytes, parse_placement, settings_of
 from knobkeeper.errors import UserError
@@ -281,14 +281,8 @@ class SlurmRun:
         while rows and rows[0].get("JobState") == "COMPLETING" and time.monotonic() < deadline:
             time.sleep(POLL_S * 5)
             rows = client.show(job.id)
-        lead = rows[0] if rows else {}
-        how = lead.get("JobState") or (state.state if state else None) or "gone"
-        reason = lead.get("Reason") or (state.reason if state else "")
-        code = lead.get("ExitCode")
         tail = self._output_tail(job.id)
-        words = f"job {job.id} ended {how}" + (f" (reason {reason}" + (f", exit {code}" if code else "") + ")"
-                                                if reason or code else "")
-        return words + (f"; its output ends: {tail}" if tail else "")
+        return ended_words(job.id, rows, state) + (f"; its output ends: {tail}" if tail else "")
 
     def _output_tail(self, job_id: str, lines: int = 4) -> str:
         from knobkeeper.deploy.operations import _on
@@ -370,6 +364,18 @@ class SlurmRun:
         row = self.run.row(svc)
         row.action, row.reason, row.job = action, reason, job
         return row
+
+
+def ended_words(job_id: str, rows: list[dict[str, str]], state: Job | None) -> str:
+    """How a job ended, "job 12 ended FAILED (reason NonZeroExitCode, exit 1:0)", from `scontrol show
+    job` (Client.show's rows; squeue's view when scontrol no longer knows the job). A cancelled job's
+    Reason is "None" (scontrol's word for none), which is no reason."""
+    lead = rows[0] if rows else {}
+    how = lead.get("JobState") or (state.state if state else None) or "gone"
+    reason = no_reason(lead.get("Reason")) or (state.reason if state else "")
+    code = lead.get("ExitCode")
+    said = ([f"reason {reason}"] if reason else []) + ([f"exit {code}"] if code else [])
+    return f"job {job_id} ended {how}" + (f" ({', '.join(said)})" if said else "")
 
 
 class _GateError(Exception):

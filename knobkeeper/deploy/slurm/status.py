@@ -178,7 +178,7 @@ def job_plan(shell: Any, stack: Any, rendered: Mapping[tuple[str, str], Any], re
         d = decide(restart, jobs, entry.digest, list(stack.services), rendered, next(iter(entry.files.values())),
                    settings.job_name, client.batch_script)
     except SlurmError as exc:
-        return {"action": "unknown", "why": [str(exc)], "running": None,
+        return {"action": "unknown", "why": [str(exc)], "running": None, "job": settings.job_name,
                 "services": {s.name: ("unknown", str(exc), []) for s in stack.services}}
     running = d.keep or d.previous
     return {"action": d.action, "why": d.why, "running": running.id if running else None,
