@@ -295,7 +295,7 @@ def job_service(stack: Any, settings: Settings) -> Any:
 def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any], source: Any) -> Any:
     """The job script of the stack as a RenderedService (files: {script path: text}), rendered by
     deploy/render.py from templates/slurm-job.sh.j2 with every component's rendered launch script."""
-    from knobkeeper.deploy.render import META_PREFIX, RenderedService, _render, content_digest, strip_header
+    from knobkeeper.deploy.render import RenderedService, _render, content_digest, strip_header
 
     settings = settings_of(stack)
     services = list(stack.services)
@@ -341,8 +341,23 @@ def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any]
     body = strip_header(_render(templates, TEMPLATE, {**context, "header": []}))
     parts = {svc.name: rendered[(svc.host, svc.name)] for svc in services}
     digest = content_digest({settings.script_path: body}, {name: part.digest for name, part in parts.items()})
+    header = _header(settings, stack, services, parts, source, digest)
+    # What review diffs: the launch scripts' headers name the commit, so they change with every commit
+    # (140 lines of a job script's diff, nothing else changed); each launch script's diff shows its own.
+    reviewed = _render(templates, TEMPLATE, {**context, "header": header})
     for component in components:  # what is submitted: each launch script with its header (provenance)
         component["script"] = embedded(texts[component["service"]])
+    text = _render(templates, TEMPLATE, {**context, "header": header})
+    _check_size(settings, text, stack, parts)
+    return RenderedService(service=job, files={settings.script_path: text}, modes={settings.script_path: "0644"},
+                           knobs={}, digest=digest, reviewed={settings.script_path: reviewed})
+
+
+def _header(settings: Settings, stack: Any, services: list[Any], parts: Mapping[str, Any], source: Any,
+            digest: str) -> list[str]:
+    """The job script's header lines: what it is, the commit, the digests, the machine-readable line."""
+    from knobkeeper.deploy.render import META_PREFIX
+
     meta = {"kind": "slurm-job", "stack": stack.inventory, "job": settings.job_name, "source": source.commit,
             "dirty": source.dirty, "digest": digest,
             "components": [{"service": s.name, "role": s.role, "group": i, "digest": parts[s.name].digest,
@@ -351,11 +366,7 @@ def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any]
               f"submitted with sbatch from {settings.host}",
               f"source: {source.label}", f"digest: {digest}"]
     header += [f"component {i} {s.name} (role {s.role}): digest {parts[s.name].digest}" for i, s in enumerate(services)]
-    header += [META_PREFIX[2:] + json.dumps(meta, sort_keys=True)]
-    text = _render(templates, TEMPLATE, {**context, "header": header})
-    _check_size(settings, text, stack, parts)
-    return RenderedService(service=job, files={settings.script_path: text}, modes={settings.script_path: "0644"},
-                           knobs={}, digest=digest)
+    return header + [META_PREFIX[2:] + json.dumps(meta, sort_keys=True)]
 
 
 def _check_size(settings: Settings, text: str, stack: Any, parts: Mapping[str, Any]) -> None:
