@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from knobkeeper.changelog.ops import set_knob
+from knobkeeper.cli.core import MAX_VALUE_BYTES
 from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.plan import plan_text, restart_plan
 from knobkeeper.deploy.slurm.client import Client
@@ -391,15 +392,15 @@ def test_a_knob_change_is_a_new_job_gated_before_the_old_one_is_cancelled(site):
     assert timeline.exit_code == 0 and "restarted decode knobkeeper-decode on @local" in timeline.output, timeline.output
 
 
-def test_a_60_kb_knob_value_reaches_the_process_through_the_job_script(site):
+def test_a_64_kib_knob_value_reaches_the_process_through_the_job_script(site):
     """`set` takes values up to 64 KiB; the job script holds such a value three times (the export and
-    two headers' JSON), ~180 KB: more than one shell argument can be (128 KiB), so nothing may pass
-    the script through a command line (sbatch --test-only did: "Argument list too long")."""
-    lines = [f"line {i}: it's $(hostname) `id` \"q\" \\ ${{HOME}} |x" for i in range(2000)]
+    two headers' JSON), ~200 KB: more than one shell argument can be (128 KiB), so nothing may pass
+    the script through a command line (sbatch --test-only did: "Argument list too long", for 60 KB)."""
+    lines = [f"line {i}: it's $(hostname) `id` \"q\" \\ ${{HOME}} |x" for i in range(2200)]
     # ... with a line that would end a here-document, and one like the exec line the job fills in
-    value = "\n".join(lines[:1000] + [DELIMITER, "", "exec @kk:knobkeeper-decode:port@"] + lines[1000:])[:60000]
-    assert len(value.encode()) == 60000 and f"\n{DELIMITER}\n" in value
-    set_knob(site.project, "NCCL_SOCKET_IFNAME", value, "decode", "a 60 KB value through Slurm")
+    value = "\n".join(lines[:1000] + [DELIMITER, "", "exec @kk:knobkeeper-decode:port@"] + lines[1000:])[:MAX_VALUE_BYTES]
+    assert len(value.encode()) == MAX_VALUE_BYTES and f"\n{DELIMITER}\n" in value
+    set_knob(site.project, "NCCL_SOCKET_IFNAME", value, "decode", "a 64 KiB value through Slurm")
     record = _ok(site.deploy())
     assert record.slurm.decision == "new job"
     decode = record.service("@local", "knobkeeper-decode")
