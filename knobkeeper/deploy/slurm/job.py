@@ -235,12 +235,12 @@ def settings_of(stack: Any) -> Settings:
         if value is not None and (not isinstance(value, str) or not value.startswith("/") or any(c.isspace() for c in value)):
             raise UserError(f"{where}: data {path_key} = {value!r}: expected an absolute path without spaces")
     python = data.get("slurm_python") or "python3"
+    if not isinstance(python, str) or any(c.isspace() for c in python):
+        raise UserError(f"{where}: data slurm_python = {python!r}: expected an interpreter path or name")
     max_size = data.get("slurm_max_script_size", MAX_SCRIPT_SIZE)
     if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1024:
         raise UserError(f"{where}: data slurm_max_script_size = {max_size!r}: expected a number of bytes (at least "
                         f"1024; Slurm's default is {MAX_SCRIPT_SIZE})")
-    if not isinstance(python, str) or any(c.isspace() for c in python):
-        raise UserError(f"{where}: data slurm_python = {python!r}: expected an interpreter path or name")
     return Settings(
         host=plan.name, inventory=stack.inventory, job_name=str(name), root=f"{plan.prefix}/slurm",
         partition=_text(where, "slurm_partition", data.get("slurm_partition"), _LIST, "a partition name"),
