@@ -128,6 +128,22 @@ def test_a_failing_tool_stops_the_run_with_its_last_lines_and_the_arms_are_put_b
     assert not list((project.root / "changelog" / "evidence").glob("*.json"))
 
 
+def test_a_failing_tools_last_lines_are_one_line_of_its_error(tmp_path):
+    """The error is printed as one line (a newline in it would show as a literal \\n): the tool's last
+    lines are joined with " | "."""
+    from knobkeeper.evidence.bench import Located, ToolLoad
+
+    tool = tmp_path / "python"  # stands for the tool's python: whatever it is asked, it fails like argparse
+    tool.write_text("#!/bin/sh\necho 'usage: vllm bench serve [options]'\n"
+                    "echo '  error: unrecognized arguments: --no-such-flag' >&2\nexit 2\n")
+    tool.chmod(0o755)
+    load = ToolLoad(Located(I.TOOLS["vllm"], str(tool), "0.32.0"), tmp_path)
+    with pytest.raises(UserError) as failed:
+        load("http://127.0.0.1:9", 8, requests=4, model="m", api="completions")
+    assert str(failed.value) == ("--bench vllm: vllm bench serve 0.32.0 exited with status 2; its last lines: "
+                                 "usage: vllm bench serve [options] | error: unrecognized arguments: --no-such-flag")
+
+
 def test_a_tool_not_installed_is_said_before_any_arm_is_switched(tmp_path, monkeypatch):
     project = make_infra_repo(tmp_path)
     runner = CliRunner()

@@ -465,6 +465,23 @@ def test_change_reasons_name_knob_flag_interpreter_and_template(shared, catalog,
     assert change_reasons(before[key].files, before[key].files) == []
 
 
+def test_a_multi_line_value_is_one_knob_change_not_template_lines(shared):
+    """An export of a multi-line value spans lines of the script; they are one shell line, so its
+    change is the knob's (both values in full), never "launch script template: N line(s) added",
+    and a line of it that looks like the exec line is not taken for the command."""
+    from knobkeeper.deploy.plan import change_reasons
+
+    knob, key = "KNOBKEEPER_SIM_EXTRA_ARGS", ("@local", "knobkeeper-decode")
+    first, second = "first line\n\nafter an empty line; it's $HOME", "one\nexec /bin/false --x 'y'\ntwo"
+    _, unset = _rendered(shared, LOCAL)
+    _, one = _rendered(shared, LOCAL, overrides={"decode": {knob: first}})
+    _, two = _rendered(shared, LOCAL, overrides={"decode": {knob: second}})
+    assert change_reasons(unset[key].files, one[key].files) == [
+        f"knob {knob}: set to \"first line\\n\\nafter an empty line; it's $HOME\" (was unset)"]
+    assert change_reasons(one[key].files, two[key].files) == [
+        f"knob {knob}: \"first line\\n\\nafter an empty line; it's $HOME\" -> \"one\\nexec /bin/false --x 'y'\\ntwo\""]
+
+
 # --- secrets: the value shipped is the value declared ----------------------------------------------------
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import struct
 from datetime import datetime, timedelta, timezone
 
@@ -168,6 +169,70 @@ def test_status_json_shows_the_observed_state(story, tmp_path):
                                    "differences": [f"{KNOB}: running 512, declared (unset)"]}]))
     text = write_report(project, tmp_path / "s.html", status_json=str(status)).path.read_text()
     assert 'class="state s-drifted">drifted</span>' in text and f"{KNOB}: running 512, declared (unset)" in text
+
+
+def _co_restart_record(project, inventory: str) -> None:
+    """The record a co-restart of `inventory` commits: every service restarted with the knobs its
+    rendered launch script exports (deploy/operations.py records `knobs=rendered.knobs`)."""
+    from knobkeeper.deploy.record import DeployRecord, save
+    from knobkeeper.deploy.render import render_stack
+    from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.timeutil import iso, new_id, utcnow
+
+    stack, now = load_stack(project.root, inventory), iso(utcnow())
+    rendered = render_stack(project, stack)
+    services = [{"host": s.host, "service": s.name, "role": s.role, "action": "restarted", "reason": "co-restart",
+                 "knobs": rendered[(s.host, s.name)].knobs, "digest": rendered[(s.host, s.name)].digest,
+                 "restart_issued_at": now, "gate": {"result": "passed"}} for s in stack.services]
+    save(project, DeployRecord(id=new_id(), inventory=stack.inventory, inventory_path=inventory,
+                               commit=git(project.root, "rev-parse", "HEAD"), dirty=False, allow_dirty=False,
+                               options={"restart": "co"}, order=list(stack.order), started_at=now, finished_at=now,
+                               result="ok", services=services, stack=stack.hosts["@local"].data.get("stack", "")),
+         commit=True)
+
+
+def _deploy_states(text: str) -> dict[str, str]:
+    """{service: the text of its state cell} of the report's "Last deploy per host and service" table."""
+    table = text.split("Last deploy per host and service")[1].split("</table>")[0]
+    rows = re.findall(r"<tr><td>@local</td><td>([^<]+)</td>.*?<td>(<span class=\"state .*?)</td></tr>", table)
+    return {service: re.sub(r"<[^>]+>", "", cell) for service, cell in rows}
+
+
+def test_the_last_deploy_is_judged_as_status_judges_it(project, tmp_path):
+    """local_vllm.py starts its engines with knob_defaults, a baseline knobs.toml does not declare:
+    right after a co-restart `status` says in sync, and so must the report (it said "declared knobs
+    changed since"), through the same function over the same render. A knob set since is named in
+    status's words; a knob the pinned engine's registry declares is that, not "not in the catalog"."""
+    from knobkeeper.deploy.status import declared_knobs_now, knob_drift
+    from knobkeeper.deploy.record import load_records
+
+    inventory = "inventory/local_vllm.py"
+    _co_restart_record(project, inventory)
+    now = declared_knobs_now(project, inventory)
+    [record] = load_records(project)
+    assert all(knob_drift(now[(row.host, row.service)], row.knobs) == [] for row in record.services)
+    assert record.service("@local", "knobkeeper-decode").knobs["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    states = _deploy_states(write_report(project, tmp_path / "r.html").path.read_text())
+    assert set(states) == {"knobkeeper-prefill", "knobkeeper-decode", "knobkeeper-router"}
+    assert all(state.startswith("started with what is declared") for state in states.values()), states
+
+    ops.set_knob(project, "VLLM_CPU_KVCACHE_SPACE", "2", "vllm.decode", "a bigger KV cache")
+    text = write_report(project, tmp_path / "r.html").path.read_text()
+    states = _deploy_states(text)
+    assert states["knobkeeper-decode"] == ("declared knobs changed since VLLM_CPU_KVCACHE_SPACE: running 1, "
+                                                "declared 2 (a deploy restarts it)")
+    assert states["knobkeeper-prefill"].startswith("started with what is declared")
+    knob = text.split('id="knob-VLLM_CPU_KVCACHE_SPACE"')[1].split('<div class="scroll">')[0]
+    assert "not in the catalog" not in knob and 'class="warn"' not in knob
+    assert "risk unreviewed" in knob and "from the vllm 0.32.0 registry, not curated in inventory/catalog.toml" in knob
+
+
+def test_the_throughput_axis_never_goes_below_zero():
+    """The axis is padded beyond the intervals; a padded low end read -31 tok/s."""
+    arms = {"A": [(8, 100.0, 90.0, 110.0, 3), (64, 1200.0, 1150.0, 1250.0, 3)]}
+    chart = svg.evidence_chart(arms, {"A": "A: X=1"}, [], {}, "output_tokens_per_s")
+    ticks = [float(t.replace(",", "")) for t in re.findall(r'text-anchor="end">([^<]+)</text>', chart)]
+    assert len(ticks) == 5 and min(ticks) == 0 and max(ticks) > 1250, ticks
 
 
 def test_role_filter_keeps_one_lane(story, tmp_path):

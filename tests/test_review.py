@@ -75,6 +75,44 @@ def test_review_of_a_set_with_evidence_matches_the_golden_file(branch_with_evide
     assert body == GOLDEN.read_text(), "review body changed; if intended: UPDATE_GOLDEN=1 pytest tests/test_review.py"
 
 
+def test_a_range_that_changes_no_rendered_body_shows_no_rendered_file(short_tmp, monkeypatch):
+    """Every rendered file's header names the commit, so it changes with every commit; a file whose
+    only change is a header is not shown. A Slurm job script embeds each launch script WITH its
+    header: its diff was ~140 lines of `|# source:` (example_slurm.py) in every review."""
+    pin_git_dates(monkeypatch)
+    project = make_infra_repo(short_tmp)
+    git(project.root, "switch", "-q", "-c", "evidence")
+    write_evidence(project)
+    commit_all(project, "evidence only")
+    review = R.collect(project, base="main")
+    assert review.diffs == []
+    assert "No rendered file changes" in R.to_markdown(review)
+
+
+def test_the_body_names_no_absolute_path_of_this_machine(short_tmp, monkeypatch):
+    """The body is read on other machines (and CI's must be the one written here): local.py places
+    its files in the repo, its interpreter is this machine's. Paths in the repo are relative to it,
+    others in the home folder start with ~."""
+    pin_git_dates(monkeypatch)
+    monkeypatch.setenv("HOME", str(short_tmp))
+    project = make_infra_repo(short_tmp)
+    inv = project.inventory_dir / "local.py"
+    inv.write_text(inv.read_text().replace('"python": _sys.executable,', f'"python": "{short_tmp}/venvs/kk/bin/python",'))
+    commit_all(project, "local.py: the interpreter of a venv in the home folder")
+    git(project.root, "switch", "-q", "-c", "ctas")
+    write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
+                reason="faster", new=512)
+    inv.write_text(inv.read_text().replace("/venvs/kk/bin/python", "/venvs/kk2/bin/python"))
+    commit_all(project, "decode: CTAs=512, another venv")
+    body = R.review_body(project, base="main")
+    assert str(short_tmp) not in body
+    launch = ".knobkeeper-state/local/services/knobkeeper-decode/launch.sh"
+    assert f"`{launch}` on @local:" in body and f"--- a/{launch}\n+++ b/{launch}\n" in body
+    assert "\n cd .knobkeeper-state/local/services/knobkeeper-decode\n" in body
+    assert "\n-exec ~/venvs/kk/bin/python -m knobkeeper.sim" in body
+    assert fmt.cell("interpreter: ~/venvs/kk/bin/python -> ~/venvs/kk2/bin/python") in body  # the restart plan
+
+
 def test_review_is_byte_identical_across_runs_and_cli_writes_the_same(branch_with_evidence, tmp_path):
     project = branch_with_evidence
     first = R.review_body(project, base="main")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -20,8 +22,12 @@ from pathlib import Path
 import pytest
 
 from knobkeeper.changelog.ops import set_knob
+from knobkeeper.cli.core import MAX_VALUE_BYTES
 from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.plan import plan_text, restart_plan
+from knobkeeper.deploy.slurm.client import Client
+from knobkeeper.deploy.slurm.job import DELIMITER, settings_of
+from knobkeeper.deploy.slurm.ops import ended_words
 from knobkeeper.deploy.stack import load_stack, running_stack
 from knobkeeper.deploy.status import stack_status
 from knobkeeper.errors import UserError
@@ -218,12 +224,38 @@ def test_a_value_with_an_empty_line_survives_the_embedding(shared):
     ({"slurm_partition": "a b"}, "data slurm_partition = 'a b': expected a partition name"),
     ({"slurm_sbatch": "--exclusive"}, "data slurm_sbatch = '--exclusive': expected a list of sbatch options"),
     ({"slurm_timeout": 0}, "data slurm_timeout = 0: expected a number of seconds above 0"),
+    ({"slurm_max_script_size": "4M"}, "data slurm_max_script_size = '4M': expected a number of bytes (at least 1024"),
 ])
 def test_bad_slurm_data_is_one_line_naming_the_key(shared, data, words):
     result = kk(shared, "plan", INV, *[x for k, v in data.items() for x in ("--data", f"{k}={json.dumps(v)}")])
     assert result.exit_code == 2, result.output
     line = result.output.strip()
     assert "\n" not in line and words in line and "inventory local_slurm, host @local" in line, line
+
+
+def test_a_job_script_over_the_size_slurm_takes_is_refused_where_it_renders(project):
+    """sbatch refuses a job script over the cluster's max_script_size (Slurm's default 4 MiB) only at
+    submit time; the render refuses it first, so `check` and `plan` (and the deploy, before anything
+    is uploaded) say so in one line naming the knob value that weighs most."""
+    inv = project.root / INV
+    inv.write_text(inv.read_text().replace('"slurm_pending_timeout": 120,',
+                                           '"slurm_pending_timeout": 120, "slurm_max_script_size": 150000,'))
+    git(project.root, "commit", "-q", "-am", "a cluster that takes job scripts up to 150000 bytes")
+    set_knob(project, "NCCL_SOCKET_IFNAME", "x" * 40000, "decode", "a large value")
+    fits = kk(project, "plan", INV, "--data", "slurm_timeout=1")  # ~136 KB: it fits (no cluster: the plan says so)
+    assert fits.exit_code == 0 and "slurm job knobkeeper-local_slurm: unknown\n   why: slurm: squeue" in fits.output
+    set_knob(project, "NCCL_SOCKET_IFNAME", "x" * 60000, "decode", "a larger one")
+    plan = kk(project, "plan", INV)
+    assert plan.exit_code == 2, plan.output
+    [line] = plan.output.strip().splitlines()
+    script = f"{project.state_dir}/slurm-stack/slurm/knobkeeper-local_slurm.sh"
+    assert re.fullmatch(rf"error: inventory local_slurm, host @local: job script {re.escape(script)} would be "
+                        r"1\d\d\d\d\d bytes, over the 150000 bytes Slurm takes \(data slurm_max_script_size; the "
+                        r"cluster's SchedulerParameters=max_script_size\); its largest knob value: \[decode\] "
+                        r"NCCL_SOCKET_IFNAME, 60000 bytes", line), line
+    check = kk(project, "check")
+    assert check.exit_code == 1, check.output
+    assert line.removeprefix("error: ").replace(f"{project.root}/", "") in check.output, check.output
 
 
 def test_srtctl_recipe_imports_as_an_inventory_and_knobs_in_one_commit(project):
@@ -360,6 +392,23 @@ def test_a_knob_change_is_a_new_job_gated_before_the_old_one_is_cancelled(site):
     assert timeline.exit_code == 0 and "restarted decode knobkeeper-decode on @local" in timeline.output, timeline.output
 
 
+def test_a_64_kib_knob_value_reaches_the_process_through_the_job_script(site):
+    """`set` takes values up to 64 KiB; the job script holds such a value three times (the export and
+    two headers' JSON), ~200 KB: more than one shell argument can be (128 KiB), so nothing may pass
+    the script through a command line (sbatch --test-only did: "Argument list too long", for 60 KB)."""
+    lines = [f"line {i}: it's $(hostname) `id` \"q\" \\ ${{HOME}} |x" for i in range(2200)]
+    # ... with a line that would end a here-document, and one like the exec line the job fills in
+    value = "\n".join(lines[:1000] + [DELIMITER, "", "exec @kk:knobkeeper-decode:port@"] + lines[1000:])[:MAX_VALUE_BYTES]
+    assert len(value.encode()) == MAX_VALUE_BYTES and f"\n{DELIMITER}\n" in value
+    set_knob(site.project, "NCCL_SOCKET_IFNAME", value, "decode", "a 64 KiB value through Slurm")
+    record = _ok(site.deploy())
+    assert record.slurm.decision == "new job"
+    decode = record.service("@local", "knobkeeper-decode")
+    assert _environ(decode.pid)["NCCL_SOCKET_IFNAME"] == value  # byte for byte
+    assert "NCCL_SOCKET_IFNAME" not in _environ(record.service("@local", "knobkeeper-prefill").pid)
+    assert {s.state for s in stack_status(site.project, INV, FAST)} == {"in sync"}
+
+
 def test_a_failed_gate_cancels_the_new_job_and_the_old_one_keeps_serving(site):
     serving = site.placed()["knobkeeper-router"].url
     [before] = [i for i, s in site.jobs().items() if s == "RUNNING"]
@@ -381,6 +430,13 @@ def test_a_failed_gate_cancels_the_new_job_and_the_old_one_keeps_serving(site):
         time.sleep(0.2)
     assert site.scontrol_state(new.id) == "CANCELLED" and site.jobs()[before] == "RUNNING"
     assert _chat(serving)["choices"]  # the old job never stopped serving
+    # How a gate names a job that ended, from what scontrol says of this cancelled one: its Reason
+    # is "None", scontrol's word for none, which the line leaves out.
+    client = Client(settings_of(load_stack(site.project.root, INV, FAST)),
+                    lambda command: subprocess.run(command, shell=True, capture_output=True, text=True).stdout.splitlines())
+    rows = client.show(new.id)
+    assert rows[0]["Reason"] == "None"
+    assert re.fullmatch(rf"job {new.id} ended CANCELLED \(exit \d+:\d+\)", ended_words(new.id, rows, None))
 
     # A job that dies during start-up: the one line carries its last output lines.
     args = {**FAST["engine_args"], "decode": ["--time-scale", "0.05", "--no-such-flag"]}

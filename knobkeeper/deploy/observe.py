@@ -102,12 +102,45 @@ def parse_service_state(output: list[str]) -> dict[str, Any]:
 # --- launch scripts ---------------------------------------------------------------------------------
 
 
+def shell_lines(text: str) -> list[str]:
+    """The script's lines as the shell reads them: a newline inside quotes does not end a line, so an
+    export of a multi-line knob value is ONE line here (its later lines are neither template lines
+    nor exports of their own). A backslash-newline still ends one (the exec line's continuations are
+    read as such). One pass over the text: a 60 KB value is read once, not once per line."""
+    out: list[str] = []
+    start, quote, prev, i, n = 0, "", "\n", 0, len(text)
+    while i < n:
+        c = text[i]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif quote == '"':
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                quote = ""
+        elif c == "\n":
+            out.append(text[start:i])
+            start = i + 1
+        elif c == "\\" and text[i + 1:i + 2] != "\n":
+            i += 1
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and prev in " \t\n;&|()":  # a comment, to the end of its line (an apostrophe in it opens nothing)
+            end = text.find("\n", i)
+            i = (n if end < 0 else end) - 1
+        prev = c
+        i += 1
+    if start < n:
+        out.append(text[start:])
+    return out
+
+
 def script_knobs(text: str, names: Iterable[str] | None = None) -> dict[str, str]:
     """{name: value} a launch script exports (only `names` when given; a secret read from its file
     shows as "(secret)"). A hand-edited line is read the way the shell would read it."""
     wanted = set(names) if names is not None else None
     out: dict[str, str] = {}
-    for raw in text.splitlines():
+    for raw in shell_lines(text):
         line = raw.strip()
         if line.startswith("export "):
             line = line[len("export "):]

@@ -23,7 +23,8 @@ from typing import Any, Mapping
 
 from knobkeeper import fmt
 from knobkeeper.deploy.model import Stack
-from knobkeeper.deploy.observe import hand_edits, host_shell, parse_service_state, script_knobs, state_command
+from knobkeeper.deploy.observe import (hand_edits, host_shell, parse_service_state, script_knobs, shell_lines,
+                                      state_command)
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.render import parse_meta, render_stack, strip_header
 from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
@@ -103,7 +104,7 @@ def _change(old: str | None, new: str | None) -> str:
 
 
 def _exec_argv(body: str) -> list[str]:
-    lines = body.splitlines()
+    lines = shell_lines(body)
     for i, line in enumerate(lines):
         if line.startswith("exec "):
             text = line
@@ -120,7 +121,7 @@ def _exec_argv(body: str) -> list[str]:
 def _template_lines(body: str) -> list[str]:
     """The launch script's lines that come from the template alone (not exports, unset, exec)."""
     out, in_exec = [], False
-    for line in body.splitlines():
+    for line in shell_lines(body):
         if line.startswith("exec "):
             in_exec = line.endswith("\\")
             continue

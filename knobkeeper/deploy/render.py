@@ -60,6 +60,9 @@ class RenderedService:
     knobs: dict[str, str] = field(default_factory=dict)  # knob -> displayed value (secrets: fingerprint)
     provenance: dict[str, str] = field(default_factory=dict)
     digest: str = ""
+    # A file's text as a review diffs it, where that is not the text itself: a Slurm job script
+    # without the headers of the launch scripts it embeds (review shows each launch script's own).
+    reviewed: dict[str, str] = field(default_factory=dict)
 
     @property
     def launch(self) -> str:

@@ -99,6 +99,23 @@ def secret_problems(project: Project, stack: Any) -> dict[str, list[str]]:
     return out
 
 
+def knob_drift(declared: Mapping[str, str], started: Mapping[str, str]) -> list[str]:
+    """How the knobs a service was started with differ from those a deploy would start it with now
+    (`declared_knobs_now`: knobs.toml's values for its role and stack, and the inventory's
+    knob_defaults), one line per knob; [] when none does. What `status` calls drifted knobs, and
+    what the report calls "declared knobs changed since" a deploy."""
+    return knob_differences(declared, started)
+
+
+def declared_knobs_now(project: Project, inventory_path: str,
+                       data: Mapping[str, Any] | None = None) -> dict[tuple[str, str], dict[str, str]]:
+    """{(host, service): the knob values a deploy of the inventory would start it with now}, from the
+    render `status` compares the running services with."""
+    inventory = load_inventory(project.root, inventory_path, data)
+    stack = stack_from_inventory(inventory, Path(inventory_path).stem)
+    return {key: dict(svc.knobs) for key, svc in render_stack(project, stack).items()}
+
+
 def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] | None = None) -> list[ServiceStatus]:
     inventory = load_inventory(project.root, inventory_path, data)
     stack = stack_from_inventory(inventory, Path(inventory_path).stem)
@@ -130,7 +147,7 @@ def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] 
             if not look["running"]:
                 state = "down"
             else:
-                diffs = knob_differences(want.knobs, started.get("knobs") or {})
+                diffs = knob_drift(want.knobs, started.get("knobs") or {})
                 edits = hand_edits(want.launch, look["launch"])
                 if edits and (any(": running " in e for e in edits) or running_digest == want.digest):
                     diffs = _merge(diffs, edits)

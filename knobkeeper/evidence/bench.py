@@ -151,9 +151,9 @@ class ToolLoad:
         self.seconds.append(time.monotonic() - started)
         if done.returncode != 0:
             lines = (done.stdout + done.stderr).strip().splitlines()[-TAIL_LINES:] or ["(no output)"]
+            # One line, as every error is (the CLI would print a newline as a literal \n).
             raise UserError(f"--bench {tool.name}: {self.label} exited with status {done.returncode}; "
-                            f"its last lines:\n"
-                            + "\n".join(f"  {line}" for line in lines))
+                            f"its last lines: {' | '.join(line.strip() for line in lines)}")
         result = tool.result(load)
         if not result.exists():
             raise UserError(f"--bench {tool.name}: {self.label} exited 0 but wrote no {result}")

@@ -177,15 +177,13 @@ class Catalog:
             where = f" ({self.path})" if self.path else ""
             raise UserError(f"unknown knob {name!r}: not in the catalog{where}{hint}") from None
 
-    def registry_knob(self, name: str) -> Knob | None:
-        """A knob only an imported engine registry (inventory/engines/) declares, newest version first;
-        loaded on a miss only. It gets the registry's type, risk "unreviewed" and every role that runs
-        the engine, until a person curates it here."""
+    def _registry_entry(self, name: str) -> tuple[Any, dict, tuple[str, ...]] | None:
+        """(registry, its entry, the roles that run its engine) of a knob only an imported engine
+        registry declares (newest version first), or None."""
         if self.path is None or not ENV_NAME.fullmatch(name):
             return None
-        from knobkeeper.engine import family
         from knobkeeper.engine.pins import engine_roles
-        from knobkeeper.knobs.registry import NEUTRAL_RISK, newest_entry
+        from knobkeeper.knobs.registry import newest_entry
 
         inventory_dir = self.path.parent
         found = newest_entry(inventory_dir, name)
@@ -193,8 +191,34 @@ class Catalog:
             return None
         registry, entry = found
         roles = engine_roles(inventory_dir, registry.engine)
-        if not roles:
+        return (registry, entry, roles) if roles else None
+
+    def registry_of(self, name: str) -> str | None:
+        """Where a knob not curated here comes from, in words ("vllm 0.32.0"): the pinned versions of
+        its engine whose registry declares it, else the newest imported one (the one `get` reads);
+        None for a knob neither the catalog nor a registry declares."""
+        found = None if name in self.knobs else self._registry_entry(name)
+        if found is None:
             return None
+        from knobkeeper.engine.pins import engine_pins
+        from knobkeeper.knobs.registry import load_registry, version_key
+
+        engine, inventory_dir = found[0].engine, self.path.parent  # type: ignore[union-attr]
+        pinned = {p.version for p in engine_pins(inventory_dir) if p.engine == engine and p.version}
+        declaring = sorted((v for v in pinned if name in (load_registry(inventory_dir, engine, v) or ())), key=version_key)
+        return f"{engine} {', '.join(declaring)}" if declaring else found[0].label()
+
+    def registry_knob(self, name: str) -> Knob | None:
+        """A knob only an imported engine registry (inventory/engines/) declares, newest version first;
+        loaded on a miss only. It gets the registry's type, risk "unreviewed" and every role that runs
+        the engine, until a person curates it here."""
+        from knobkeeper.engine import family
+        from knobkeeper.knobs.registry import NEUTRAL_RISK
+
+        found = self._registry_entry(name)
+        if found is None:
+            return None
+        registry, entry, roles = found
         default = entry.get("default")
         shown_default = entry.get("default_computed") or ("(none)" if default is None else json.dumps(default))
         knob = Knob(name=name, type=entry["type"], roles=roles, risk=NEUTRAL_RISK,

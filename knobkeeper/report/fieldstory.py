@@ -78,17 +78,21 @@ def bench_serving_lines(arm: str) -> str:
 
 
 def _deploy(project: Project, started: datetime, roles: list[str]) -> str:
+    """The record of a deploy of inventory/example_prod.py (one host per role) that restarted `roles`,
+    each service started with the knobs a deploy gives it now, as a real deploy records them."""
     from knobkeeper.deploy.record import DeployRecord, save
+    from knobkeeper.deploy.status import declared_knobs_now
     from knobkeeper.timeutil import iso, new_id
 
+    knobs = declared_knobs_now(project, "inventory/example_prod.py")
     services = []
     for k, role in enumerate(["prefill", "decode", "router"]):
-        name = "router" if role == "router" else f"sglang-{role}"
+        host, name = f"{role}-1", f"knobkeeper-{role}"
         acted = role in roles
         issued = started + timedelta(seconds=5 + 20 * k)
-        services.append({"host": "gpu-1" if role != "router" else "edge-1", "service": name, "role": role,
+        services.append({"host": host, "service": name, "role": role,
                          "action": "restarted" if acted else "unchanged", "reason": "knobs changed" if acted else "same",
-                         "knobs": {}, "restart_issued_at": iso(issued) if acted else None,
+                         "knobs": knobs[(host, name)], "restart_issued_at": iso(issued) if acted else None,
                          "healthy_at": iso(issued + timedelta(seconds=14)) if acted else None,
                          "gate": {"result": "passed" if acted else "skipped", "url": f"http://{name}/health",
                                   "status": 200 if acted else None, "seconds": 14.0 if acted else None,

@@ -9,7 +9,6 @@ from typing import Any
 
 from knobkeeper import fmt
 from knobkeeper.audit.status import describe
-from knobkeeper.knobs.values import scope
 from knobkeeper.report import svg
 from knobkeeper.report.sources import Sources, arm_intervals
 from knobkeeper.report.svg import Mark, Span, TimeScale, esc, to_dt, when
@@ -115,9 +114,6 @@ def _now(src: Sources, opt: Options) -> str:
 
 
 def _deploys_now(src: Sources, opt: Options) -> str:
-    declared: dict[str, dict[str, str]] = {}
-    for row in src.declared:
-        declared.setdefault(row.role, {})[row.knob] = row.shown
     last: dict[tuple[str, str], tuple[Any, dict]] = {}
     for record in src.records:
         for svc in record.services or []:
@@ -144,17 +140,7 @@ def _deploys_now(src: Sources, opt: Options) -> str:
                     f'{esc(seen.get("state", "unknown"))}</span> <span class="who">observed (status --json)' \
                     f'{": " + esc(diffs) if diffs else ""}</span>'
         elif record is not None:
-            want = declared.get(scope(record.stack, role), {})  # [stack.role] for a named stack
-            had = svc.knobs or {}
-            differ = sorted(k for k in set(want) | set(had) if want.get(k) != had.get(k))
-            if gate == "failed":
-                state = '<span class="state s-down">gate failed</span>'
-            elif differ:
-                state = (f'<span class="state s-drifted">declared knobs changed since</span> '
-                         f'<span class="who">{esc(", ".join(differ))}</span>')
-            else:
-                state = ('<span class="state s-in-sync">started with what is declared</span> '
-                         '<span class="who">from the deploy record; pass --status-json for the running state</span>')
+            state = _started_state(src, record, svc, gate)
         else:
             state = "—"
         out.append(f'<tr><td>{esc(key[0])}</td><td>{esc(key[1])}</td><td>{esc(role)}</td>'
@@ -164,6 +150,24 @@ def _deploys_now(src: Sources, opt: Options) -> str:
                    f'<td>{state}</td></tr>')
     out.append("</tbody></table>")
     return "".join(out)
+
+
+def _started_state(src: Sources, record, svc, gate: str | None) -> str:
+    """What the last deploy started a service with, against what a deploy would start it with now:
+    `status`'s notion and words (Sources.started_drift), from the record alone."""
+    if gate == "failed":
+        return '<span class="state s-down">gate failed</span>'
+    differ = src.started_drift.get((record.id, svc.host, svc.service))
+    if isinstance(differ, str):
+        return f'<span class="state s-unknown">declared state unknown</span> <span class="who">{esc(differ)}</span>'
+    if differ is None:
+        return (f'<span class="state s-unknown">not in {esc(record.inventory_path)} now</span> '
+                f'<span class="who">the inventory no longer has this host and service</span>')
+    if differ:
+        return (f'<span class="state s-drifted">declared knobs changed since</span> '
+                f'<span class="who">{esc("; ".join(differ))} (a deploy restarts it)</span>')
+    return ('<span class="state s-in-sync">started with what is declared</span> '
+            '<span class="who">from the deploy record; pass --status-json for the running state</span>')
 
 
 def _reverts_for(src: Sources) -> dict[str, list]:
@@ -509,12 +513,17 @@ def _knobs(src: Sources, opt: Options, scale: TimeScale | None) -> str:
 
 def _knob_block(src: Sources, name: str, entries: list, scale: TimeScale | None) -> str:
     knob = src.catalog.knobs.get(name)
+    registry = src.registries.get(name)
+    if knob is None and registry is not None:   # what `knobkeeper catalog NAME` describes too
+        knob = src.catalog.get(name)
     if knob is not None:
-        rng = knob.accepted()
-        doc = (f'<p class="doc">{esc(knob.doc)}</p><p class="who">{esc(knob.type)}, {esc(rng)} · risk {esc(knob.risk)}'
-               f' · roles {esc(", ".join(knob.roles))} · from {esc(knob.source)}</p>')
+        origin = (f"from the {registry} registry, not curated in inventory/catalog.toml" if registry
+                  else f"from {knob.source}")
+        doc = (f'<p class="doc">{esc(knob.doc)}</p><p class="who">{esc(knob.type)}, {esc(knob.accepted())} · risk '
+               f'{esc(knob.risk)} · roles {esc(", ".join(knob.roles))} · {esc(origin)}</p>')
     else:
-        doc = '<p class="warn">not in the catalog (inventory/catalog.toml)</p>'
+        doc = ('<p class="warn">not in the catalog (inventory/catalog.toml), nor in an imported engine registry '
+               '(inventory/engines/)</p>')
     strip = ""
     if entries and scale is not None:
         per_role: dict[str, list[tuple[datetime, str]]] = {}

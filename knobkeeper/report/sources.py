@@ -28,6 +28,11 @@ class Sources:
     evidence_problems: list[str]
     catalog: Any
     problems: list[str] = field(default_factory=list)
+    # Per (record id, host, service): how the knobs it started with differ from those a deploy would
+    # start it with now (deploy.status.knob_drift, `status`'s words; [] none), or None when its
+    # inventory no longer has it, or the one line saying why its inventory does not render.
+    started_drift: dict[tuple[str, str, str], list[str] | str | None] = field(default_factory=dict)
+    registries: dict[str, str] = field(default_factory=dict)   # knob only a registry declares -> "vllm 0.32.0"
 
 
 def read_sources(project: Project, since: datetime, until: datetime, role: str | None) -> Sources:
@@ -49,9 +54,37 @@ def read_sources(project: Project, since: datetime, until: datetime, role: str |
     records = load_records(project, tl.problems)  # an unreadable record is named, the rest still count
     # Links every reader left out are named here, one line each, beside the other problems.
     refused = [f"{project.rel(path)}: {why}; {LINK_FIX}" for path, why in refused_files(project)]
+    catalog = load_catalog(project.catalog_path)
+    names = {e.knob for e in entries} | {row.knob for row in declared}
     return Sources(entries=entries, incidents=incidents, declared=declared, statuses=statuses, reclaim=reclaim,
                    events=tl.events, records=records, evidence=docs, evidence_problems=problems,
-                   catalog=load_catalog(project.catalog_path), problems=refused + list(tl.problems))
+                   catalog=catalog, problems=refused + list(tl.problems),
+                   started_drift=started_drift(project, records),
+                   registries={n: label for n in sorted(names) if n not in catalog and (label := catalog.registry_of(n))})
+
+
+def started_drift(project: Project, records: list[Any]) -> dict[tuple[str, str, str], list[str] | str | None]:
+    """Sources.started_drift: each inventory rendered once (deploy.status.declared_knobs_now)."""
+    from knobkeeper.deploy.status import declared_knobs_now, knob_drift
+
+    now: dict[str, dict | str] = {}
+    out: dict[tuple[str, str, str], list[str] | str | None] = {}
+    for record in records:
+        path = record.inventory_path
+        if path not in now:
+            try:
+                now[path] = declared_knobs_now(project, path)
+            except UserError as exc:
+                now[path] = f"{path} does not render: " + str(exc).replace(f"{project.root}/", "")
+        want = now[path]
+        for row in record.services or []:
+            key = (record.id, row.host, row.service)
+            if isinstance(want, str):
+                out[key] = want
+            else:
+                out[key] = knob_drift(want[(row.host, row.service)], row.knobs or {}) if (row.host, row.service) in want \
+                    else None
+    return out
 
 
 def read_evidence(project: Project) -> tuple[list[dict], list[str]]:

@@ -232,7 +232,8 @@ def evidence_chart(arms: dict[str, list[tuple[int, float, float, float, int]]], 
     lo = min(p[2] for p in points)
     hi = max(p[3] for p in points)
     pad = (hi - lo) * 0.12 or hi * 0.05 or 1.0
-    lo, hi = lo - pad, hi + pad
+    # Throughput, TTFT, TPOT: never below 0, so neither is the axis (a padded one read -31 tok/s).
+    lo, hi = max(0.0, lo - pad), hi + pad
 
     def x(c: int) -> float:
         if len(concs) == 1:

@@ -9,6 +9,7 @@ status, and the deploy's render for every (host, service) of every inventory.
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ from knobkeeper.changelog.entries import Entry, load_entries, replay
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 from knobkeeper.review.gitrange import changed_paths, commits_between, resolve_range, snapshot
-from knobkeeper.review.renders import InventoryRender, inventories, rebase_paths, relative, render_inventory
+from knobkeeper.review.renders import (InventoryRender, inventories, rebase_paths, relative, render_inventory,
+                                      show_paths_from)
 from knobkeeper.review.restarts import plan_inventory
 from knobkeeper.timeutil import id_from_stem, parse_time
 
@@ -129,9 +131,11 @@ def _render_all(project: Project, tree: Project, sha: str) -> dict[str, Inventor
     from knobkeeper.deploy.render import Source
 
     out = {}
+    home = Path.home() if "HOME" in os.environ else None
     for inv in inventories(tree):
         r = render_inventory(tree, inv, Source(sha), rebase=project.root)
         rebase_paths(r, tree.root, project.root)
+        show_paths_from(r, project.root, home)
         out[inv] = r
     return out
 
@@ -298,8 +302,9 @@ def _file_diffs(old: InventoryRender, new: InventoryRender) -> list[FileDiff]:
         if a is not None and b is not None and a.body == b.body:
             continue  # at most the header changed (source commit, digest, provenance)
         diff = "".join(difflib.unified_diff(
-            (a.text if a else "").splitlines(keepends=True), (b.text if b else "").splitlines(keepends=True),
-            fromfile=f"a{f.path}" if a else "/dev/null", tofile=f"b{f.path}" if b else "/dev/null", n=3))
+            (a.shown if a else "").splitlines(keepends=True), (b.shown if b else "").splitlines(keepends=True),
+            fromfile=f"a/{f.path.lstrip('/')}" if a else "/dev/null", tofile=f"b/{f.path.lstrip('/')}" if b else "/dev/null",
+            n=3))
         body_diff = "".join(difflib.unified_diff((a.body if a else "").splitlines(keepends=True),
                                                  (b.body if b else "").splitlines(keepends=True), n=0))
         slot = (f.role or "(host)", f.path, body_diff)

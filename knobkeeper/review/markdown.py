@@ -154,7 +154,8 @@ def _diffs(review: Review, w) -> None:
         w("")
         return
     w("Rendered at base and head by knobkeeper.deploy.render; files whose only change is their header "
-      "(source commit, digest, knob provenance) are not shown.")
+      "(source commit, digest, knob provenance) are not shown. Paths in this repository are shown "
+      "relative to it, other paths in the home folder from ~.")
     w("")
     current = None
     for d in review.diffs:

@@ -5,6 +5,7 @@ inventory, through knobkeeper.deploy.render, so what is reviewed and linted is w
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,17 @@ class RenderedFile:
     path: str       # where the file goes on the host
     text: str
     knobs: str = ""  # the service's knob values as rendered (a secret: its fingerprint), JSON
+    reviewed: str | None = None  # the text a review diffs, where not `text` (RenderedService.reviewed)
+
+    @property
+    def shown(self) -> str:
+        """The text a review diffs."""
+        return self.text if self.reviewed is None else self.reviewed
 
     @property
     def body(self) -> str:
-        """The text without its header: what the process or service manager would see differently."""
-        return strip_header(self.text)
+        """The text without its header(s): what the process or service manager would see differently."""
+        return strip_header(self.shown)
 
 
 @dataclass
@@ -109,7 +116,7 @@ def render_inventory(project: Project, inventory: str, source: Any = None, data:
         out.services[(host, name)] = svc.digest
         for path, text in svc.files.items():
             out.files[(host, path)] = RenderedFile(inventory, host, svc.service.role, name, path, text,
-                                                   json.dumps(svc.knobs, sort_keys=True))
+                                                   json.dumps(svc.knobs, sort_keys=True), svc.reviewed.get(path))
     return out
 
 
@@ -136,12 +143,37 @@ def render_errors_per_host(project: Project, inventory: str, source: Any = None)
     return errors
 
 
+def shown_paths(text: str, root: Path, home: Path | None) -> str:
+    """`text` as a PR body shows it: paths under the repo relative to it ("cd /home/a/infra/x" ->
+    "cd x"), others under the home folder from ~ (a body is read on other machines, and two of
+    them must write the same body)."""
+    for folder, short in ((root, "."), (home, "~")):
+        if folder is None or str(folder) in ("", "/"):
+            continue
+        text = re.sub(re.escape(str(folder)) + r"(/|(?![\w.-]))", lambda m: "" if m.group(1) == "/" and short == "."
+                      else short + m.group(1), text)
+    return text
+
+
+def show_paths_from(render: InventoryRender, root: Path, home: Path | None) -> None:
+    """Every text and path of `render` as a PR body shows it (`shown_paths`)."""
+    files = {}
+    for (host, path), f in render.files.items():
+        f.path, f.text = shown_paths(f.path, root, home), shown_paths(f.text, root, home)
+        f.reviewed = shown_paths(f.reviewed, root, home) if f.reviewed is not None else None
+        files[(host, f.path)] = f
+    render.files = files
+    if render.error:
+        render.error = shown_paths(render.error, root, home)
+
+
 def rebase_paths(render: InventoryRender, old_root: Path, new_root: Path) -> None:
     """Texts rendered in a snapshot name the snapshot's path; show the repo's own (what deploy renders)."""
     old, new = str(old_root), str(new_root)
     files = {}
     for (host, path), f in render.files.items():
         f.path, f.text = f.path.replace(old, new), f.text.replace(old, new)
+        f.reviewed = f.reviewed.replace(old, new) if f.reviewed is not None else None
         files[(host, f.path)] = f
     render.files = files
     if render.error:

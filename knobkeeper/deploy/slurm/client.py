@@ -6,6 +6,7 @@ so the parsable `-o` formats are used and filtered by job name here.
     client = Client(settings, run)      # run(command) -> output lines, on the login host
     client.jobs()                       # [Job]: this stack's jobs (by job name), newest first
     client.submit(script, digest)       # sbatch --parsable --comment=DIGEST SCRIPT -> job id
+    client.test(path, script_path)      # sbatch --test-only PATH: Slurm's verdict, nothing submitted
     client.cancel(["12"])               # scancel
     client.batch_script("12")           # the script Slurm stored for the job (what it runs)
     client.partition("gpu")             # Partition(name, nodes, cpus, memory_mb, gres)
@@ -37,7 +38,6 @@ from knobkeeper.errors import UserError
 
 RunOnHost = Callable[[str], list[str]]
 RC = "knobkeeper-rc="
-STDIN_END = "KNOBKEEPER_SBATCH_INPUT"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
           "RESIZING", "SIGNALING", "STAGE_OUT")
 # Pending reasons that waiting will not cure: the job is refused in all but name.
@@ -95,8 +95,8 @@ class Job:
 
     @property
     def reason(self) -> str:
-        reasons = [c.reason for c in self.components if c.reason not in ("None", "")]
-        return ", ".join(dict.fromkeys(reasons))
+        reasons = [no_reason(c.reason) for c in self.components]
+        return ", ".join(dict.fromkeys(r for r in reasons if r))
 
     def nodes(self, offset: int) -> str:
         for c in self.components:
@@ -115,6 +115,11 @@ class Partition:
     up: bool
 
 
+def no_reason(reason: str | None) -> str:
+    """Slurm's reason, or "" where squeue and scontrol print their word for none ("None")."""
+    return "" if reason in (None, "", "None", "(null)") else reason
+
+
 def slurm_time(text: str | None) -> str | None:
     """Slurm's local-time stamp ("2026-12-01T19:21:48") as an ISO UTC time, or None (N/A, Unknown)."""
     if not text or not re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$", text):
@@ -131,20 +136,17 @@ class Client:
 
     # --- one call ------------------------------------------------------------------------------------
 
-    def command(self, tool: str, *args: str, stdin: str | None = None) -> str:
+    def command(self, tool: str, *args: str) -> str:
+        """The shell line of one call. It carries names and options only, never a script's text: the
+        whole line is one argument of `sh -c` (and of sshd's), which Linux caps at 128 KiB."""
         s = self.settings
         exe = f"{s.bin}/{tool}" if s.bin else tool
         env = f"SLURM_CONF={shlex.quote(s.conf)} " if s.conf else ""
-        head = f"{env}timeout -k 2 {s.timeout:g} {shlex.quote(exe)} {shlex.join(args)} 2>&1"
-        if stdin is not None:  # a here-document no line of a rendered job script can end
-            head += f" <<'{STDIN_END}'\n{stdin.rstrip(chr(10))}\n{STDIN_END}\n"
-        else:
-            head += "; "
-        return head + f"echo \"{RC}$?\""
+        return f"{env}timeout -k 2 {s.timeout:g} {shlex.quote(exe)} {shlex.join(args)} 2>&1; echo \"{RC}$?\""
 
-    def call(self, tool: str, *args: str, check: bool = True, stdin: str | None = None) -> tuple[int, list[str]]:
+    def call(self, tool: str, *args: str, check: bool = True) -> tuple[int, list[str]]:
         started = time.monotonic()
-        lines = self.run(self.command(tool, *args, stdin=stdin))
+        lines = self.run(self.command(tool, *args))
         self.calls.append((tool, time.monotonic() - started))
         rc, out = 255, []
         for line in lines:
@@ -245,9 +247,10 @@ class Client:
         raise SlurmError(f"slurm: sbatch refused job {self.settings.job_name} ({script_path}): {words}"
                          + _which_field(words, self.settings))
 
-    def test(self, script: str, script_path: str) -> None:
-        """`sbatch --test-only` of the script text: Slurm's own verdict on it, nothing submitted."""
-        rc, out = self.call("sbatch", "--test-only", check=False, stdin=script)
+    def test(self, path: str, script_path: str) -> None:
+        """`sbatch --test-only PATH` (a copy of the job script on the login host, to be deployed as
+        `script_path`): Slurm's own verdict on it, nothing submitted."""
+        rc, out = self.call("sbatch", "--test-only", path, check=False)
         if rc == 0:
             return
         if rc in (124, 127, 137):

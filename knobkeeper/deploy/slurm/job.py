@@ -23,6 +23,9 @@ Data keys of the login host (group data, host data or --data; checked here, one 
     slurm_python       interpreter on the nodes that picks a free port when the preferred one is
                        taken (default python3)
     slurm_sbatch       more #SBATCH lines of the job, e.g. ["--requeue"]
+    slurm_max_script_size   bytes the cluster takes in a job script (default 4194304: Slurm's own
+                       default, SchedulerParameters=max_script_size): a larger one is refused when it
+                       renders, naming its largest knob value, rather than by sbatch at submit time
 
 Everything the job writes lives under {prefix}/slurm/ on a filesystem the login host and the nodes
 share (as Slurm's own --output does): the job script, logs/<job id>.out, jobs/<job id>/ (each
@@ -61,6 +64,10 @@ _TIME = re.compile(r"^(\d+(:\d\d){0,2}|\d+-\d+(:\d\d){0,2}|UNLIMITED|INFINITE)$"
 RESOURCE_KEYS = ("cpus", "mem", "gpus", "partition", "constraint", "sbatch", "srun", "nodes")
 DELIMITER = "KNOBKEEPER_EOF"
 JOB_GRACE_S = 30
+# Slurm's default SchedulerParameters=max_script_size (22.05.8, measured): a script 100 bytes over
+# it is refused by `sbatch` and `sbatch --test-only` alike ("Pathname of a file, directory or other
+# parameter too long"); 200 bytes under it is accepted.
+MAX_SCRIPT_SIZE = 4 * 1024 * 1024
 
 
 def is_slurm(stack: Any) -> bool:
@@ -118,6 +125,7 @@ class Settings:
     pending_timeout: float = 600.0
     python: str = "python3"
     sbatch: tuple[str, ...] = ()
+    max_script_size: int = MAX_SCRIPT_SIZE
     resources: dict[str, Resources] = field(default_factory=dict)
 
     @property
@@ -229,6 +237,10 @@ def settings_of(stack: Any) -> Settings:
     python = data.get("slurm_python") or "python3"
     if not isinstance(python, str) or any(c.isspace() for c in python):
         raise UserError(f"{where}: data slurm_python = {python!r}: expected an interpreter path or name")
+    max_size = data.get("slurm_max_script_size", MAX_SCRIPT_SIZE)
+    if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1024:
+        raise UserError(f"{where}: data slurm_max_script_size = {max_size!r}: expected a number of bytes (at least "
+                        f"1024; Slurm's default is {MAX_SCRIPT_SIZE})")
     return Settings(
         host=plan.name, inventory=stack.inventory, job_name=str(name), root=f"{plan.prefix}/slurm",
         partition=_text(where, "slurm_partition", data.get("slurm_partition"), _LIST, "a partition name"),
@@ -239,7 +251,7 @@ def settings_of(stack: Any) -> Settings:
         layout=layout, conf=data.get("slurm_conf"), bin=data.get("slurm_bin"),
         timeout=_number(where, "slurm_timeout", data.get("slurm_timeout"), 20.0),
         pending_timeout=_number(where, "slurm_pending_timeout", data.get("slurm_pending_timeout"), 600.0),
-        python=python, sbatch=_options(where, "slurm_sbatch", data.get("slurm_sbatch")),
+        python=python, sbatch=_options(where, "slurm_sbatch", data.get("slurm_sbatch")), max_script_size=max_size,
         resources={role: resources_of(where, role, data.get(f"{role}_slurm")) for role in stack.order},
     )
 
@@ -283,7 +295,7 @@ def job_service(stack: Any, settings: Settings) -> Any:
 def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any], source: Any) -> Any:
     """The job script of the stack as a RenderedService (files: {script path: text}), rendered by
     deploy/render.py from templates/slurm-job.sh.j2 with every component's rendered launch script."""
-    from knobkeeper.deploy.render import META_PREFIX, RenderedService, _render, content_digest, strip_header
+    from knobkeeper.deploy.render import RenderedService, _render, content_digest, strip_header
 
     settings = settings_of(stack)
     services = list(stack.services)
@@ -329,8 +341,23 @@ def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any]
     body = strip_header(_render(templates, TEMPLATE, {**context, "header": []}))
     parts = {svc.name: rendered[(svc.host, svc.name)] for svc in services}
     digest = content_digest({settings.script_path: body}, {name: part.digest for name, part in parts.items()})
+    header = _header(settings, stack, services, parts, source, digest)
+    # What review diffs: the launch scripts' headers name the commit, so they change with every commit
+    # (140 lines of a job script's diff, nothing else changed); each launch script's diff shows its own.
+    reviewed = _render(templates, TEMPLATE, {**context, "header": header})
     for component in components:  # what is submitted: each launch script with its header (provenance)
         component["script"] = embedded(texts[component["service"]])
+    text = _render(templates, TEMPLATE, {**context, "header": header})
+    _check_size(settings, text, stack, parts)
+    return RenderedService(service=job, files={settings.script_path: text}, modes={settings.script_path: "0644"},
+                           knobs={}, digest=digest, reviewed={settings.script_path: reviewed})
+
+
+def _header(settings: Settings, stack: Any, services: list[Any], parts: Mapping[str, Any], source: Any,
+            digest: str) -> list[str]:
+    """The job script's header lines: what it is, the commit, the digests, the machine-readable line."""
+    from knobkeeper.deploy.render import META_PREFIX
+
     meta = {"kind": "slurm-job", "stack": stack.inventory, "job": settings.job_name, "source": source.commit,
             "dirty": source.dirty, "digest": digest,
             "components": [{"service": s.name, "role": s.role, "group": i, "digest": parts[s.name].digest,
@@ -339,10 +366,23 @@ def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any]
               f"submitted with sbatch from {settings.host}",
               f"source: {source.label}", f"digest: {digest}"]
     header += [f"component {i} {s.name} (role {s.role}): digest {parts[s.name].digest}" for i, s in enumerate(services)]
-    header += [META_PREFIX[2:] + json.dumps(meta, sort_keys=True)]
-    text = _render(templates, TEMPLATE, {**context, "header": header})
-    return RenderedService(service=job, files={settings.script_path: text}, modes={settings.script_path: "0644"},
-                           knobs={}, digest=digest)
+    return header + [META_PREFIX[2:] + json.dumps(meta, sort_keys=True)]
+
+
+def _check_size(settings: Settings, text: str, stack: Any, parts: Mapping[str, Any]) -> None:
+    """A job script Slurm would refuse for its size is refused here, where `check`, `review`, `plan`
+    and the deploy all render it: one line with the sizes and the knob value that weighs most (each
+    value is in the script three times: its export and two headers)."""
+    size = len(text.encode())
+    if size <= settings.max_script_size:
+        return
+    values = [(len(value.encode()), stack.scope(part.service.role), name) for part in parts.values()
+              for name, value in part.knobs.items()]
+    heaviest = max(values, default=None)
+    which = (f"; its largest knob value: [{heaviest[1]}] {heaviest[2]}, {heaviest[0]} bytes" if heaviest else "")
+    raise UserError(f"inventory {stack.inventory}, host {settings.host}: job script {settings.script_path} would be "
+                    f"{size} bytes, over the {settings.max_script_size} bytes Slurm takes (data slurm_max_script_size; "
+                    f"the cluster's SchedulerParameters=max_script_size){which}")
 
 
 def embedded(text: str) -> str:

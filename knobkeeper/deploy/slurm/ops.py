@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import shlex
 import time
 from typing import Any
 
@@ -29,7 +30,7 @@ from pyinfra.operations import files, python
 
 from knobkeeper.deploy.health import PROGRESS_EVERY_S, QUIET_S, _say, healthy_now
 from knobkeeper.deploy.record import SlurmJob, SlurmRecord
-from knobkeeper.deploy.slurm.client import HOPELESS, Client, Job, SlurmError
+from knobkeeper.deploy.slurm.client import HOPELESS, Client, Job, SlurmError, no_reason
 from knobkeeper.deploy.slurm.decide import decide
 from knobkeeper.deploy.slurm.job import Placement, Resources, megabytes, parse_placement, settings_of
 from knobkeeper.errors import UserError
@@ -167,7 +168,15 @@ class SlurmRun:
             if res.gpus and "gpu" not in part.gres:
                 raise UserError(f"slurm: data {role}_slurm['gpus'] = {res.gpus}: partition {part.name} has no gpu gres "
                                 f"({part.gres})")
-        client.test(self.script, s.script_path)
+        # The script travels as a file, as sbatch will read it: inline in the shell line, a large knob
+        # value (its text is in the script up to 3 times) made that line "Argument list too long".
+        from knobkeeper.deploy.operations import _on
+
+        copy = _put_temp(self.script)
+        try:
+            client.test(copy, s.script_path)
+        finally:
+            _on()(f"rm -f {shlex.quote(copy)}")
 
     # --- gates -------------------------------------------------------------------------------------------
 
@@ -272,14 +281,8 @@ class SlurmRun:
         while rows and rows[0].get("JobState") == "COMPLETING" and time.monotonic() < deadline:
             time.sleep(POLL_S * 5)
             rows = client.show(job.id)
-        lead = rows[0] if rows else {}
-        how = lead.get("JobState") or (state.state if state else None) or "gone"
-        reason = lead.get("Reason") or (state.reason if state else "")
-        code = lead.get("ExitCode")
         tail = self._output_tail(job.id)
-        words = f"job {job.id} ended {how}" + (f" (reason {reason}" + (f", exit {code}" if code else "") + ")"
-                                                if reason or code else "")
-        return words + (f"; its output ends: {tail}" if tail else "")
+        return ended_words(job.id, rows, state) + (f"; its output ends: {tail}" if tail else "")
 
     def _output_tail(self, job_id: str, lines: int = 4) -> str:
         from knobkeeper.deploy.operations import _on
@@ -363,10 +366,31 @@ class SlurmRun:
         return row
 
 
+def ended_words(job_id: str, rows: list[dict[str, str]], state: Job | None) -> str:
+    """How a job ended, "job 12 ended FAILED (reason NonZeroExitCode, exit 1:0)", from `scontrol show
+    job` (Client.show's rows; squeue's view when scontrol no longer knows the job). A cancelled job's
+    Reason is "None" (scontrol's word for none), which is no reason."""
+    lead = rows[0] if rows else {}
+    how = lead.get("JobState") or (state.state if state else None) or "gone"
+    reason = no_reason(lead.get("Reason")) or (state.reason if state else "")
+    code = lead.get("ExitCode")
+    said = ([f"reason {reason}"] if reason else []) + ([f"exit {code}"] if code else [])
+    return f"job {job_id} ended {how}" + (f" ({', '.join(said)})" if said else "")
+
+
 class _GateError(Exception):
     def __init__(self, message: str, status: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def _put_temp(text: str) -> str:
+    """`text` in a new temporary file on the login host (through pyinfra's connector: a copy on this
+    machine, SFTP over SSH), and its path there."""
+    path = current_host.get_temp_filename()
+    if not current_host.put_file(io.BytesIO(text.encode()), path):
+        raise SlurmError(f"slurm: cannot write a temporary copy of the job script to {path} on {current_host.name}")
+    return path
 
 
 def _read_placement(path: str) -> Placement | None:

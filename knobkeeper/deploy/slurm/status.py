@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from knobkeeper.deploy.health import healthy_now
-from knobkeeper.deploy.observe import knob_differences
 from knobkeeper.deploy.plan import change_reasons
 from knobkeeper.deploy.slurm.client import Client, Job, SlurmError
 from knobkeeper.deploy.slurm.decide import decide, job_changes
@@ -96,7 +95,7 @@ def with_placements(stack: Any, placements: Mapping[str, Placement]) -> Any:
 def slurm_status(shell: Any, stack: Any, rendered: Mapping[tuple[str, str], Any],
                  problems: Mapping[str, list[str]] | None = None) -> list[Any]:
     """Per component: in sync / drifted (what differs) / pending (Slurm's reason) / down / unknown."""
-    from knobkeeper.deploy.status import ServiceStatus
+    from knobkeeper.deploy.status import ServiceStatus, knob_drift
 
     view = observe(shell, stack)
     settings = view.settings
@@ -140,7 +139,7 @@ def slurm_status(shell: Any, stack: Any, rendered: Mapping[tuple[str, str], Any]
                     if mine is None:
                         row.differences = [f"job {job.id} has no component {svc.name}"]
                     elif row.running_digest != want.digest:
-                        row.differences = knob_differences(want.knobs, mine.get("knobs") or {}) or change_reasons(
+                        row.differences = knob_drift(want.knobs, mine.get("knobs") or {}) or change_reasons(
                             {svc.launch_path: embedded.get(svc.name, "")}, {svc.launch_path: want.launch}) or [
                             f"rendered digest {row.running_digest} -> {want.digest}"]
                     else:
@@ -178,7 +177,7 @@ def job_plan(shell: Any, stack: Any, rendered: Mapping[tuple[str, str], Any], re
         d = decide(restart, jobs, entry.digest, list(stack.services), rendered, next(iter(entry.files.values())),
                    settings.job_name, client.batch_script)
     except SlurmError as exc:
-        return {"action": "unknown", "why": [str(exc)], "running": None,
+        return {"action": "unknown", "why": [str(exc)], "running": None, "job": settings.job_name,
                 "services": {s.name: ("unknown", str(exc), []) for s in stack.services}}
     running = d.keep or d.previous
     return {"action": d.action, "why": d.why, "running": running.id if running else None,
