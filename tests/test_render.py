@@ -510,3 +510,33 @@ def test_host_environment_names_are_checked_where_they_enter(shared):
     text = str(err.value)
     assert "inventory local, host @local: data environment" in text and "touch" in text and "\n" not in text
     assert load_stack(shared.root, LOCAL, {"environment": {"GOOD_NAME_1": "x"}}).hosts["@local"]
+
+
+def test_the_launch_script_stops_what_an_earlier_run_of_its_service_left_first(shared, catalog, tmp_path):
+    """A kill -9 of vLLM's API server leaves its engine core and worker running, and supervisord restarts
+    only the process it started. Every process of a service carries its tag (KNOBKEEPER_SERVICE), so
+    the next start of the launch script stops them first (TERM), and only them: another service's
+    process with its own tag lives on. The engine then runs with the tag itself."""
+    stack = load_stack(shared.root, LOCAL, {"prefix": str(tmp_path / "p")})
+    svc = stack.service("@local", "knobkeeper-decode")
+    printer = [sys.executable, "-c", "import os; print(os.environ['KNOBKEEPER_SERVICE'])"]
+    item = render_service(svc, printer, knobs={}, catalog=catalog, provenance={}, source=Source("x"),
+                          templates_dir=shared.templates_dir)
+    script = tmp_path / "launch.sh"
+    script.write_text(item.launch)
+    Path(svc.service_dir).mkdir(parents=True)
+    left = subprocess.Popen(["sleep", "600"], env={**os.environ, "KNOBKEEPER_SERVICE": svc.process_tag})
+    prefill = stack.service("@local", "knobkeeper-prefill")
+    other = subprocess.Popen(["sleep", "600"], env={**os.environ, "KNOBKEEPER_SERVICE": prefill.process_tag})
+    try:
+        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert left.wait(10) == -15                 # TERM'd by the launch script
+        assert other.poll() is None                 # not this service's
+        lines = done.stdout.splitlines()
+        assert lines == [f"knobkeeper: stopping what is left of an earlier knobkeeper-decode: pid {left.pid} "
+                         f"(sleep 600)", svc.process_tag]
+    finally:
+        for proc in (left, other):
+            proc.kill()
+            proc.wait()

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import jinja2
 
 from knobkeeper import gitio
+from knobkeeper.deploy.model import PROCESS_TAG_VARIABLE
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Value
 
@@ -187,6 +188,11 @@ def render_service(
         "log_path": service.log_path,
         "stop_timeout": service.stop_timeout,
         "user": service.user,
+        "tag_variable": PROCESS_TAG_VARIABLE,
+        "process_tag": service.process_tag,
+        # systemd stops a unit's whole cgroup and Slurm a step's processes; under supervisord what a
+        # killed main process started outlives it (templates/launch.sh.j2 says what is done then)
+        "stop_leftovers": service.manager == "supervisord",
     }
     manager_template = PROGRAM_TEMPLATE if service.manager == "supervisord" else UNIT_TEMPLATE
     paths = [(service.launch_path, LAUNCH_TEMPLATE, "0755"), (service.manager_file, manager_template, "0644")]

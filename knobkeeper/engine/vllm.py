@@ -56,6 +56,7 @@ from knobkeeper.engine.family import (PARSER_CHILD_END, Endpoints, Family, Metri
                                       RegistryReader, Series, Workers, engine_args, model_name)
 from knobkeeper.engine.source import (EngineSource, NotLiteral, comments, doc_above, literal, parse_python, segment)
 from knobkeeper.errors import UserError
+from knobkeeper.fmt import exit_words
 from knobkeeper.ports import DEFAULT_EPHEMERAL, in_ephemeral_range
 
 REGISTRY_FILE = "vllm/envs.py"
@@ -369,6 +370,11 @@ SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 
 
+# How vLLM 0.32.0 says one of its processes died: the executor's worker monitor
+# (v1/executor/multiproc_executor.py) and the API server's process watch (v1/utils.py). The API
+# server then exits with status 0 (a supervisor told that 0 is expected never restarts it).
+_DIED = (re.compile(r"Worker proc (?P<name>\S+) died unexpectedly \(exit code: (?P<code>-?\d+)\)"),
+         re.compile(r"Process (?P<name>\S+) \(PID: \d+\) died with exit code (?P<code>-?\d+)"))
 _BIND_FAILED = re.compile(r"ZMQError: Address already in use \(addr='tcp://[^']*:(?P<port>\d+)'\)")
 
 
@@ -408,6 +414,19 @@ class VLLM(Family):
                 return (f"{what} was taken by another socket while it started ({found.group(0)}); vLLM waits for "
                         f"that listener forever: free the port, or move it out of the ephemeral range")
         return None
+
+    def deaths(self, lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            for pattern in _DIED:
+                found = pattern.search(line)
+                if found:
+                    how = exit_words(int(found.group("code")))
+                    what = f"{found.group('name')} died of {how}" if how.startswith("SIG") else \
+                        f"{found.group('name')} died ({how})"
+                    if what not in out:
+                        out.append(what)
+        return out
 
     def managed_env(self, host: str, services: list[str], data: Mapping[str, Any], prefix: str):
         """The vllm_install.EngineEnv the services run from when data `engine_root` names one, else None."""
