@@ -173,25 +173,30 @@ def test_a_restarted_service_its_manager_gave_up_on_fails_at_once_with_its_log(t
 
 def test_a_port_held_by_what_an_earlier_run_left_is_told_from_a_strangers(tmp_path):
     """The identity names who holds a service's port when the supervised process does not: its PID,
-    its command, and whether it carries the service's own tag (left over from a killed run: the
-    restart stops it) or not (a stranger: the deploy stops before the restart, naming it)."""
+    its command, and whether it is what the service's last run left (in that run's process group and
+    the service's folder: the restart stops it) or a stranger (the deploy stops before the restart)."""
     import sys
+    import time
+    from dataclasses import replace
 
     from knobkeeper.deploy.health import identity_command, parse_identity
     from tests.procs import free_port
 
     port = free_port()
-    svc = _fake_service(port)
+    svc = replace(_fake_service(port), prefix=str(tmp_path))
+    Path(svc.service_dir).mkdir(parents=True)
+    up = tmp_path / "up"
     server = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
-              f"open({str(tmp_path / 'up')!r}, 'w').close(); time.sleep(600)")
-    for tag, leftover in ((svc.process_tag, True), ("someone-else@/x", False)):
-        (tmp_path / "up").unlink(missing_ok=True)
-        holder = subprocess.Popen([sys.executable, "-c", server], env={**os.environ, "KNOBKEEPER_SERVICE": tag})
+              f"open({str(up)!r}, 'w').close(); time.sleep(600)")
+    for cwd, leftover in ((svc.service_dir, True), (str(tmp_path), False)):
+        up.unlink(missing_ok=True)
+        holder = subprocess.Popen([sys.executable, "-c", server], cwd=cwd, start_new_session=True)
+        Path(svc.group_path).write_text(f"{holder.pid}\n")
         try:
-            for _ in range(300):
-                if (tmp_path / "up").exists():
+            for _ in range(600):
+                if up.exists() or holder.poll() is not None:
                     break
-                holder.wait(0.05) if holder.poll() is not None else __import__("time").sleep(0.05)
+                time.sleep(0.05)
             ident = parse_identity(_local_shell(identity_command(svc, "echo 1; :")), port)
             assert ident.stray and ident.other == holder.pid and ident.leftover is leftover, ident
             assert ident.other_command.startswith(f"{sys.executable} -c import socket"), ident

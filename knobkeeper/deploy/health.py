@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from knobkeeper import fmt
-from knobkeeper.deploy.model import PROCESS_TAG_VARIABLE, Service, Stack
+from knobkeeper.deploy.model import Service, Stack
 from knobkeeper.deploy.routers import workers_healthy
 from knobkeeper.deploy.topology import downstream
 from knobkeeper.errors import UserError
@@ -120,7 +120,11 @@ def identity_command(svc: Service, ctl: str, ports: Iterable[int] = ()) -> str:
         "set -- ${stat##*) }; age=$(awk -v t=\"${20}\" -v hz=\"$(getconf CLK_TCK)\" "
         "'{printf \"%.2f\", $1 - t / hz}' /proc/uptime); fi; "
     )
-    tag = q(f"{PROCESS_TAG_VARIABLE}={svc.process_tag}")
+    # a holder that is what the service's last run left: in that run's group and working folder (the
+    # launch script's rule, templates/launch.sh.j2)
+    leftover = (f"g=$(cat {q(svc.group_path)} 2>/dev/null); read -r line < /proc/$other/stat 2>/dev/null; "
+                f"set -- ${{line##*) }}; [ -n \"$g\" ] && [ \"$3\" = \"$g\" ] && "
+                f"[ \"$(readlink /proc/$other/cwd 2>/dev/null)\" = {q(svc.service_dir)} ] && left=yes; ")
     for port in dict.fromkeys([svc.port, *ports]):
         shell += (
             f"inodes=$(awk '$4 == \"0A\" && $2 ~ /{_listen_pattern(svc, port)}/ {{print $10}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null); "
@@ -130,11 +134,11 @@ def identity_command(svc: Service, ctl: str, ports: Iterable[int] = ()) -> str:
             "ls -l /proc/$p/fd/ 2>/dev/null; done); "
             "for i in $inodes; do case \"$links\" in *\"socket:[$i]\"*) holder=yes;; esac; done; fi; "
             # Another process holds it: which (one `find` over every process's fds, only on this
-            # path), and whether it is what an earlier run of this service left (its tag).
+            # path), and whether it is what the last run of this service left.
             "other=0; left=no; cmd=; if [ \"$holder\" = no ] && [ -n \"$inodes\" ]; then "
             "for i in $inodes; do other=$(find /proc/[0-9]*/fd -lname \"socket:\\[$i\\]\" 2>/dev/null "
             "| head -n 1 | cut -d/ -f3); [ -n \"$other\" ] && break; done; other=${other:-0}; "
-            f"if [ \"$other\" != 0 ]; then grep -qzxF {tag} /proc/$other/environ 2>/dev/null && left=yes; "
+            f"if [ \"$other\" != 0 ]; then {leftover}"
             "cmd=$(tr '\\0' ' ' < /proc/$other/cmdline 2>/dev/null | cut -c1-100); fi; fi; "
             f"echo \"{IDENTITY_MARKER} port={port} pid=$pid holder=$holder "
             "listening=$([ -n \"$inodes\" ] && echo yes || echo no) age=$age other=$other leftover=$left\"; "
@@ -151,7 +155,7 @@ class Identity:
     age: float = 0.0
     other: int | None = None       # the process that holds the port when it is not the supervised one
     other_command: str = ""        # its command line (the first 100 characters)
-    leftover: bool = False         # `other` carries this service's tag: an earlier run of it left it
+    leftover: bool = False         # `other` is what the service's last run left (its group and folder)
 
     def holder_words(self) -> str:
         """Who holds the port: "pid 4242 (VLLM::EngineCore), left over from an earlier run of it"."""

@@ -12,9 +12,6 @@ from typing import Any
 from knobkeeper.deploy.topology import Role
 
 
-PROCESS_TAG_VARIABLE = "KNOBKEEPER_SERVICE"
-
-
 @dataclass(frozen=True)
 class Service:
     """One supervised process: (host, service name) is unique in a stack."""
@@ -53,12 +50,11 @@ class Service:
         return f"{self.host}/{self.name}"
 
     @property
-    def process_tag(self) -> str:
-        """What every process of this service carries in its environment (PROCESS_TAG_VARIABLE): its
-        launch script exports it, and the processes an engine starts inherit it, so that what is left
-        of an earlier run (vLLM's engine core and worker after a kill -9 of its API server) is known
-        as this service's and stopped before the next start (templates/launch.sh.j2)."""
-        return f"{self.name}@{self.prefix}"
+    def group_path(self) -> str:
+        """The process group of the service's last run, written by its launch script: a process still
+        in it whose working folder is service_dir is what that run left (vLLM's engine core and worker
+        after a kill -9 of its API server), stopped before the next start (templates/launch.sh.j2)."""
+        return f"{self.service_dir}/run.pgid"
 
     @property
     def url(self) -> str:
