@@ -436,7 +436,7 @@ def _comm(pid: int) -> str:
 
 
 def _back_up(real_stack, old_pid: int, timeout: float = 600) -> int:
-    """Wait until supervisord runs decode again as a new PID that passes decode's gate."""
+    """Wait until supervisord runs decode again as a new PID that passes decode's gate, and the router's."""
     from knobkeeper.deploy.health import wait_gate
     from knobkeeper.deploy.stack import load_stack
     from tests.test_health import _local_shell
@@ -450,6 +450,12 @@ def _back_up(real_stack, old_pid: int, timeout: float = 600) -> int:
     new = real_stack.pids()["knobkeeper-decode"]
     assert new not in (None, old_pid), "supervisord did not start decode again"
     outcome = wait_gate(decode, 0, max(1.0, deadline - time.monotonic()), _local_shell, plan.ctl,
+                        say=lambda _: None)
+    assert outcome.ok, outcome.status
+    # and the router takes it back (its /readiness and every worker healthy on /workers), as its gate asks
+    router = next(s for s in stack.services if s.role == "router")
+    workers = sum(1 for s in stack.services if s.family.kind == "worker")
+    outcome = wait_gate(router, workers, max(1.0, deadline - time.monotonic()), _local_shell, plan.ctl,
                         say=lambda _: None)
     assert outcome.ok, outcome.status
     return new
