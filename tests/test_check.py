@@ -99,7 +99,7 @@ def test_launch_script_lint_bash_and_shellcheck(project):
 @pytest.mark.skipif(not lint.available("systemd-analyze"), reason="systemd-analyze not installed")
 def test_unit_that_systemd_rejects(project):
     unit = project.templates_dir / "systemd.service.j2"
-    unit.write_text(unit.read_text().replace("Restart=on-failure", "Restart=sometimes"))
+    unit.write_text(unit.read_text().replace("Restart=always", "Restart=sometimes"))
     result = kk(project)
     assert result.exit_code == 1
     hits = [line for line in lines(result) if "fails systemd-analyze verify" in line]

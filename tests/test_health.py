@@ -54,8 +54,10 @@ def test_gate_fails_when_another_process_answers_on_the_port(answering_server):
     # `ctl pid NAME` stands for the service manager's answer. The "supervised" pid is 1 (init): it does not hold the port, this test process does.
     outcome = wait_gate(svc, 0, 30.0, _local_shell, "echo 1; :", say=lambda _: None)
     assert not outcome.ok
-    assert outcome.status == (f"port {answering_server} answers, but not from fake-decode (pid 1): another process "
-                              f"holds the port (stop it)")
+    # the holder is named: this test process, its PID and the start of its command line
+    command = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode()[:100].strip()
+    assert outcome.status == (f"port {answering_server} answers, but not from fake-decode (pid 1): pid {os.getpid()} "
+                              f"({command}) holds the port (stop it)")
     # The same answer from the supervised process passes, and stays the same PID over the settle time.
     settle = _age_of_this_process() + 0.3  # so that the gate waits out the rest, then looks again
     outcome = wait_gate(svc, 0, 30.0, _local_shell, f"echo {os.getpid()}; :", settle=settle, say=lambda _: None)
@@ -167,3 +169,39 @@ def test_a_restarted_service_its_manager_gave_up_on_fails_at_once_with_its_log(t
     # not restarted by this run: a down service is waited for (a deploy that did not start it)
     outcome = wait_gate(svc, 0, 0.5, _local_shell, fatal, say=lambda _: None)
     assert not outcome.ok and outcome.status.startswith("no answer")
+
+
+def test_a_port_held_by_what_an_earlier_run_left_is_told_from_a_strangers(tmp_path):
+    """The identity names who holds a service's port when the supervised process does not: its PID,
+    its command, and whether it is what the service's last run left (in that run's process group and
+    the service's folder: the restart stops it) or a stranger (the deploy stops before the restart)."""
+    import sys
+    import time
+    from dataclasses import replace
+
+    from knobkeeper.deploy.health import identity_command, parse_identity
+    from tests.procs import free_port
+
+    port = free_port()
+    svc = replace(_fake_service(port), prefix=str(tmp_path))
+    Path(svc.service_dir).mkdir(parents=True)
+    up = tmp_path / "up"
+    server = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+              f"open({str(up)!r}, 'w').close(); time.sleep(600)")
+    for cwd, leftover in ((svc.service_dir, True), (str(tmp_path), False)):
+        up.unlink(missing_ok=True)
+        holder = subprocess.Popen([sys.executable, "-c", server], cwd=cwd, start_new_session=True)
+        Path(svc.group_path).write_text(f"{holder.pid}\n")
+        try:
+            for _ in range(600):
+                if up.exists() or holder.poll() is not None:
+                    break
+                time.sleep(0.05)
+            ident = parse_identity(_local_shell(identity_command(svc, "echo 1; :")), port)
+            assert ident.stray and ident.other == holder.pid and ident.leftover is leftover, ident
+            assert ident.other_command.startswith(f"{sys.executable} -c import socket"), ident
+            words = f"pid {holder.pid} ({ident.other_command})" + (", left over from an earlier run of it" if leftover else "")
+            assert ident.holder_words() == words
+        finally:
+            holder.kill()
+            holder.wait()

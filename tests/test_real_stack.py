@@ -202,8 +202,13 @@ def test_a_port_taken_stops_the_run_before_the_restart(tmp_path, taken, words):
     assert result.returncode != 0 and result.record is not None, result.output[-2000:]
     record = result.record
     assert record.result == "failed"
+    # the holder named: this test process (its PID and the start of its command line)
+    import os
+
+    command = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode()[:100].strip()
     assert record.error == (f"host @local, service knobkeeper-prefill: port {ports[taken]}{words} is taken by "
-                            f"another process (not knobkeeper-prefill): stop it or move the port; nothing was restarted")
+                            f"pid {os.getpid()} ({command}), not knobkeeper-prefill: stop it or move the port; "
+                            f"nothing was restarted")
     assert all(r.restart_issued_at is None for r in record.services)
     assert record.service("@local", "knobkeeper-prefill").gate.result == "failed"
     assert "came over" not in (record.pd_proof or "")
@@ -213,8 +218,8 @@ def test_a_port_taken_stops_the_run_before_the_restart(tmp_path, taken, words):
 @pytest.mark.timeout(900)    # the first real test on a machine also pays the engines' install (~4 min)
 def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(tmp_path):
     """A model whose config.json is broken: vLLM starts, then dies loading it; supervisord would
-    restart it forever. The gate says so within seconds with vLLM's last log lines; decode and the
-    router are not started; the record says what happened."""
+    restart it forever. The gate says so within seconds, quoting the exception vLLM's traceback ended
+    with; decode and the router are not started; the record says what happened."""
     from knobkeeper.deploy.api import run_deploy
     from tests.infra import make_infra_repo
 
@@ -246,7 +251,9 @@ def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(t
     assert record.error.startswith(f"gate failed: host @local, service knobkeeper-prefill, "
                                    f"http://127.0.0.1:{ports['prefill_port']}/health: last status knobkeeper-prefill ")
     assert "crashed during start-up" in record.error or "did not stay up" in record.error, record.error
-    assert "ends: " in record.error and ("JSON" in record.error or "Error" in record.error), record.error
+    # the exception the traceback ended with, quoted whole (not a line from its middle)
+    assert (f"OSError: It looks like the config file at '{model}/config.json' is not a valid JSON file."
+            in record.error), record.error
     for name in ("knobkeeper-decode", "knobkeeper-router"):
         assert record.service("@local", name).restart_issued_at is None
     from knobkeeper.deploy.local import _alive
@@ -276,8 +283,8 @@ def test_the_gate_calls_a_process_that_died_after_it_was_running_a_start_up_cras
     assert gave_up(svc, "supervisorctl", host, seen) is None        # still starting
     assert gave_up(svc, "supervisorctl", host, seen) is None        # running (pid 4242)
     words = gave_up(svc, "supervisorctl", host, seen)               # gone: the manager restarts it
-    assert words == (f"fake-decode crashed during start-up (pid 4242 exited); {svc.log_path} ends: Traceback "
-                     f"(most recent call last): json.decoder.JSONDecodeError: Expecting value: line 1")
+    assert words == (f"fake-decode crashed during start-up (pid 4242 exited); its log says: "
+                     f"\"json.decoder.JSONDecodeError: Expecting value: line 1\" (see {svc.log_path})")
 
 
 def test_the_gate_calls_a_start_up_that_waits_forever_on_a_taken_port_stuck():
@@ -308,3 +315,196 @@ def test_the_gate_calls_a_start_up_that_waits_forever_on_a_taken_port_stuck():
     assert gave_up(svc, "supervisorctl", host(6000, later), {}) is None
     # a start whose lines are not in the log's tail yet: nothing to read, nothing said
     assert gave_up(svc, "supervisorctl", host(7000, log), {}) is None
+
+
+# --- AMX, and engine deaths named and not left down (a CPU with AMX: docs/real-vllm-notes.md, section 12) --
+
+def _engine_python(real_stack) -> str:
+    from knobkeeper.deploy.stack import load_stack
+
+    stack = load_stack(real_stack.root, real_stack.inventory)
+    decode = next(s for s in stack.services if s.role == "decode")
+    return decode.family.interpreter(stack.hosts["@local"].data, decode.prefix)
+
+
+def _attention_isa(real_stack) -> str:
+    """The attention ISA vLLM's own CPU backend picks for what decode runs: the model's dtype and head
+    size (its config.json), the block size decode reports (vllm:cache_config_info), on this CPU."""
+    config = json.loads((real_stack.model / "config.json").read_text())
+    info = next(k for k in real_stack.metrics("decode") if k.startswith("vllm:cache_config_info{"))
+    block = int(info.split('block_size="', 1)[1].split('"', 1)[0])
+    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    dtype = {"bfloat16": "bfloat16", "float32": "float32"}[str(config.get("torch_dtype") or config.get("dtype"))]
+    code = ("import torch; from vllm.v1.attention.backends.cpu_attn import _get_attn_isa; "
+            f"print(_get_attn_isa(torch.{dtype}, {block}, {head}))")
+    import subprocess
+
+    done = subprocess.run([_engine_python(real_stack), "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-1500:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _nixl_request(real_stack) -> tuple[int, float]:
+    """One completion through the router with a prompt no instance has seen (a fresh nonce first, so
+    no prefix cache can hold it): (its prompt tokens, how many of them reached decode over the connector)."""
+    import urllib.request
+    import uuid
+
+    def external() -> float:
+        return sum(v for k, v in real_stack.metrics("decode").items()
+                   if k.startswith("vllm:prompt_tokens_by_source_total{") and 'source="external_kv_transfer"' in k)
+
+    before = external()
+    prompt = uuid.uuid4().hex + " " + " ".join(f"word{i % 37}" for i in range(120))
+    body = json.dumps({"model": real_stack.served_model, "prompt": prompt, "max_tokens": 4, "temperature": 0})
+    request = urllib.request.Request(real_stack.urls["router"] + "/v1/completions", data=body.encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as resp:
+        tokens = int(json.loads(resp.read())["usage"]["prompt_tokens"])
+    deadline = time.monotonic() + 30
+    while external() - before < tokens and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return tokens, external() - before
+
+
+def _no_amx_reason() -> str:
+    return ("this CPU has no AMX (no amx_tile flag in /proc/cpuinfo): vLLM's AMX attention path cannot be taken "
+            "here; the test of the path without AMX covers what this CPU runs")
+
+
+@pytest.mark.real_engine
+@pytest.mark.timeout(900)
+def test_decode_takes_the_amx_path_after_a_real_nixl_transfer_and_lives(real_stack):
+    """On a CPU with AMX: vLLM's CPU attention takes its AMX path for the stack's bf16 model, and decode's
+    worker, which asked for AMX at start-up (the engine step's hook), serves a Nixl-transferred request
+    and lives (without the hook it died of SIGILL at exactly this step, every time)."""
+    from knobkeeper.engine.vllm_install import cpu_has_amx
+
+    if not cpu_has_amx():
+        pytest.skip(_no_amx_reason())
+    assert _attention_isa(real_stack) == "amx"
+    before = real_stack.pids()["knobkeeper-decode"]
+    tokens, came = _nixl_request(real_stack)
+    assert came >= tokens > 0
+    assert real_stack.pids()["knobkeeper-decode"] == before   # the same process: its worker lived
+
+
+@pytest.mark.real_engine
+@pytest.mark.timeout(1200)
+def test_decode_serves_a_real_nixl_transfer_without_the_amx_path(real_stack):
+    """The path a CPU without AMX takes, on every machine: where the CPU has none the stack as deployed
+    takes it; where it has AMX, prefill and decode are deployed in float32 (vLLM's AMX path is bf16
+    only), proven, and put back. Neither kind of machine hides the other's failure."""
+    from knobkeeper.engine.vllm_install import cpu_has_amx
+
+    if not cpu_has_amx():
+        assert _attention_isa(real_stack) != "amx"
+        tokens, came = _nixl_request(real_stack)
+        assert came >= tokens > 0
+        return
+    from knobkeeper.deploy.stack import load_stack
+
+    args = dict(load_stack(real_stack.root, real_stack.inventory).hosts["@local"].data["engine_args"])
+    fp32 = {**args, **{role: [*args[role], "--dtype", "float32"] for role in ("prefill", "decode")}}
+    try:
+        moved = real_stack.deploy(extra_data={"engine_args": fp32})
+        assert moved.ok, (moved.error, moved.output[-3000:])
+        assert _attention_isa(real_stack) != "amx"    # float32: not the AMX path
+        tokens, came = _nixl_request(real_stack)
+        assert came >= tokens > 0
+    finally:
+        back = real_stack.deploy()
+        assert back.ok, (back.error, back.output[-3000:])
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split() if \
+                Path(f"/proc/{parent}").exists() else []:
+            out.append(int(child))
+            todo.append(int(child))
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _back_up(real_stack, old_pid: int, timeout: float = 600) -> int:
+    """Wait until supervisord runs decode again as a new PID that passes decode's gate, and the router's."""
+    from knobkeeper.deploy.health import wait_gate
+    from knobkeeper.deploy.stack import load_stack
+    from tests.test_health import _local_shell
+
+    stack = load_stack(real_stack.root, real_stack.inventory)
+    plan = stack.hosts["@local"]
+    decode = next(s for s in stack.services if s.role == "decode")
+    deadline = time.monotonic() + timeout
+    while real_stack.pids()["knobkeeper-decode"] in (None, old_pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    new = real_stack.pids()["knobkeeper-decode"]
+    assert new not in (None, old_pid), "supervisord did not start decode again"
+    outcome = wait_gate(decode, 0, max(1.0, deadline - time.monotonic()), _local_shell, plan.ctl,
+                        say=lambda _: None)
+    assert outcome.ok, outcome.status
+    # and the router takes it back (its /readiness and every worker healthy on /workers), as its gate asks
+    router = next(s for s in stack.services if s.role == "router")
+    workers = sum(1 for s in stack.services if s.family.kind == "worker")
+    outcome = wait_gate(router, workers, max(1.0, deadline - time.monotonic()), _local_shell, plan.ctl,
+                        say=lambda _: None)
+    assert outcome.ok, outcome.status
+    return new
+
+
+@pytest.mark.real_engine
+@pytest.mark.timeout(900)
+def test_a_decode_worker_killed_by_sigill_is_named_and_not_left_down(real_stack):
+    """The failure an AMX CPU without the hook showed, made on purpose: decode's worker dies of SIGILL.
+    vLLM's API server then exits with status 0; supervisord restarts it all the same (a server never
+    exits on its own), and what its log says names the signal, as a gate or the PD proof would."""
+    import signal
+
+    from knobkeeper.deploy.health import log_says
+    from knobkeeper.deploy.stack import load_stack
+    from tests.test_health import _local_shell
+
+    api = real_stack.pids()["knobkeeper-decode"]
+    worker = next(p for p in _descendants(api) if _comm(p).startswith("VLLM::Worker"))
+    import os
+
+    os.kill(worker, signal.SIGILL)
+    _back_up(real_stack, api)
+    decode = next(s for s in load_stack(real_stack.root, real_stack.inventory).services if s.role == "decode")
+    said = log_says(decode, api, _local_shell)
+    # vLLM's own line often says "exit code: None" (it looks before the worker is reaped); Python's
+    # faulthandler block (PYTHONFAULTHANDLER in the launch script) says how, and in which frame
+    assert said.startswith("its log says: VllmWorker-0 died of SIGILL (illegal instruction)"), said
+    tokens, came = _nixl_request(real_stack)
+    assert came >= tokens > 0
+
+
+@pytest.mark.real_engine
+@pytest.mark.timeout(900)
+def test_a_kill_9_of_decodes_api_server_leaves_no_engine_process_behind(real_stack):
+    """kill -9 of vLLM's API server leaves its engine core and worker running (PPID 1, ~3 GB, holding
+    the NIXL side channel); supervisord restarts only the API server. The launch script stops what an
+    earlier run of the service left before it starts the engine, so decode comes back and serves."""
+    import os
+    import signal
+
+    api = real_stack.pids()["knobkeeper-decode"]
+    children = _descendants(api)
+    assert any(_comm(p).startswith("VLLM::") for p in children), [(p, _comm(p)) for p in children]
+    os.kill(api, signal.SIGKILL)
+    _back_up(real_stack, api)
+    left = [p for p in children if Path(f"/proc/{p}").exists() and _comm(p).startswith("VLLM::")]
+    assert left == [], [(p, _comm(p)) for p in left]
+    log = (real_stack.prefix / "supervisor" / "logs" / "knobkeeper-decode.log").read_text()
+    assert "knobkeeper: stopping what is left of an earlier knobkeeper-decode: pid " in log
+    tokens, came = _nixl_request(real_stack)
+    assert came >= tokens > 0

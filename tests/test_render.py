@@ -527,3 +527,36 @@ def test_host_environment_names_are_checked_where_they_enter(shared):
     text = str(err.value)
     assert "inventory local, host @local: data environment" in text and "touch" in text and "\n" not in text
     assert load_stack(shared.root, LOCAL, {"environment": {"GOOD_NAME_1": "x"}}).hosts["@local"]
+
+
+def test_the_launch_script_stops_what_an_earlier_run_of_its_service_left_first(shared, catalog, tmp_path):
+    """A kill -9 of vLLM's API server leaves its engine core and worker running, and supervisord restarts
+    only the process it started. Each run writes its process group next to its launch script; the next
+    start stops (TERM) every process still in that group whose working folder is the service's, and
+    only those: one of that group elsewhere, or one in the folder but of another group (a shell cd'ed
+    there), lives on. Then it writes its own group."""
+    stack = load_stack(shared.root, LOCAL, {"prefix": str(tmp_path / "p")})
+    svc = stack.service("@local", "knobkeeper-decode")
+    item = render_service(svc, ["true"], knobs={}, catalog=catalog, provenance={}, source=Source("x"),
+                          templates_dir=shared.templates_dir)
+    script = tmp_path / "launch.sh"
+    script.write_text(item.launch)
+    Path(svc.service_dir).mkdir(parents=True)
+    left = subprocess.Popen(["sleep", "600"], cwd=svc.service_dir, process_group=0)     # a group of its own
+    elsewhere = subprocess.Popen(["sleep", "600"], cwd=tmp_path, process_group=left.pid)
+    bystander = subprocess.Popen(["sleep", "600"], cwd=svc.service_dir, process_group=0)
+    Path(svc.group_path).write_text(f"{left.pid}\n")
+    try:
+        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert left.wait(10) == -15                                    # TERM'd by the launch script
+        assert elsewhere.poll() is None and bystander.poll() is None   # not what the last run left
+        assert done.stdout.splitlines() == [f"knobkeeper: stopping what is left of an earlier knobkeeper-decode: "
+                                            f"pid {left.pid} (sleep 600)"]
+        assert Path(svc.group_path).read_text().strip() == str(os.getpgid(0))   # this run's group
+        again = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and again.stdout == ""            # nothing left of that run
+    finally:
+        for proc in (left, elsewhere, bystander):
+            proc.kill()
+            proc.wait()

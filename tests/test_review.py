@@ -248,7 +248,7 @@ def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tm
         text = text.replace(old, new)
     inv.write_text(text)
     unit = project.templates_dir / "systemd.service.j2"
-    unit.write_text(unit.read_text().replace("Restart=on-failure", "Restart=always"))
+    unit.write_text(unit.read_text().replace("Restart=always", "Restart=on-failure"))
     write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
                 reason="faster", new=512)
     commit_all(project, "engine 0.5.7, bigger graphs, always restart, CTAs=512")
@@ -260,7 +260,7 @@ def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tm
     for words in (f"knob {KNOB}: set to 512 (was unset)", "environment HF_HOME: /models/hf-cache -> /models/cache",
                   "interpreter: /opt/knobkeeper/venv/bin/python -> /opt/knobkeeper/venv-0.5.7/bin/python",
                   "flag --cuda-graph-max-bs-decode: 128 -> 256", "flag --enable-dp-attention: added",
-                  "systemd unit: Restart: on-failure -> always"):
+                  "systemd unit: Restart: always -> on-failure"):
         assert fmt.cell(words) in decode, (words, decode)
     prefill = next(line for line in prod.splitlines() if line.startswith("   - knobkeeper-prefill on prefill-1, prefill-2: "))
     assert KNOB not in prefill and "--cuda-graph-max-bs" not in prefill and "interpreter" in prefill

@@ -442,6 +442,32 @@ def test_a_side_channel_port_in_the_ephemeral_range_is_a_warning():
     assert _pairing(_pair(decode_env={"VLLM_NIXL_SIDE_CHANNEL_PORT": "32767"})) == ([], [])
 
 
+def test_check_warns_of_an_engine_environment_without_the_amx_hook_on_a_cpu_with_amx(project, tmp_path, monkeypatch):
+    """A CPU with AMX and a ready CPU engine environment built before the permission hook existed: its
+    workers would die of SIGILL at their first step. `check` (the engine contract's warnings) says so
+    for the local host; with the hook, or on a CPU without AMX, nothing is said."""
+    from knobkeeper.engine import contract, vllm_install
+
+    stack = load_stack(project.root, "inventory/local_vllm.py", data={"engine_root": str(tmp_path)})
+    env = next(e for e in (s.family.managed_env("@local", ["knobkeeper-prefill", "knobkeeper-decode"],
+                                                 stack.hosts["@local"].data, stack.hosts["@local"].prefix)
+                           for s in stack.services) if e is not None)
+    site = Path(env.path) / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (Path(env.path) / vllm_install.READY).write_text("{}")
+    monkeypatch.setattr(vllm_install, "cpu_has_amx", lambda: True)
+    warned = contract.environment_warnings(stack, "inventory/local_vllm.py")
+    assert warned == [f"inventory/local_vllm.py: host @local, service knobkeeper-prefill, knobkeeper-decode: this CPU "
+                      f"has AMX, and the engine environment {env.path} lacks knobkeeper's AMX permission hook "
+                      f"(knobkeeper-amx-permission): vLLM's CPU attention would run AMX instructions without asking "
+                      f"Linux, and its workers die of SIGILL at their first step; the next deploy adds the hook"]
+    (site / "knobkeeper_amx_permission.pth").write_text("import knobkeeper_amx_permission\n")
+    assert contract.environment_warnings(stack, "inventory/local_vllm.py") == []
+    (site / "knobkeeper_amx_permission.pth").unlink()
+    monkeypatch.setattr(vllm_install, "cpu_has_amx", lambda: False)
+    assert contract.environment_warnings(stack, "inventory/local_vllm.py") == []
+
+
 def test_the_router_names_every_prefill_and_decode_url():
     missing = [a for a in ROUTER_CMD if a not in ("--decode", "http://10.0.1.21:30001")]
     assert _pairing(_pair(), missing)[0] == [

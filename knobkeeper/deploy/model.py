@@ -50,6 +50,13 @@ class Service:
         return f"{self.host}/{self.name}"
 
     @property
+    def group_path(self) -> str:
+        """The process group of the service's last run, written by its launch script: a process still
+        in it whose working folder is service_dir is what that run left (vLLM's engine core and worker
+        after a kill -9 of its API server), stopped before the next start (templates/launch.sh.j2)."""
+        return f"{self.service_dir}/run.pgid"
+
+    @property
     def url(self) -> str:
         host = "127.0.0.1" if self.address in ("@local", "localhost") else self.address
         return f"http://{host}:{self.port}"

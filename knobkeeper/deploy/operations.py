@@ -74,7 +74,8 @@ from knobkeeper.changelog.store import unlock_file
 from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, managed_envs, parse_versions,
                                       pinned_versions, version_drift, versions_command)
-from knobkeeper.deploy.health import GateOutcome, Settling, require_up, settled, wait_gate
+from knobkeeper.deploy.health import (GateOutcome, Settling, log_says, own_lines, require_up, settled,
+                                      wait_gate)
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.plan import decide, role_batches
@@ -350,6 +351,8 @@ class Run:
             url = svc.health_url if not outcome.status.startswith("workers") else svc.workers_url
             error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {outcome.status} "
                      f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
+            if "log says" not in outcome.status and " ends: " not in outcome.status:
+                error += "; " + log_says(svc, outcome.pid or row.pid, _on(host))   # e.g. its worker's SIGILL
             if self.options.rollback and row.acted:
                 error += "; " + self.roll_back(plan, svc, host)
             self.error = self.error or error
@@ -419,8 +422,21 @@ class Run:
         self.record.pd_proof = words
         _say(words)
         if not ok:
+            words += self.deaths_of(workers)
+            self.record.pd_proof = words
             self.error = self.error or f"host {routers[0].host}, service {routers[0].name}: {words}"
             raise GateFailed(self.error)
+
+    def deaths_of(self, services: list[Service]) -> str:
+        """"; decode knobkeeper-decode: its log says: VllmWorker-0 died of SIGILL (...)" for each
+        service whose own log says one of its processes died (the router's HTTP 500 says only that
+        something behind it failed); "" when none did."""
+        out = ""
+        for svc in services:
+            on_host, pid = _on(self.state.inventory.get_host(svc.host)), self.row(svc).pid
+            if svc.family.deaths(own_lines(svc, pid, on_host)):
+                out += f"; {svc.role} {svc.name}: {log_says(svc, pid, on_host)}"
+        return out
 
     def port_free(self, host: Any, plan: HostPlan, svc: Service) -> None:
         """Before a (re)start: nothing but the service itself may hold its port (a stray server would
@@ -431,13 +447,18 @@ class Run:
         lines = _on(host)(identity_command(svc, plan.ctl, [port for _, port in svc.ports]))
         for name, port in (("", svc.port), *svc.ports):
             ident = parse_identity(lines, port)
+            what = f"port {port}" + (f" ({name.replace('_', ' ')})" if name else "")
+            if ident.stray and ident.leftover:
+                # what a killed run of this very service left: its launch script stops it first
+                _say(f"{svc.key}: {what} is held by {ident.holder_words()}; the restart stops it")
+                continue
             if not ident.stray:
                 continue
-            what = f"port {port}" + (f" ({name.replace('_', ' ')})" if name else "")
             row = self.row(svc)
-            row.gate.result, row.gate.status = "failed", f"{what} taken by another process"
-            self.error = self.error or (f"host {svc.host}, service {svc.name}: {what} is taken by another "
-                                        f"process (not {svc.name}): stop it or move the port; nothing was restarted")
+            row.gate.result, row.gate.status = "failed", f"{what} taken by {ident.holder_words()}"
+            self.error = self.error or (f"host {svc.host}, service {svc.name}: {what} is taken by "
+                                        f"{ident.holder_words()}, not {svc.name}: stop it or move the port; "
+                                        f"nothing was restarted")
             raise GateFailed(self.error)
 
     def expected_workers(self) -> int:

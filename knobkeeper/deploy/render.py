@@ -36,7 +36,11 @@ PROGRAM_TEMPLATE = "supervisor.conf.j2"
 SUPERVISORD_TEMPLATE = "supervisord.conf.j2"
 META_PREFIX = "# knobkeeper: "
 OVERRIDE = "override (A/B run)"
-BASE_ENVIRONMENT = {"PYTHONUNBUFFERED": "1"}
+# PYTHONFAULTHANDLER: a Python process killed by SIGILL, SIGSEGV, SIGBUS, SIGFPE or SIGABRT first writes
+# "Fatal Python error: Illegal instruction" and where each thread was to its log. vLLM's own line for a
+# dead worker may not know how it died ("Worker proc VllmWorker-0 died unexpectedly (exit code: None)":
+# it looks before the process is reaped); the engine family reads this line instead.
+BASE_ENVIRONMENT = {"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,10 @@ def render_service(
         "log_path": service.log_path,
         "stop_timeout": service.stop_timeout,
         "user": service.user,
+        "group_path": service.group_path,
+        # systemd stops a unit's whole cgroup and Slurm a step's processes; under supervisord what a
+        # killed main process started outlives it (templates/launch.sh.j2 says what is done then)
+        "stop_leftovers": service.manager == "supervisord",
     }
     manager_template = PROGRAM_TEMPLATE if service.manager == "supervisord" else UNIT_TEMPLATE
     paths = [(service.launch_path, LAUNCH_TEMPLATE, "0755"), (service.manager_file, manager_template, "0644")]

@@ -100,4 +100,17 @@ def contract_problems(stack: Any, label: str, wheelhouse: Path | None = None) ->
     notes: list[str] = []
     parsed, skipped = parse_stack(stack, label, wheelhouse, notes)
     problems, warnings = pairing(label, stack, parsed)
-    return flag_problems(label, stack, parsed) + problems, skipped, notes + warnings
+    return flag_problems(label, stack, parsed) + problems, skipped, notes + warnings + environment_warnings(stack, label)
+
+
+def environment_warnings(stack: Any, label: str) -> list[str]:
+    """What each cached engine environment of a local host says of itself on this machine (the
+    family's managed_env: vLLM's CPU build without its AMX hook on a CPU with AMX)."""
+    out: dict[str, None] = {}
+    for plan in stack.hosts.values():
+        for svc in plan.services:
+            env = svc.family.managed_env(plan.name, [s.name for s in plan.services if s.family is svc.family],
+                                         plan.data, plan.prefix)
+            for line in env.local_warnings() if env is not None else ():
+                out.setdefault(f"{label}: {line}")
+    return list(out)

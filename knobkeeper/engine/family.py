@@ -19,6 +19,9 @@ lookup in knobkeeper.engine returns. The rest of the tool asks it:
     pairing_problems   the PD invariants between its parsed prefill and decode arguments
     stuck_start(...)   words for a start-up its own log says can never finish (the gate stops
                        waiting at once), with start_marker: how its process's own log lines begin
+    deaths(lines)      words for each of its processes its own log says died, and how (vLLM's
+                       worker "died unexpectedly (exit code: -4)": SIGILL): a gate, the PD proof
+                       and the record name that instead of the router's HTTP 500
 
 Families import nothing of knobkeeper but errors, fmt, ports and this package: they sit below knobs and
 deploy, which ask them.
@@ -191,6 +194,12 @@ class Family:
         finish although the process lives on, or None: the gate then fails at once instead of at its
         timeout."""
         return None
+
+    def deaths(self, lines: list[str]) -> list[str]:
+        """One phrase per process of the engine that its own log lines (this process's, oldest
+        first) say died, with how it died, e.g. "worker VllmWorker-0 died of SIGILL (illegal
+        instruction)"; [] when the log says none did (or the family reads no log)."""
+        return []
 
 
 def model_name(data: Mapping[str, Any]) -> str:

