@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from knobkeeper.changelog.store import lock_file, unlock_file
+from knobkeeper.fsio import lock_file, unlock_file
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.api import DeployResult
 from knobkeeper.deploy.record import deploy_lock

@@ -34,8 +34,9 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
+
+from knobkeeper.fsio import replace_dir, temp_dir_beside
 
 # the builder, run as a script in the engine environment (it imports torch: the controller never does)
 CHILD = Path(__file__).resolve().parent / "child" / "tiny_model_build.py"
@@ -70,8 +71,7 @@ def build(out: Path, seed: int = SEED, python: str | None = None, timeout: float
     if not Path(python).is_file():
         raise UserError(f"engine environment python {python}: not found (install the engine first: the deploy's "
                         f"engine step, or bench/real_vllm/install_env.py)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    work = temp_dir_beside(out)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                 "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HF_HOME": str(work / ".hf"),
@@ -94,7 +94,7 @@ def build(out: Path, seed: int = SEED, python: str | None = None, timeout: float
             path.chmod(0o644)
         if out.exists():
             out.rmdir()
-        os.replace(work, out)
+        replace_dir(work, out)
     except subprocess.TimeoutExpired:
         raise UserError(f"model tiny: the builder ran past {timeout:g} s") from None
     finally:

@@ -808,7 +808,7 @@ def _wait_for_deploy_lock(project, deadline: float, phase: str, lock_wait: float
     None when free (released at once: pyinfra takes it), else why not. Progress on stderr every 10 s."""
     import sys
 
-    from knobkeeper.changelog.store import lock_file, unlock_file
+    from knobkeeper.fsio import lock_file, unlock_file
     from knobkeeper.deploy.record import deploy_lock
 
     lock, started, said = deploy_lock(project), time.monotonic(), None
