@@ -30,7 +30,8 @@ FIELD_LEVELS = [
 
 
 def write_evidence(project, knob=KNOB, role="decode", value=512, levels=FIELD_LEVELS, age_days: float = 1,
-                   engine_version: str | None = "0.5.5", commit: bool = True) -> str:
+                   engine_version: str | None = "0.5.5", commit: bool = True, inventory: str | None = "inventory/local.py",
+                   engine: str = "sglang") -> str:
     """A schema-valid evidence doc (changelog/evidence/<stamp>-<id>.json); returns its id."""
     ident = new_id()
     created = utcnow() - timedelta(days=age_days)
@@ -50,7 +51,7 @@ def write_evidence(project, knob=KNOB, role="decode", value=512, levels=FIELD_LE
         "schema": SCHEMA, "id": ident, "created": iso(created), "knob": knob, "role": role,
         "metric": "output_tokens_per_s",
         "arms": {"A": {"label": "baseline", "knobs": {knob: None}}, "B": {"label": "candidate", "knobs": {knob: value}}},
-        "setup": {"inventory": "inventory/local.py", "git_sha": None, "engine": "sglang", "engine_version": engine_version,
+        "setup": {"inventory": inventory, "git_sha": None, "engine": engine, "engine_version": engine_version,
                   "model": "m", "device": "RTX PRO 6000",
                   "workload": {"api": "chat", "input_len": 1024, "output_len": 512, "requests_per_run": 200,
                                "duration_s": None}},
@@ -283,7 +284,7 @@ def test_sorted_by_gain_and_stale_evidence_flagged(project):
     report = audit.reclaimable(project, engine_version="0.5.5")
     assert [r.knob for r in report.reclaimable] == [KNOB, "KNOBKEEPER_SPLITKV_TARGET_CTAS"]
     first, second = report.reclaimable
-    assert first.evidence[0].stale and first.evidence[0].stale_why == ["measured on engine 0.4.0, current is 0.5.5"]
+    assert first.evidence[0].stale and first.evidence[0].stale_why == ["measured on sglang 0.4.0, current is 0.5.5"]
     assert second.evidence[0].stale and "45 days old" in second.evidence[0].stale_why[0]
     assert not audit.reclaimable(project, stale_days=60).reclaimable[1].evidence[0].stale
     text = kk(project, "reclaimable", "--engine-version", "0.5.5").output
@@ -292,6 +293,38 @@ def test_sorted_by_gain_and_stale_evidence_flagged(project):
     local = project.inventory_dir / "local.py"
     local.write_text(local.read_text().replace('"decode": "sim"', '"decode": "sim==0.5.5"'))
     assert audit.reclaimable(project).reclaimable[0].evidence[0].stale
+
+
+def test_staleness_compares_engine_and_version_for_an_inventory_in_any_spelling(project):
+    """`ab run` records the inventory as typed: `./inventory/x.py` or an absolute path is the same
+    inventory as `inventory/x.py`, and its role's pin is (engine, version), not the version alone."""
+    prod = project.inventory_dir / "example_prod.py"   # decode: sglang 0.5.23
+    spellings = ["inventory/example_prod.py", "./inventory/example_prod.py", str(prod),
+                 str(project.root / "inventory" / ".." / "inventory" / "example_prod.py")]
+    for inventory in spellings:
+        view = audit.view_evidence(project, write_evidence(project, inventory=inventory, commit=False), utcnow(), 30, None)
+        assert view.stale_why == ["measured on sglang 0.5.5, current is sglang 0.5.23"], inventory
+        assert view.version_note is None
+    # The same version of another engine is another engine: the sim 0.5.5 is not sglang 0.5.5.
+    local = project.inventory_dir / "local.py"
+    local.write_text(local.read_text().replace('"decode": "sim"', '"decode": "sim==0.5.5"'))
+    view = audit.view_evidence(project, write_evidence(project, commit=False), utcnow(), 30, None)
+    assert view.stale_why == ["measured on sglang 0.5.5, current is sim 0.5.5"]
+    same = write_evidence(project, engine="sim", inventory="./inventory/local.py", commit=False)
+    assert not audit.view_evidence(project, same, utcnow(), 30, None).stale
+    # Where it cannot be compared, it says so instead of passing in silence.
+    elsewhere = write_evidence(project, inventory="/srv/other-repo/inventory/prod.py")
+    ops.set_knob(project, KNOB, "512", "decode", "A/B", evidence=[elsewhere])
+    audit.revert(project, KNOB, "decode", "suspect")
+    (item,) = audit.reclaimable(project).reclaimable
+    assert not item.evidence[0].stale and item.evidence[0].version_note == (
+        "version not checked: its inventory /srv/other-repo/inventory/prod.py is not one of inventory/*.py, "
+        "whose pins are read")
+    assert "(version not checked: its inventory /srv/other-repo/inventory/prod.py" in kk(project, "reclaimable").output
+    assert json.loads(kk(project, "reclaimable", "--json").output)["reclaimable"][0]["evidence"][0]["version_note"]
+    unversioned = write_evidence(project, engine_version=None, inventory="inventory/example_prod.py", commit=False)
+    assert audit.view_evidence(project, unversioned, utcnow(), 30, None).version_note == (
+        "version not checked: the evidence records no engine version (its role runs sglang 0.5.23 today)")
 
 
 def test_value_set_again_is_not_reclaimable_and_changed_after_revert_gives_a_set_command(project):

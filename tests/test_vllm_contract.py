@@ -514,7 +514,7 @@ def test_ab_and_canary_evidence_record_the_pinned_engine_and_reclaim_flags_a_cha
     # The inventory moves to vllm 0.33.0: the evidence was measured on another engine version.
     _edit_prod(project, '"vllm==0.32.0", "decode": "vllm==0.32.0"', '"vllm==0.33.0", "decode": "vllm==0.33.0"')
     (item,) = audit.reclaimable(project).reclaimable
-    assert item.evidence[0].stale_why == ["measured on engine 0.32.0, current is 0.33.0"]
+    assert item.evidence[0].stale_why == ["measured on vllm 0.32.0, current is vllm 0.33.0"]
     assert "STALE" in kk(project, "reclaimable").output
 
 

@@ -86,6 +86,22 @@ def _read_pins(inventory_dir: Path, signature: tuple, *_environment: str) -> lis
     return [Pin(s, r, e, v, inv, tuple(h)) for (s, r, e, v, inv), h in table.items()]
 
 
+def inventory_key(inventory_dir: Path, inventory: str | os.PathLike) -> str | None:
+    """How a Pin names `inventory` ("inventory/x.py") in whatever spelling a command was given it:
+    relative to the repo root as `inventory/x.py` or `./inventory/x.py`, or absolute. None when it is
+    not one of the inventory folder's own files (the only ones read for pins)."""
+    path = Path(inventory)
+    if not path.is_absolute():
+        path = inventory_dir.parent / path   # commands resolve an inventory against the repo root
+    try:
+        path, folder = path.resolve(), inventory_dir.resolve()
+    except (OSError, RuntimeError):   # a symlink loop
+        return None
+    if path.parent != folder or path.suffix != ".py":
+        return None
+    return f"{inventory_dir.name}/{path.name}"
+
+
 def stacks(inventory_dir: Path) -> list[str]:
     """The stack names the inventories use ("" for those that name none), in first-seen order."""
     return list(dict.fromkeys(p.stack for p in engine_pins(inventory_dir)))
