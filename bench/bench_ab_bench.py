@@ -53,9 +53,7 @@ def main() -> int:
     args = ap.parse_args()
     python = args.bench_python
     if python is None and args.tool == "vllm":
-        env = VI.EngineEnv.from_data(VI.VLLM_CPU, "@local", ["decode"], {"vllm_version": "0.32.0"},
-                                     VI.default_root(local=True))
-        python = f"{env.bin}/python"
+        python = TM.default_python(Path(__file__).resolve().parent.parent / "inventory")
     located = locate(args.tool, python)
     with tempfile.TemporaryDirectory(prefix="kk-bench-ab-") as scratch:
         scratch = Path(scratch)

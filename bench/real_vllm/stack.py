@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from knobkeeper.engine import vllm_install as VI  # noqa: E402
 from knobkeeper.ports import free_port  # noqa: E402,F401  (the bench scripts import it from here)
+from tests.real_vllm import pinned_data  # noqa: E402
 
 SERVED = "tiny"
-DATA = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17"}
+DATA = pinned_data()   # the versions inventory/local_vllm.py pins
 
 
 def engine_env() -> VI.EngineEnv:

@@ -116,6 +116,17 @@ def engine_roles(inventory_dir: Path, engine: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p.role for p in engine_pins(inventory_dir) if p.engine == engine))
 
 
+def engine_versions(inventory_dir: Path, engine: str, *, host: str | None = None,
+                    inventory: str | None = None) -> list[str]:
+    """The versions of `engine` the inventories pin, in release order: only for the roles `host` plays
+    (e.g. "@local", this machine) and only in `inventory` ("inventory/local_vllm.py"), when given."""
+    from knobkeeper.engine.versions import version_key
+
+    return sorted({p.version for p in engine_pins(inventory_dir) if p.engine == engine and p.version
+                   and (host is None or host in p.hosts) and (inventory is None or p.inventory == inventory)},
+                  key=version_key)
+
+
 def stack_engine(stack: Any, role: str) -> tuple[str, str | None]:
     """(engine, version) the services of `role` in a deploy Stack run, as role_engine said when the
     stack was built; several of either are joined with ", " (an inventory mixing them)."""
