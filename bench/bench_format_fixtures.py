@@ -43,8 +43,11 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from knobkeeper.engine.versions import TORCH_VERSION  # noqa: E402
+
 OUT = ROOT / "tests" / "data" / "bench_formats"
-TORCH = "torch==2.13.0"        # the CPU wheel this machine's pip prefers; pinned in every tool venv
+TORCH = f"torch=={TORCH_VERSION}"   # the CPU wheel this machine's pip prefers; pinned in every tool venv
 KNOB = "KNOBKEEPER_SPLITKV_TARGET_CTAS"   # a decode knob with no shipped sim effect: ours fails requests
 CANDIDATE = "7"
 FAIL_FRACTION = 0.2

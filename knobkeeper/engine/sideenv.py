@@ -6,8 +6,8 @@ the packages its parser imports (the family's ParserSpec: sglang's `server_args`
 subcommand), at the versions the wheel's own METADATA pins where it pins them. It is built once,
 under a file lock (two `check`s at once build it once), and reused. It is run by this interpreter
 with the folder first on PYTHONPATH, so the torch of the project's own environment (the Makefile
-installs torch 2.13.0 CPU for the kernels) is reused; only where this interpreter has no torch is
-torch==2.13.0 installed into the side environment too. Nothing of it is imported into this process:
+installs the CPU torch of versions.TORCH_VERSION for the kernels) is reused; only where this
+interpreter has no torch is that torch installed into the side environment too. Nothing of it is imported into this process:
 knobkeeper itself never imports torch or an engine.
 
 Cold, on this kind of machine (2 cores, PyPI over the network): sglang 0.5.23 ~40 s; vllm 0.32.0
@@ -39,11 +39,11 @@ from pathlib import Path
 
 from knobkeeper.engine import family
 from knobkeeper.engine.source import cached_wheel, normal_name, open_wheel
-from knobkeeper.engine.versions import cache_dir
+from knobkeeper.engine.versions import TORCH_VERSION, cache_dir
 from knobkeeper.errors import UserError
 from knobkeeper.fsio import atomic_write, lock_file, replace_dir, unlock_file
 
-TORCH = "torch==2.13.0"
+TORCH = f"torch=={TORCH_VERSION}"
 READY = "ready.json"
 BROKEN = "broken.txt"   # a rebuild did not make the parser import: reported, never rebuilt again
 

