@@ -7,11 +7,12 @@ router's own metrics); the note goes through knobkeeper.changelog.incidents like
 
 from __future__ import annotations
 
+from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 
 
-def snapshot_incident(project: Project, ident: str, inventory: str = "inventory/local.py", window: float = 5.0):
+def snapshot_incident(project: Project, ident: str, inventory: str = DEFAULT_INVENTORY, window: float = 5.0):
     """Scrape every service of `inventory` twice `window` s apart and add the result to incident
     `ident`; returns the incident change (its commit, the note)."""
     from knobkeeper.changelog.incidents import add_snapshot, find_incident

@@ -6,6 +6,7 @@ import click
 
 from knobkeeper import fmt
 from knobkeeper.cli.common import KKGroup, emit_json, example, json_option, repo_option, warn
+from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
 
@@ -135,7 +136,7 @@ def list_cmd(status: str, repo, as_json: bool) -> None:
 
 @incident_group.command("snapshot")
 @click.argument("incident_id", metavar="ID")
-@click.option("--inventory", default="inventory/local.py", show_default=True, help="The stack to read.")
+@click.option("--inventory", default=DEFAULT_INVENTORY, show_default=True, help="The stack to read.")
 @click.option("--window", type=float, default=5.0, show_default=True,
               help="Seconds between the two scrapes that give each engine's tokens/s.")
 @repo_option

@@ -110,9 +110,9 @@ from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTER
 from knobkeeper.evidence import validity as V
 from knobkeeper.evidence.metrics import Target, WindowStats, queries
 from knobkeeper.timeutil import iso, utcnow
-from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
+from knobkeeper.evidence.model import (METRIC, CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window,
+                                       Workload)
 
-METRIC = "output_tokens_per_s"
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
 SETTLE_MIN_S = 10.0
