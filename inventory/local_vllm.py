@@ -35,12 +35,12 @@ Memory: each vLLM instance ~3 GB (API server, engine core, worker with its 1 GiB
 router ~80 MB: one such stack per machine of 24 GiB beside other work.
 """
 
-import os as _os
 import sys as _sys
 from pathlib import Path as _Path
 
 from knobkeeper.engine.tiny_model import SEED as _SEED
 from knobkeeper.engine.vllm_install import default_root as _engine_root
+from knobkeeper.inventory_env import numbers as _numbers
 from knobkeeper.knobs.registry import cache_dir as _cache_dir
 
 _ROOT = _Path(__file__).resolve().parent.parent
@@ -54,17 +54,6 @@ _PORT_KEYS = {
     "decode_side_channel": "decode_side_channel_port",
 }
 _WORKER_KEYS = {"prefill": "prefill_workers", "decode": "decode_workers"}
-
-
-def _numbers(variable, keys, what):
-    """NAME=N,NAME=N (':' for '=') of environment `variable` to {keys[NAME]: N}."""
-    out = {}
-    for item in filter(None, (part.strip() for part in _os.environ.get(variable, "").split(","))):
-        name, sep, value = item.replace(":", "=").partition("=")
-        if not sep or name not in keys or not value.isdigit():
-            raise ValueError(f"{variable}: {item!r}: expected NAME={what} with NAME one of {', '.join(keys)}")
-        out[keys[name]] = int(value)
-    return out
 
 
 _local = (

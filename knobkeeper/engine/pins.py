@@ -50,17 +50,18 @@ def _module_data(path: Path) -> dict[str, Any]:
 
 def engine_pins(inventory_dir: Path) -> list[Pin]:
     """Every (stack, role, engine, version) some inventory runs (see _read_pins); re-read only when
-    an inventory file changed."""
+    an inventory file or a KNOBKEEPER_* variable changed (the local inventories read theirs:
+    knobkeeper.inventory_env, and a bad one must fail every read, not only the first)."""
     if not inventory_dir.is_dir():
         return []
     files = sorted([*inventory_dir.glob("*.py"), *inventory_dir.glob("group_data/*.py")])
     signature = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
-    return _read_pins(inventory_dir, signature, os.environ.get("KNOBKEEPER_LOCAL_PORTS", ""),
-                      os.environ.get("KNOBKEEPER_LOCAL_WORKERS", ""))
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("KNOBKEEPER_")))
+    return _read_pins(inventory_dir, signature, environment)
 
 
 @lru_cache(maxsize=8)
-def _read_pins(inventory_dir: Path, signature: tuple, *_environment: str) -> list[Pin]:
+def _read_pins(inventory_dir: Path, signature: tuple, _environment: tuple) -> list[Pin]:
     group_dir = inventory_dir / "group_data"
     groups_data: dict[str, dict[str, Any]] = {}
     if group_dir.is_dir():
