@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from knobkeeper.deploy.model import Service, Stack
-from knobkeeper.deploy.routers import workers_healthy
+from knobkeeper.engine.routers import workers_healthy
 from knobkeeper.deploy.topology import downstream
 from knobkeeper.errors import UserError
 

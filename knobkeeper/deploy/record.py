@@ -50,7 +50,6 @@ from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, parse_time
 
 ACTIONS = ("restarted", "started", "unchanged")
-RESULTS = ("running", "ok", "failed", "interrupted")
 JOURNAL = "deploys-running"
 GATES = ("passed", "failed", "skipped", "not-run")
 
