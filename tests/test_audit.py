@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from knobkeeper import audit
-from knobkeeper.changelog import incidents as I
+from knobkeeper.changelog import incidents
 from knobkeeper.changelog import ops
 from knobkeeper.changelog.entries import load_entries
 from knobkeeper.cli import main
@@ -170,7 +170,7 @@ def test_field_story_end_to_end(project):
 def _suspect(project, title="hang"):
     ev = write_evidence(project)
     ops.set_knob(project, KNOB, "512", "decode", "A/B", evidence=[ev])
-    inc = I.open_incident(project, title).incident
+    inc = incidents.open_incident(project, title).incident
     revert = audit.revert(project, KNOB, "decode", "suspect", incident=inc.id, hypothesis="it stops").entry
     return inc, revert
 
@@ -203,7 +203,7 @@ def test_no_warning_without_positive_evidence(project):
 def test_incident_without_hypothesis_warns_about_the_hypothesis(project):
     ev = write_evidence(project)
     ops.set_knob(project, KNOB, "512", "decode", "A/B", evidence=[ev])
-    inc = I.open_incident(project, "hang").incident
+    inc = incidents.open_incident(project, "hang").incident
     [warning] = audit.revert(project, KNOB, "decode", "suspect", incident=inc.id).warnings
     assert "names no hypothesis" in warning and "incident" not in warning.split("names no")[1]
 
@@ -213,33 +213,33 @@ def test_suspected_then_refuted_by_note(project):
     assert status_of(project, revert) == "suspected"
     [item] = audit.reclaimable(project).reclaimable
     assert item.status.status == "suspected" and "is open" in item.status.why
-    I.note_incident(project, inc.id, "no change", refutes=revert.id)
+    incidents.note_incident(project, inc.id, "no change", refutes=revert.id)
     assert status_of(project, revert) == "refuted"
 
 
 def test_suspected_then_confirmed_by_note_then_latest_note_wins(project):
     inc, revert = _suspect(project)
-    I.note_incident(project, inc.id, "it stopped", confirms=revert.id)
+    incidents.note_incident(project, inc.id, "it stopped", confirms=revert.id)
     assert status_of(project, revert) == "confirmed"
-    I.note_incident(project, inc.id, "it came back an hour later", refutes=revert.id)
+    incidents.note_incident(project, inc.id, "it came back an hour later", refutes=revert.id)
     assert status_of(project, revert) == "refuted"
 
 
 def test_resolution_decides(project):
     inc, revert = _suspect(project)
-    I.note_incident(project, inc.id, "it stopped", confirms=revert.id)
-    I.resolve_incident(project, inc.id, "faulty client proxy")
+    incidents.note_incident(project, inc.id, "it stopped", confirms=revert.id)
+    incidents.resolve_incident(project, inc.id, "faulty client proxy")
     assert status_of(project, revert) == "refuted"
-    inc2 = I.open_incident(project, "hang again").incident
+    inc2 = incidents.open_incident(project, "hang again").incident
     ops.restore_knob(project, KNOB, "decode", "back")
     revert2 = audit.revert(project, KNOB, "decode", "suspect", incident=inc2.id, hypothesis="x").entry
-    I.resolve_incident(project, inc2.id, "the knob", implicates=[revert2.id])
+    incidents.resolve_incident(project, inc2.id, "the knob", implicates=[revert2.id])
     assert status_of(project, revert2) == "confirmed"
 
 
 def test_confirmed_revert_is_not_reclaimable_and_restore_needs_force(project):
     inc, revert = _suspect(project)
-    I.resolve_incident(project, inc.id, "too many CTAs", implicates=[revert.id])
+    incidents.resolve_incident(project, inc.id, "too many CTAs", implicates=[revert.id])
     report = audit.reclaimable(project)
     assert report.reclaimable == [] and [c.knob for c in report.confirmed] == [KNOB]
     text = kk(project, "reclaimable").output
@@ -265,7 +265,7 @@ def test_restore_of_suspected_warns_and_records_no_refutation(project):
 
 def test_restore_with_own_reason_keeps_it_and_adds_the_refutation(project):
     inc, revert = _suspect(project)
-    I.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id)
+    incidents.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id)
     entry = audit.restore(project, KNOB, "decode", reason="reclaiming the perf").entry
     assert entry.reason.startswith("reclaiming the perf; revert") and "refuted by a note" in entry.reason
     assert entry.refutes == revert.id
@@ -379,9 +379,9 @@ def test_timeline_orders_entries_restarts_and_incident_events(project):
     t0 = parse_time(other.time)
     dep = write_deploy(project, [("prefill", iso(t0 + timedelta(microseconds=10)), iso(t0 + timedelta(microseconds=20))),
                                  ("decode", iso(t0 + timedelta(microseconds=30)), iso(t0 + timedelta(microseconds=40)))])
-    inc = I.open_incident(project, "multi-round harness hangs").incident
+    inc = incidents.open_incident(project, "multi-round harness hangs").incident
     revert = audit.revert(project, KNOB, "decode", "suspect", incident=inc.id, hypothesis="stops").entry
-    I.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id)
+    incidents.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id)
 
     tl = audit.timeline(project, *audit.window())
     kinds = [(e.kind, e.ref) for e in tl.events]
@@ -405,7 +405,7 @@ def test_timeline_orders_entries_restarts_and_incident_events(project):
     assert data["open_incidents"][0]["candidates"][0]["revert_status"] == "refuted"
     assert {e["kind"] for e in data["events"]} == {"knob", "deploy", "restart", "incident"}
     # a resolved incident has no candidates; a window before everything is empty
-    I.resolve_incident(project, inc.id, "faulty client proxy")
+    incidents.resolve_incident(project, inc.id, "faulty client proxy")
     assert audit.timeline(project, *audit.window()).open_incidents == []
     empty = kk(project, "timeline", "--until", "2020-01-01", "--since", "2019-01-01").output
     assert empty.startswith("Timeline 2019-01-01T00:00:00Z .. 2020-01-01T00:00:00Z: 0 events")
@@ -438,8 +438,8 @@ EVIL = "suspect\x1b[2J\x1b]0;owned\x07\nproblem: all clear \u202etxt.exe"
 
 def test_timeline_and_incident_show_escape_what_files_hold_and_json_keeps_it_raw(project):
     entry = ops.set_knob(project, "NCCL_DEBUG", "INFO", "prefill", EVIL).entry
-    inc = I.open_incident(project, "hang\x1b[31m red").incident
-    I.note_incident(project, inc.id, EVIL)
+    inc = incidents.open_incident(project, "hang\x1b[31m red").incident
+    incidents.note_incident(project, inc.id, EVIL)
     for args in (["timeline"], ["incident", "show", inc.id], ["incident", "list"]):
         out = kk(project, *args).output
         assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out, args
@@ -467,6 +467,6 @@ def test_timeline_windows_beyond_the_calendar_are_one_line_and_exit_2(shared, ar
 
 
 def test_a_lookback_before_the_epoch_means_all_of_history(project):
-    I.open_incident(project, "hang", started="2026-11-29T17:55:00Z")
+    incidents.open_incident(project, "hang", started="2026-11-29T17:55:00Z")
     tl = audit.timeline(project, *audit.window(), lookback=timedelta(days=999_999))
     assert tl.open_incidents[0].since.startswith("1970-01-01")

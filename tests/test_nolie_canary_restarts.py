@@ -6,8 +6,8 @@ scrape source reads them; then the canary's protocol with prepared windows (test
 
 from __future__ import annotations
 
-from knobkeeper.evidence import canary as C
-from knobkeeper.evidence import metrics as M
+from knobkeeper.evidence import canary
+from knobkeeper.evidence import metrics
 from knobkeeper.evidence import store
 from tests.infra import make_infra_repo
 from tests.test_canary import FakeSource, _noisy, _plan, _with_requests
@@ -32,18 +32,18 @@ def _samples(crash_after: int | None) -> list:
     for t in range(9):
         age, started = (t - crash_after - 0.5, 1000.5 + crash_after) if crash_after is not None and t > crash_after \
             else (t + 10, 990.0)
-        out.append(M._Sample(float(t), M.parse(_scrape(100 * age, 2 * age, 0, 8, started, 0.08 * age, 100 * age))))
+        out.append(metrics._Sample(float(t), metrics.parse(_scrape(100 * age, 2 * age, 0, 8, started, 0.08 * age, 100 * age))))
     return out
 
 
 def test_a_restart_inside_a_window_is_counted_with_the_requests_it_failed():
-    steady = M.ScrapeSource._window(_samples(None), 4.0, 8.0)
+    steady = metrics.ScrapeSource._window(_samples(None), 4.0, 8.0)
     assert steady.restarts == 0 and steady.errors == 0 and round(steady.output_tokens_per_s) == 100
-    crashed = M.ScrapeSource._window(_samples(5), 4.0, 8.0)
+    crashed = metrics.ScrapeSource._window(_samples(5), 4.0, 8.0)
     assert crashed.restarts == 1
     assert crashed.errors == 8                      # the 8 in flight at the crash: the new process never counts them
     assert 60 < crashed.output_tokens_per_s < 100   # summed sample to sample, not "the last value since the reset"
-    before = M.ScrapeSource._window(_samples(5), 0.0, 4.0)
+    before = metrics.ScrapeSource._window(_samples(5), 0.0, 4.0)
     assert before.restarts == 0 and before.errors == 0   # the window before the crash is untouched
     assert crashed.as_dict()["restarts"] == 1 and "restarts" not in steady.as_dict()
 
@@ -51,13 +51,13 @@ def test_a_restart_inside_a_window_is_counted_with_the_requests_it_failed():
 def test_restarts_invalidate_their_windows_and_three_fail_the_candidate(tmp_path):
     project = make_infra_repo(tmp_path)
     plan = _plan()
-    canary = _with_requests(_noisy(31))
-    for w in canary["h1/decode"][:3]:                # the candidate crashes the engine in three windows
+    windows = _with_requests(_noisy(31))
+    for w in windows["h1/decode"][:3]:                # the candidate crashes the engine in three windows
         w.restarts = 1
     calls = []
-    out = C.run(project, plan, FakeSource(_with_requests(_noisy(30)), canary),
-                C.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
-                C.Options(duration=0.04, interval=0.01, settle=0))
+    out = canary.run(project, plan, FakeSource(_with_requests(_noisy(30)), windows),
+                canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
+                canary.Options(duration=0.04, interval=0.01, settle=0))
     assert out.verdict == "worse" and out.action == "rolled back" and calls == ["apply", "restore"]
     doc = store.load(project, out.doc["id"])
     reasons = [w["reasons"] for w in doc["canary"]["windows"] if w["phase"] == "canary" and not w["valid"]]
@@ -70,11 +70,11 @@ def test_restarts_invalidate_their_windows_and_three_fail_the_candidate(tmp_path
 
 def test_one_restart_is_an_invalid_window_not_a_failure_by_itself():
     plan = _plan()
-    canary = _with_requests(_noisy(41, n=6))
-    canary["h1/decode"][2].restarts = 1
-    runs, windows = C.window_runs(plan, canary, calibration=_with_requests(_noisy(40, n=6)))
+    scraped = _with_requests(_noisy(41, n=6))
+    scraped["h1/decode"][2].restarts = 1
+    runs, windows = canary.window_runs(plan, scraped, calibration=_with_requests(_noisy(40, n=6)))
     invalid = [w for w in windows if not w.valid]
     assert [w.reasons for w in invalid] == [["restarted: h1/decode (1x)"]]
-    assert C.restarts_of(plan, windows) == 1
-    verdict, failed = C.decide(plan, windows, C.judgement(runs))
+    assert canary.restarts_of(plan, windows) == 1
+    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
     assert not any(f.startswith("restarts") for f in failed), failed
