@@ -41,7 +41,7 @@ from pathlib import Path as _Path
 from knobkeeper.engine.tiny_model import SEED as _SEED
 from knobkeeper.engine.vllm_install import default_root as _engine_root
 from knobkeeper.inventory_env import numbers as _numbers
-from knobkeeper.knobs.registry import cache_dir as _cache_dir
+from knobkeeper.engine.versions import cache_dir as _cache_dir
 
 _ROOT = _Path(__file__).resolve().parent.parent
 _PREFIX = _ROOT / ".knobkeeper-state" / "local-vllm"

@@ -184,7 +184,7 @@ class EngineEnv:
 def default_root(local: bool, prefix: str | None = None) -> str:
     """Where the environments live: the user's knobkeeper cache (local stack) or under the host's prefix."""
     if local:
-        from knobkeeper.knobs.registry import cache_dir
+        from knobkeeper.engine.versions import cache_dir
 
         return str(cache_dir() / "engines")
     if not prefix:
