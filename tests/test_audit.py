@@ -296,8 +296,8 @@ def test_sorted_by_gain_and_stale_evidence_flagged(project):
 
 
 def test_staleness_compares_engine_and_version_for_an_inventory_in_any_spelling(project):
-    """`ab run` records the inventory as typed: `./inventory/x.py` or an absolute path is the same
-    inventory as `inventory/x.py`, and its role's pin is (engine, version), not the version alone."""
+    """`ab run` records the inventory as typed: `./inventory/<name>.py` or an absolute path is the same
+    inventory as `inventory/<name>.py`, and its role's pin is (engine, version), not the version alone."""
     prod = project.inventory_dir / "example_prod.py"   # decode: sglang 0.5.23
     spellings = ["inventory/example_prod.py", "./inventory/example_prod.py", str(prod),
                  str(project.root / "inventory" / ".." / "inventory" / "example_prod.py")]

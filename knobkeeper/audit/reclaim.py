@@ -11,7 +11,7 @@ measured on (setup.engine, setup.engine_version) is not the one its role runs to
 `engine_version` argument (CLI --engine-version: a version, whatever the engine) or, when not given,
 the (engine, version) the evidence's inventory pins today for its role and stack
 (knobkeeper.engine.role_engine, read through the inventories; the inventory as `ab run` was given it,
-in any spelling: `inventory/x.py`, `./inventory/x.py`, an absolute path). Evidence without an
+in any spelling: `inventory/<name>.py`, `./inventory/<name>.py`, an absolute path). Evidence without an
 inventory (imported) is compared with what every inventory pins for the role, when they agree.
 Where the two cannot be compared (no such inventory, no version pinned, the inventories disagree,
 the evidence records none), the view says "version not checked: WHY" and only age counts.

@@ -88,8 +88,8 @@ def _read_pins(inventory_dir: Path, signature: tuple, _environment: tuple) -> li
 
 
 def inventory_key(inventory_dir: Path, inventory: str | os.PathLike) -> str | None:
-    """How a Pin names `inventory` ("inventory/x.py") in whatever spelling a command was given it:
-    relative to the repo root as `inventory/x.py` or `./inventory/x.py`, or absolute. None when it is
+    """How a Pin names `inventory` ("inventory/<name>.py") in whatever spelling a command was given it:
+    relative to the repo root as `inventory/<name>.py` or `./inventory/<name>.py`, or absolute. None when it is
     not one of the inventory folder's own files (the only ones read for pins)."""
     path = Path(inventory)
     if not path.is_absolute():

@@ -8,7 +8,7 @@ model card README.md, `knobkeeper` in config.json, the command's output).
 
     knobkeeper model tiny DIR [--seed N]
 
-What is built (docs/real-vllm-notes.md, "A model without a hub"):
+What is built (docs/platform-notes.md, "vLLM's CPU build", "A model without a hub"):
   tokenizer   byte-level BPE (tokenizers), vocab 4096, trained on Python standard-library sources
               (text that ships with Python: no download), ChatML specials and chat template
   model       LlamaConfig(hidden 128, intermediate 352, 2 layers, 4 heads, 2 KV heads: head_dim 32,
@@ -24,8 +24,8 @@ Where it runs: in the engine environment (knobkeeper.engine.vllm_install), as a 
 imports only the stdlib and the engine's own torch/transformers/tokenizers/safetensors; what it builds
 is described there). Why there: that environment already holds exactly those packages at the versions vLLM
 will read the checkpoint with (a config written by another transformers can carry fields the
-engine's does not know), and knobkeeper's own process never imports torch (DESIGN: the controller
-side never does). The knobkeeper side (`build`) only spawns the child, waits, and checks its files.
+engine's does not know), and knobkeeper's own process never imports torch (docs/design.md: the
+controller never does). The knobkeeper side (`build`) only spawns the child, waits, and checks its files.
 """
 
 from __future__ import annotations
