@@ -29,11 +29,13 @@ DATA = pinned_data()   # the versions inventory/local_vllm.py pins
 
 
 def engine_env() -> vllm_install.EngineEnv:
-    return vllm_install.EngineEnv.from_data(vllm_install.VLLM_CPU, "@local", ["prefill", "decode"], DATA, vllm_install.default_root(local=True))
+    return vllm_install.EngineEnv.from_data(vllm_install.VLLM_CPU, "@local", ["prefill", "decode"], DATA,
+                                            vllm_install.default_root(local=True))
 
 
 def router_env() -> vllm_install.EngineEnv:
-    return vllm_install.EngineEnv.from_data(vllm_install.VLLM_ROUTER, "@local", ["router"], DATA, vllm_install.default_root(local=True))
+    return vllm_install.EngineEnv.from_data(vllm_install.VLLM_ROUTER, "@local", ["router"], DATA,
+                                            vllm_install.default_root(local=True))
 
 
 def http(url: str, body: dict | None = None, timeout: float = 2.0) -> tuple[int | str, str]:

@@ -98,7 +98,8 @@ def commit_order(project: Project) -> dict[str, int]:
         contrib = {}
     order = {ident: rank for rank, ident in enumerate(_Graph(project, contrib).order(head))}
     try:
-        atomic_write(cache_path, json.dumps({"version": CACHE_VERSION, "head": head, "order": order, "contrib": contrib}))
+        atomic_write(cache_path, json.dumps({"version": CACHE_VERSION, "head": head, "order": order,
+                                             "contrib": contrib}))
     except OSError:
         pass  # a read-only checkout still works, only slower
     return order

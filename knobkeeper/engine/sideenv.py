@@ -7,8 +7,8 @@ subcommand), at the versions the wheel's own METADATA pins where it pins them. I
 under a file lock (two `check`s at once build it once), and reused. It is run by this interpreter
 with the folder first on PYTHONPATH, so the torch of the project's own environment (the Makefile
 installs the CPU torch of versions.TORCH_VERSION for the kernels) is reused; only where this
-interpreter has no torch is that torch installed into the side environment too. Nothing of it is imported into this process:
-knobkeeper itself never imports torch or an engine.
+interpreter has no torch is that torch installed into the side environment too. Nothing of it is
+imported into this process: knobkeeper itself never imports torch or an engine.
 
 Cold, on this kind of machine (2 cores, PyPI over the network): sglang 0.5.23 ~40 s; vllm 0.32.0
 (the 133 MB CPU wheel and ~23 packages, 0.7 GB) ~1-2 min, and its first parse ~15 s (vllm imports

@@ -87,7 +87,8 @@ class LocalCluster:
 
 
 def slurm_conf(c: LocalCluster, extra: str = "") -> str:
-    """slurm.conf of the local cluster (the settings that work: docs/platform-notes.md, "A real Slurm on one machine")."""
+    """slurm.conf of the local cluster (the settings that work: docs/platform-notes.md, "A real Slurm on
+    one machine")."""
     root = c.root
     nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={c.node_ports[n]} "
                       f"CPUs={c.cpus} RealMemory={c.memory_mb} State=UNKNOWN" for n in c.nodes)
