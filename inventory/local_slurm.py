@@ -21,6 +21,8 @@ import os as _os
 import sys as _sys
 from pathlib import Path as _Path
 
+from knobkeeper.inventory_env import numbers as _numbers
+
 _ROOT = _Path(__file__).resolve().parent.parent
 _CLUSTER = _Path(_os.environ.get("KNOBKEEPER_SLURM_ROOT") or _ROOT / ".knobkeeper-state" / "slurm")
 _PORT_KEYS = {
@@ -30,16 +32,6 @@ _PORT_KEYS = {
     "router": "router_port",
     "router_metrics": "router_metrics_port",
 }
-
-
-def _ports():
-    out = {}
-    for item in filter(None, (p.strip() for p in _os.environ.get("KNOBKEEPER_LOCAL_PORTS", "").split(","))):
-        name, sep, value = item.replace(":", "=").partition("=")
-        if not sep or name not in _PORT_KEYS or not value.isdigit():
-            raise ValueError(f"KNOBKEEPER_LOCAL_PORTS: {item!r}: expected NAME=PORT with NAME one of {', '.join(_PORT_KEYS)}")
-        out[_PORT_KEYS[name]] = int(value)
-    return out
 
 
 _login = (
@@ -72,7 +64,7 @@ _login = (
             ],
         },
         "stop_timeout": 20,
-        **_ports(),
+        **_numbers("KNOBKEEPER_LOCAL_PORTS", _PORT_KEYS, "PORT"),
     },
 )
 

@@ -35,13 +35,13 @@ Memory: each vLLM instance ~3 GB (API server, engine core, worker with its 1 GiB
 router ~80 MB: one such stack per machine of 24 GiB beside other work.
 """
 
-import os as _os
 import sys as _sys
 from pathlib import Path as _Path
 
 from knobkeeper.engine.tiny_model import SEED as _SEED
 from knobkeeper.engine.vllm_install import default_root as _engine_root
-from knobkeeper.knobs.registry import cache_dir as _cache_dir
+from knobkeeper.inventory_env import numbers as _numbers
+from knobkeeper.engine.versions import cache_dir as _cache_dir
 
 _ROOT = _Path(__file__).resolve().parent.parent
 _PREFIX = _ROOT / ".knobkeeper-state" / "local-vllm"
@@ -56,17 +56,6 @@ _PORT_KEYS = {
 _WORKER_KEYS = {"prefill": "prefill_workers", "decode": "decode_workers"}
 
 
-def _numbers(variable, keys, what):
-    """NAME=N,NAME=N (':' for '=') of environment `variable` to {keys[NAME]: N}."""
-    out = {}
-    for item in filter(None, (part.strip() for part in _os.environ.get(variable, "").split(","))):
-        name, sep, value = item.replace(":", "=").partition("=")
-        if not sep or name not in keys or not value.isdigit():
-            raise ValueError(f"{variable}: {item!r}: expected NAME={what} with NAME one of {', '.join(keys)}")
-        out[keys[name]] = int(value)
-    return out
-
-
 _local = (
     "@local",
     {
@@ -79,9 +68,7 @@ _local = (
         # from the cached environments below (engine_root), which this interpreter makes (a venv
         # made from Debian's python3 would need python3-venv, which the machine may not have).
         "base_python": _sys.executable,
-        "engines": {"prefill": "vllm", "decode": "vllm", "router": "vllm-router"},
-        "vllm_version": "0.32.0",
-        "vllm_router_version": "0.1.17",
+        "engines": {"prefill": "vllm==0.32.0", "decode": "vllm==0.32.0", "router": "vllm-router==0.1.17"},
         "nixl_version": "1.5.1",
         # Shared by every repo and test run on this machine, one environment per pinned version.
         "engine_root": _engine_root(local=True),

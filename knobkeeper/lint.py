@@ -5,7 +5,7 @@ None when its tool is not installed (the caller says it was skipped).
 systemd-analyze verify (systemd 252) exits 0 on bad directives but prints them on stderr, and exits 1
 when ExecStart names a file that does not exist here; so units are verified with the stack's prefix
 pointing into a temporary directory where the rendered launch script really exists (executable), and
-any output at all counts as a problem (see shared/notes/linting.md).
+any output at all counts as a problem (docs/platform-notes.md, "Linting rendered files").
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Measurement (so that neither the ramp-up nor the tail biases throughput):
 
 Connections: by default every request opens a fresh connection (`force_close`). sglang-router
 0.3.2 delays a streamed response on a reused keep-alive connection by ~42 ms (fresh: ~2.7 ms;
-../shared/notes/sglang-router.md): with keep-alive that delay would land in every TTFT.
+docs/platform-notes.md, "The routers"): with keep-alive that delay would land in every TTFT.
 `keepalive=True` reuses connections (for endpoints without that quirk).
 
 The client's own CPU time is reported (`client_cpu_s`, `client_cpu_util` = share of one core

@@ -4,22 +4,36 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import subprocess
 import sys
 from pathlib import Path
 
-from knobkeeper.engine import vllm_install as VI
+from knobkeeper.engine import engine_spec
+from knobkeeper.engine import vllm_install
+from knobkeeper.engine.pins import engine_versions
 
-# base_python: this interpreter makes the venvs (as the local inventory should say), not whatever
-# `python3` pyinfra's PATH finds: Debian's needs python3-venv, which system-packages.txt does not list.
-DATA = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17", "base_python": sys.executable}
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
+REAL_INVENTORY = "inventory/local_vllm.py"
 
 
-def env_for(component: str, root: str, **data) -> VI.EngineEnv:
-    return VI.EngineEnv.from_data(component, "@local", ["prefill", "decode"] if component == VI.VLLM_CPU
-                                  else ["router"], {**DATA, **data}, root)
+@functools.lru_cache(maxsize=1)
+def pinned_data() -> dict:
+    """The engine and router versions the real stack's inventory pins (the one place), as host data.
+    base_python: this interpreter makes the venvs (as the local inventory says), not whatever `python3`
+    pyinfra's PATH finds: Debian's needs python3-venv, which system-packages.txt does not list."""
+    engines = {}
+    for role, component in (("decode", vllm_install.VLLM_CPU), ("router", vllm_install.VLLM_ROUTER)):
+        engine = vllm_install.ENGINES[component]
+        (version,) = engine_versions(SOURCE_ROOT / "inventory", engine, inventory=REAL_INVENTORY)
+        engines[role] = engine_spec(engine, version)
+    return {"engines": engines, "base_python": sys.executable}
+
+
+def env_for(component: str, root: str, **data) -> vllm_install.EngineEnv:
+    return vllm_install.EngineEnv.from_data(component, "@local", ["prefill", "decode"] if component == vllm_install.VLLM_CPU
+                                  else ["router"], {**pinned_data(), **data}, root)
 
 
 def on_host(command: str, timeout: float = 1200) -> tuple[int, list[str]]:
@@ -32,19 +46,18 @@ def on_host(command: str, timeout: float = 1200) -> tuple[int, list[str]]:
     return done.returncode, lines
 
 
-def ensure(component: str) -> tuple[VI.EngineEnv, str, dict]:
+def ensure(component: str) -> tuple[vllm_install.EngineEnv, str, dict]:
     """(env, state, versions) of the component's environment at the default pins, installed if needed."""
-    env = env_for(component, VI.default_root(local=True))
-    VI.preflight(env)
-    rc, lines = on_host(VI.install_command(env))
-    state, versions, error = VI.parse_install(lines)
-    assert rc == 0 and error is None, VI.failure_line(env, lines)
+    env = env_for(component, vllm_install.default_root(local=True))
+    vllm_install.preflight(env)
+    rc, lines = on_host(vllm_install.install_command(env))
+    state, versions, error = vllm_install.parse_install(lines)
+    assert rc == 0 and error is None, vllm_install.failure_line(env, lines)
     return env, state, versions
 
 
 # --- the deployed real stack, shared by every real-engine test of a session -----------------------------
 
-REAL_INVENTORY = "inventory/local_vllm.py"
 PORTS_VARIABLE = "KNOBKEEPER_LOCAL_VLLM_PORTS"
 PORT_NAMES = ("prefill", "decode", "router", "router_metrics", "prefill_side_channel", "decode_side_channel")
 
@@ -229,7 +242,7 @@ def preinstall() -> int:
     from knobkeeper.engine import tiny_model
 
     started = time.monotonic()
-    for component in VI.COMPONENTS:
+    for component in vllm_install.COMPONENTS:
         _, state, _ = ensure(component)
         print(f"{component}: {state} ({time.monotonic() - started:.0f} s)", flush=True)
     model = Path(load_stack(SOURCE_ROOT, REAL_INVENTORY).hosts["@local"].data["model"])

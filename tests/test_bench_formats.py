@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from knobkeeper.cli.ab import ab
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import importers as I
+from knobkeeper.evidence import importers
 from tests.infra import make_infra_repo
 
 DATA = Path(__file__).resolve().parent / "data" / "bench_formats"
@@ -81,7 +81,7 @@ def _assert_lost(runs: list[dict]) -> None:
 @pytest.mark.parametrize("arm", ARMS)
 def test_sglang_0_5_23_levels_in_one_file_keep_their_own_counts(arm):
     here = DATA / "sglang-0.5.23"
-    fmt, imp = I.read(here / f"{arm}.jsonl")
+    fmt, imp = importers.read(here / f"{arm}.jsonl")
     assert fmt == "sglang" and imp.tool == "sglang bench_serving 0.5.23" and imp.tool_version == "0.5.23"
     assert [r["concurrency"] for r in imp.runs] == LEVELS
     for run in imp.runs:
@@ -102,7 +102,7 @@ def test_sglang_0_5_23_levels_in_one_file_keep_their_own_counts(arm):
 @pytest.mark.parametrize("arm", ARMS)
 def test_sglang_output_details_count_lost_requests(arm):
     here = DATA / "sglang-0.5.23"
-    _, imp = I.read(here / f"{arm}-details.jsonl")
+    _, imp = importers.read(here / f"{arm}-details.jsonl")
     assert [r["concurrency"] for r in imp.runs] == LEVELS
     for run in imp.runs:
         out = (here / f"{arm}-details-c{run['concurrency']}.stdout.txt").read_text()
@@ -118,14 +118,14 @@ def test_sglang_default_file_name_holds_num_prompts(tmp_path):
     the prompts asked for, so the lost ones can be counted (the content here is the real file's)."""
     named = tmp_path / f"sglang_1201_{PROMPTS}_64_32.jsonl"
     shutil.copy(DATA / "sglang-0.5.23" / "candidate.jsonl", named)
-    _, imp = I.read(named)
+    _, imp = importers.read(named)
     for run in imp.runs:
         _assert_counts(run, lost=True)
     _assert_lost(imp.runs)
     assert imp.notes == ["errors: counted from the num_prompts in sglang's default file name"]
     other = tmp_path / f"sglang_1201_{PROMPTS}_128_32.jsonl"   # another length: not this file's name
     shutil.copy(DATA / "sglang-0.5.23" / "candidate.jsonl", other)
-    assert I.read(other)[1].errors_recorded is False
+    assert importers.read(other)[1].errors_recorded is False
 
 
 # ---------------------------------------------------------------- vllm bench serve 0.32 / 0.33
@@ -136,7 +136,7 @@ def test_vllm_bench_serve(tool, arm):
     here = DATA / tool
     runs = []
     for level in LEVELS:
-        fmt, imp = I.read(here / f"{arm}-c{level}.json")
+        fmt, imp = importers.read(here / f"{arm}-c{level}.json")
         out = (here / f"{arm}-c{level}.stdout.txt").read_text()
         [run] = imp.runs
         assert fmt == "vllm" and run["concurrency"] == level == int(_printed(out, "Maximum request concurrency:"))
@@ -157,7 +157,7 @@ def test_vllm_bench_serve(tool, arm):
 @pytest.mark.parametrize("arm", ARMS)
 def test_guidellm_0_8_1_request_totals(arm):
     here = DATA / "guidellm-0.8.1"
-    fmt, imp = I.read(here / f"{arm}.json")
+    fmt, imp = importers.read(here / f"{arm}.json")
     out = (here / f"{arm}.stdout.txt").read_text()
     assert fmt == "guidellm" and imp.tool == "guidellm 0.8.1" and imp.tool_version == "0.8.1"
     assert [r["concurrency"] for r in imp.runs] == LEVELS
@@ -186,7 +186,7 @@ def test_aiperf_0_13_0_per_level_files_and_the_directory(arm):
     assert [f.parent.name for f in files] == [f"concurrency_{c}" for c in LEVELS]
     runs = []
     for path, level in zip(files, LEVELS):
-        fmt, imp = I.read(path)
+        fmt, imp = importers.read(path)
         [run] = imp.runs
         assert fmt == "aiperf" and imp.tool == "aiperf 0.13.0" and run["concurrency"] == level
         out = (path.parent / "profile_export_console.txt").read_text()   # what aiperf printed for this level
@@ -197,19 +197,19 @@ def test_aiperf_0_13_0_per_level_files_and_the_directory(arm):
         _assert_counts(run, lost=arm == "candidate")
         # aiperf's own summaries of the same run say the same
         agg = AIPERF / arm / "aggregate" / f"concurrency_{level}" / "profile_export_aiperf_aggregate.json"
-        [same] = I.read(agg)[1].runs
+        [same] = importers.read(agg)[1].runs
         assert {k: same[k] for k in ("concurrency", "output_tokens_per_s", "completed", "errors", "requested")} == \
                {k: run[k] for k in ("concurrency", "output_tokens_per_s", "completed", "errors", "requested")}
         runs.append(run)
     if arm == "candidate":
         _assert_lost(runs)
-    fmt, whole = I.read(AIPERF / arm)     # the --artifact-dir as one argument
+    fmt, whole = importers.read(AIPERF / arm)     # the --artifact-dir as one argument
     assert fmt == "aiperf" and [r["concurrency"] for r in whole.runs] == LEVELS
     assert whole.files == files and whole.tool_version == "0.13.0"
     assert whole.setup["model"] == "knobkeeper-sim"
     assert (whole.setup["input_len"], whole.setup["output_len"]) == (64, 32)
-    assert I.expand([str(AIPERF / arm)]) == [str(f) for f in files]
-    _, sweep = I.read(AIPERF / arm / "sweep_aggregate" / "profile_export_aiperf_sweep.json")
+    assert importers.expand([str(AIPERF / arm)]) == [str(f) for f in files]
+    _, sweep = importers.read(AIPERF / arm / "sweep_aggregate" / "profile_export_aiperf_sweep.json")
     assert [(r["concurrency"], r["output_tokens_per_s"], r["errors"]) for r in sweep.runs] == \
            [(r["concurrency"], r["output_tokens_per_s"], r["errors"]) for r in whole.runs]
 
@@ -220,7 +220,7 @@ def test_aiperf_directory_whose_summaries_disagree_is_refused(tmp_path):
     other = AIPERF / "candidate" / "sweep_aggregate" / "profile_export_aiperf_sweep.json"
     shutil.copy(other, copy / "sweep_aggregate" / other.name)   # the other arm's sweep file
     with pytest.raises(UserError, match=r"profile_export_aiperf_sweep.json: .* at 2, but the directory's results"):
-        I.read(copy)
+        importers.read(copy)
 
 
 # ---------------------------------------------------------------- through `ab import`
@@ -261,7 +261,7 @@ def test_import_carries_the_candidates_lost_requests(tmp_path, tool, base, cand)
     reasons = " ".join(r for lv in doc["validity"]["levels"] for r in lv["reasons"])
     assert "error rate" in reasons
     assert doc["source"]["tool"].startswith(tool.split("-")[0])
-    assert len(doc["source"]["raw_files"]) == sum(len(I.expand([str(DATA / tool / f)])) for f in base + cand)
+    assert len(doc["source"]["raw_files"]) == sum(len(importers.expand([str(DATA / tool / f)])) for f in base + cand)
 
 
 def test_import_of_a_file_that_does_not_record_errors_says_so(tmp_path):
@@ -370,4 +370,4 @@ def test_a_shape_the_reader_does_not_know_names_tool_version_and_field(tmp_path)
                                                               d["input_config"].pop("phases")))
     with pytest.raises(UserError, match=r"newer.json: aiperf 0.14.0: input_config.phases: missing .*"
                                         r"a shape this reader does not know"):
-        I.read(newer)
+        importers.read(newer)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import canary as C
-from knobkeeper.evidence import metrics as M
+from knobkeeper.evidence import canary
+from knobkeeper.evidence import metrics
 from knobkeeper.evidence import store
 from tests.infra import git, kk, make_infra_repo
 from tests.procs import free_port, start, stop, wait_http
@@ -60,8 +60,8 @@ class Worker:
         stop(self.proc)
 
     @property
-    def target(self) -> M.Target:
-        return M.Target(key=f"127.0.0.1/{self.name}", host=self.name, role=self.role, url=self.url + "/metrics")
+    def target(self) -> metrics.Target:
+        return metrics.Target(key=f"127.0.0.1/{self.name}", host=self.name, role=self.role, url=self.url + "/metrics")
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +156,11 @@ def test_scrape_and_prometheus_agree_on_real_workers(pd):
     judgement's own uncertainty."""
     decodes = pd["decodes"]
     targets = [d.target for d in decodes]
-    prom = Prometheus(pd["tmp"], M.scrape_config_for(targets, SCRAPE))
+    prom = Prometheus(pd["tmp"], metrics.scrape_config_for(targets, SCRAPE))
     try:
         prom.wait_scraped(len(targets))
-        scrape = M.ScrapeSource(targets, SCRAPE)
-        promsrc = M.PrometheusSource(prom.url, targets, SCRAPE)
+        scrape = metrics.ScrapeSource(targets, SCRAPE)
+        promsrc = metrics.PrometheusSource(prom.url, targets, SCRAPE)
         load = Load(pd["router"], 3 + 2 * 6 * 2 + 5 + 10)
         time.sleep(3)
         scrape.check()
@@ -195,20 +195,20 @@ def test_scrape_and_prometheus_agree_on_real_workers(pd):
     # out, not wrong). Their verdicts are not compared: the sim's +12.8% over 6 windows sits at the
     # boundary between "better" and "inconclusive", and beside another stack one source said one,
     # the other the other (issue 38).
-    plan = C.Plan(KNOB, 512, None, "decode", canary=[targets[1]], baseline=[targets[0]])
-    assessed = {name: C.window_runs(plan, after, calibration=before)[1]
+    plan = canary.Plan(KNOB, 512, None, "decode", canary=[targets[1]], baseline=[targets[0]])
+    assessed = {name: canary.window_runs(plan, after, calibration=before)[1]
                 for name, (before, after) in (("scrape", (scrape_before, scrape_after)),
                                               ("prometheus", (prom_before, prom_after)))}
     edges = {name: [(w.index, w.phase, w.start, w.end) for w in windows] for name, windows in assessed.items()}
     assert edges["scrape"] == edges["prometheus"] and len(edges["scrape"]) == 12, edges
     both = set.intersection(*({w.index for w in windows if w.valid} for windows in assessed.values()))
-    for phase in (C.CALIBRATION, C.CANARY):   # the judgement needs two windows per arm
+    for phase in (canary.CALIBRATION, canary.CANARY):   # the judgement needs two windows per arm
         assert sum(1 for w in assessed["scrape"] if w.phase == phase and w.index in both) >= 2, assessed
     levels = {}
     for name, windows in assessed.items():
         for w in windows:
             w.valid = w.valid and w.index in both
-        levels[name] = C.judgement(C.ratio_runs(plan, windows), plan.unit_noise(C.RESTART_NOISE, True))["levels"][0]
+        levels[name] = canary.judgement(canary.ratio_runs(plan, windows), plan.unit_noise(canary.RESTART_NOISE, True))["levels"][0]
     # Each source's effect lies within the other's 95% confidence interval: which source measured
     # moves the effect by less than the measurement's own uncertainty (the sources differ by what
     # each one's window edges hold, Prometheus's rate() extrapolating to them, and by which windows
@@ -269,11 +269,11 @@ def test_histogram_quantiles_agree_with_prometheus(tmp_path):
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    target = M.Target(key="h/engine", host="h", role="decode", url=f"http://127.0.0.1:{port}/metrics")
-    prom = Prometheus(tmp_path, M.scrape_config_for([target], SCRAPE))
+    target = metrics.Target(key="h/engine", host="h", role="decode", url=f"http://127.0.0.1:{port}/metrics")
+    prom = Prometheus(tmp_path, metrics.scrape_config_for([target], SCRAPE))
     try:
         prom.wait_scraped(1)
-        by_scrape, by_prom = collect([M.ScrapeSource([target], SCRAPE), M.PrometheusSource(prom.url, [target], SCRAPE)],
+        by_scrape, by_prom = collect([metrics.ScrapeSource([target], SCRAPE), metrics.PrometheusSource(prom.url, [target], SCRAPE)],
                                      2.0, 3)
     finally:
         stop_feed.set()
@@ -290,9 +290,9 @@ def test_histogram_quantiles_agree_with_prometheus(tmp_path):
                 assert math.isclose(getattr(a, field)[q], getattr(b, field)[q], rel_tol=0.15), (field, q, a, b)
         assert math.isclose(a.running, 8) and math.isclose(b.running, 8)
     # the interpolation itself, against hand-computed values (Prometheus's rules)
-    assert M.histogram_quantile(0.5, [(0.1, 2.0), (0.2, 6.0), (math.inf, 8.0)]) == pytest.approx(0.15)
-    assert M.histogram_quantile(0.99, [(0.1, 2.0), (0.2, 6.0), (math.inf, 8.0)]) == 0.2  # +Inf bucket: its lower edge
-    assert M.histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]) is None
+    assert metrics.histogram_quantile(0.5, [(0.1, 2.0), (0.2, 6.0), (math.inf, 8.0)]) == pytest.approx(0.15)
+    assert metrics.histogram_quantile(0.99, [(0.1, 2.0), (0.2, 6.0), (math.inf, 8.0)]) == 0.2  # +Inf bucket: its lower edge
+    assert metrics.histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]) is None
 
 
 # ---------------------------------------------------------------- 2. the window judgement
@@ -301,12 +301,12 @@ def _stats(tokens: float, running: float, errors: int = 0, n: int = 6, noise: fl
     import random
 
     rng = random.Random(seed)
-    return [M.WindowStats(k, k + 1, tokens * math.exp(rng.gauss(0, noise)), running, errors) for k in range(n)]
+    return [metrics.WindowStats(k, k + 1, tokens * math.exp(rng.gauss(0, noise)), running, errors) for k in range(n)]
 
 
 def _plan():
-    t = [M.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics") for i in (1, 2, 3)]
-    return C.Plan(KNOB, 512, None, "decode", canary=[t[0]], baseline=t[1:])
+    t = [metrics.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics") for i in (1, 2, 3)]
+    return canary.Plan(KNOB, 512, None, "decode", canary=[t[0]], baseline=t[1:])
 
 
 def test_round_robin_hides_a_faster_host_in_raw_tokens_normalisation_shows_it():
@@ -315,9 +315,9 @@ def test_round_robin_hides_a_faster_host_in_raw_tokens_normalisation_shows_it():
     plan = _plan()
     stats = {"h1/decode": _stats(1000, 14, seed=1), "h2/decode": _stats(1000, 16, seed=2),
              "h3/decode": _stats(1000, 16, seed=3)}
-    runs, windows = C.window_runs(plan, stats)
+    runs, windows = canary.window_runs(plan, stats)
     assert all(w["valid"] for w in windows) and len(runs) == 18
-    verdict, failed = C.decide(plan, windows, C.judgement(runs))
+    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
     assert verdict == "better" and not failed
     raw = [r["raw_output_tokens_per_s"] for r in runs]
     assert max(raw) / min(raw) < 1.1   # the raw numbers alone show no difference
@@ -328,7 +328,7 @@ def test_invalid_windows_no_traffic_and_imbalance():
     stats = {"h1/decode": _stats(1000, 16), "h2/decode": _stats(1000, 16), "h3/decode": _stats(1000, 16)}
     stats["h2/decode"][1].output_tokens_per_s = 0.0
     stats["h3/decode"][2].running = 40.0
-    runs, windows = C.window_runs(plan, stats)
+    runs, windows = canary.window_runs(plan, stats)
     assert [w["valid"] for w in windows] == [True, False, False, True, True, True]
     assert windows[1]["reasons"] == ["no traffic on h2/decode"]
     assert "spread beyond 2x" in windows[2]["reasons"][0]
@@ -348,25 +348,25 @@ def test_errors_fail_the_canary_when_significant_whatever_the_throughput():
     plan = _plan()
     stats = _with_requests({"h1/decode": _stats(1100, 16), "h2/decode": _stats(1000, 16), "h3/decode": _stats(1000, 16)})
     stats["h1/decode"][0].errors = 8
-    runs, windows = C.window_runs(plan, stats)
-    verdict, failed = C.decide(plan, windows, C.judgement(runs))
+    runs, windows = canary.window_runs(plan, stats)
+    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
     assert verdict == "worse" and failed and failed[0].startswith("errors 8 of 1208 requests on the canary"), failed
     # errors in a window made invalid by the failures themselves still count
     stats["h1/decode"][0].output_tokens_per_s = 0.0
-    runs, windows = C.window_runs(plan, stats)
-    assert not windows[0]["valid"] and C.decide(plan, windows, C.judgement(runs))[0] == "worse"
+    runs, windows = canary.window_runs(plan, stats)
+    assert not windows[0]["valid"] and canary.decide(plan, windows, canary.judgement(runs))[0] == "worse"
     # one error among 1,200 requests is no finding
     stats["h1/decode"][0].errors = 1
     stats["h1/decode"][0].output_tokens_per_s = 1100.0
-    runs, windows = C.window_runs(plan, stats)
-    assert C.decide(plan, windows, C.judgement(runs)) == ("better", [])
+    runs, windows = canary.window_runs(plan, stats)
+    assert canary.decide(plan, windows, canary.judgement(runs)) == ("better", [])
     # errors in proportion to the requests (a client's disconnects hit every host alike): no finding
     for key, count in (("h1/decode", 4), ("h2/decode", 5), ("h3/decode", 3)):
         stats[key][5].errors = count
-    runs, windows = C.window_runs(plan, stats)
-    test = C.errors_test(plan, windows)
+    runs, windows = canary.window_runs(plan, stats)
+    test = canary.errors_test(plan, windows)
     assert not test["failed"] and test["p_value"] > 0.1, test
-    assert C.decide(plan, windows, C.judgement(runs)) == ("better", [])
+    assert canary.decide(plan, windows, canary.judgement(runs)) == ("better", [])
 
 
 def test_calibration_divides_out_a_lasting_host_difference():
@@ -381,16 +381,16 @@ def test_calibration_divides_out_a_lasting_host_difference():
                 "h3/decode": _stats(1000, 16, seed=seed + 2, n=8, noise=0.01)}
 
     before, same = phase(1.0, 10), phase(1.0, 20)
-    runs, windows = C.window_runs(plan, same)
-    assert C.decide(plan, windows, C.judgement(runs))[0] == "worse"
-    runs, windows = C.window_runs(plan, same, calibration=before)
+    runs, windows = canary.window_runs(plan, same)
+    assert canary.decide(plan, windows, canary.judgement(runs))[0] == "worse"
+    runs, windows = canary.window_runs(plan, same, calibration=before)
     assert [w["phase"] for w in windows] == ["calibration"] * 8 + ["canary"] * 8
     assert {r["arm"] for r in runs if r["phase"] == "calibration"} == {"A"} and len(runs) == 16
-    judged = C.judgement(runs, plan.unit_noise(C.RESTART_NOISE, True))
-    assert C.decide(plan, windows, judged)[0] in ("no detectable change", "inconclusive"), judged["levels"]
-    runs, windows = C.window_runs(plan, phase(1.128, 30), calibration=before)
-    judged = C.judgement(runs, plan.unit_noise(C.RESTART_NOISE, True))
-    assert C.decide(plan, windows, judged)[0] == "better", judged["levels"]
+    judged = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
+    assert canary.decide(plan, windows, judged)[0] in ("no detectable change", "inconclusive"), judged["levels"]
+    runs, windows = canary.window_runs(plan, phase(1.128, 30), calibration=before)
+    judged = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
+    assert canary.decide(plan, windows, judged)[0] == "better", judged["levels"]
     assert judged["levels"][0]["effect"] == pytest.approx(0.128, abs=0.03)
 
 
@@ -401,10 +401,10 @@ def test_restart_noise_keeps_a_small_effect_on_one_host_from_being_claimed():
     before = {k: _stats(1000, 16, seed=i, n=20, noise=0.005) for i, k in enumerate(("h1/decode", "h2/decode", "h3/decode"))}
     after = {"h1/decode": _stats(1030, 16, seed=7, n=20, noise=0.005), "h2/decode": _stats(1000, 16, seed=8, n=20, noise=0.005),
              "h3/decode": _stats(1000, 16, seed=9, n=20, noise=0.005)}
-    runs, windows = C.window_runs(plan, after, calibration=before)
-    assert C.decide(plan, windows, C.judgement(runs, 0.0))[0] == "better"
-    noisy = C.judgement(runs, plan.unit_noise(C.RESTART_NOISE, True))
-    assert noisy["unit_noise"] == C.RESTART_NOISE and noisy["levels"][0]["verdict"] == "inconclusive", noisy["levels"]
+    runs, windows = canary.window_runs(plan, after, calibration=before)
+    assert canary.decide(plan, windows, canary.judgement(runs, 0.0))[0] == "better"
+    noisy = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
+    assert noisy["unit_noise"] == canary.RESTART_NOISE and noisy["levels"][0]["verdict"] == "inconclusive", noisy["levels"]
 
 
 def test_guard_regression_fails_the_canary():
@@ -416,8 +416,8 @@ def test_guard_regression_fails_the_canary():
         for k, w in enumerate(stats[key]):
             w.ttft_ms = {"p50": ms / 2, "p99": ms * (1 + 0.01 * (k % 3))}
             w.tpot_ms = {"p50": 5.0 + 0.01 * k, "p99": 8.0 + 0.02 * k}
-    runs, windows = C.window_runs(plan, stats)
-    verdict, failed = C.decide(plan, windows, C.judgement(runs))
+    runs, windows = canary.window_runs(plan, stats)
+    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
     assert verdict == "worse" and any(f.startswith("ttft_p99_ms") for f in failed), failed
 
 
@@ -455,17 +455,17 @@ def test_inconclusive_canary_says_how_long_would_decide(tmp_path):
     project = make_infra_repo(tmp_path)
     plan = _plan()
     calls = []
-    out = C.run(project, plan, FakeSource(_noisy(1), _noisy(11, 1.01)),
-                C.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
-                C.Options(duration=0.04, interval=0.01, settle=0, restart_noise=0.005))
+    out = canary.run(project, plan, FakeSource(_noisy(1), _noisy(11, 1.01)),
+                canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
+                canary.Options(duration=0.04, interval=0.01, settle=0, restart_noise=0.005))
     assert out.verdict == "inconclusive" and out.action == "put back" and calls == ["apply", "restore"]
-    lines = C.report_lines(out)
+    lines = canary.report_lines(out)
     assert "windows: calibration 4 valid of 4, canary 4 valid of 4" in lines[2], lines
     assert any(" s of calibration (" in line and "would detect ±5%" in line for line in lines), lines
     assert store.verify(store.load(project, out.doc["id"])) == []
-    out = C.run(project, plan, FakeSource(_noisy(2), _noisy(12, 1.01)), C.Switch(lambda t, k: None, lambda: None),
-                C.Options(duration=0.04, interval=0.01, settle=0))
-    assert any("no canary length on 1 canary host(s) would detect ±5%" in line for line in C.report_lines(out))
+    out = canary.run(project, plan, FakeSource(_noisy(2), _noisy(12, 1.01)), canary.Switch(lambda t, k: None, lambda: None),
+                canary.Options(duration=0.04, interval=0.01, settle=0))
+    assert any("no canary length on 1 canary host(s) would detect ±5%" in line for line in canary.report_lines(out))
 
 
 def test_failing_candidate_is_rolled_back_with_evidence(tmp_path):
@@ -474,14 +474,14 @@ def test_failing_candidate_is_rolled_back_with_evidence(tmp_path):
     project = make_infra_repo(tmp_path)
     plan = _plan()
     before = (project.root / "inventory" / "knobs.toml").read_text()
-    canary = _with_requests(_noisy(21))
-    for w in canary["h1/decode"]:
+    windows = _with_requests(_noisy(21))
+    for w in windows["h1/decode"]:
         w.errors = 100
     calls = []
-    out = C.run(project, plan, FakeSource(_with_requests(_noisy(20)), canary),
-                C.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore"),
+    out = canary.run(project, plan, FakeSource(_with_requests(_noisy(20)), windows),
+                canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore"),
                          lambda: calls.append("promote")),
-                C.Options(duration=0.04, interval=0.01, settle=0, promote=True))
+                canary.Options(duration=0.04, interval=0.01, settle=0, promote=True))
     assert out.verdict == "worse" and out.action == "rolled back" and out.exit_code == 1
     assert calls == ["apply", "restore"]
     doc = store.load(project, out.doc["id"])
@@ -500,33 +500,33 @@ def test_the_evidence_names_the_metrics_of_the_engine_family_it_measured(tmp_pat
     from knobkeeper.engine.vllm import VLLM
 
     project = make_infra_repo(tmp_path)
-    t = [M.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics", VLLM.metrics) for i in (1, 2, 3)]
-    plan = C.Plan("NCCL_MIN_NCHANNELS", 8, None, "decode", canary=[t[0]], baseline=t[1:])
+    t = [metrics.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics", VLLM.metrics) for i in (1, 2, 3)]
+    plan = canary.Plan("NCCL_MIN_NCHANNELS", 8, None, "decode", canary=[t[0]], baseline=t[1:])
     recorded = {}
     for kind in ("scrape", "prometheus"):
         source = FakeSource(_noisy(1), _noisy(11, 1.01))
         source.name = kind
-        out = C.run(project, plan, source, C.Switch(lambda t, k: None, lambda: None),
-                    C.Options(duration=0.04, interval=0.01, settle=0))
+        out = canary.run(project, plan, source, canary.Switch(lambda t, k: None, lambda: None),
+                    canary.Options(duration=0.04, interval=0.01, settle=0))
         recorded[kind] = store.load(project, out.doc["id"])["canary"]["queries"]
     for kind, queries in recorded.items():
         text = json.dumps(queries)
         assert "sglang" not in text and "vllm:generation_tokens_total" in queries["output_tokens_per_s"], (kind, text)
         assert 'vllm:request_success_total{finished_reason=~"abort|error"}' in queries["errors"], (kind, queries)
-    assert recorded["prometheus"] == M.queries(0.01, VLLM.metrics)
+    assert recorded["prometheus"] == metrics.queries(0.01, VLLM.metrics)
     assert recorded["scrape"]["running"] == "mean of vllm:num_requests_running samples in the window"
 
 
 def test_choose_refuses_one_host_and_the_whole_role():
     plan = _plan()
     with pytest.raises(UserError, match="at least 2"):
-        C.choose(plan.canary, "decode")
+        canary.choose(plan.canary, "decode")
     with pytest.raises(UserError, match="whole decode role"):
-        C.choose(plan.targets, "decode", hosts=3)
+        canary.choose(plan.targets, "decode", hosts=3)
     with pytest.raises(UserError, match="--host nope: not a decode worker"):
-        C.choose(plan.targets, "decode", names=["nope"])
-    canary, baseline = C.choose(plan.targets, "decode", names=["h2"])
-    assert [t.key for t in canary] == ["h2/decode"] and len(baseline) == 2
+        canary.choose(plan.targets, "decode", names=["nope"])
+    chosen, baseline = canary.choose(plan.targets, "decode", names=["h2"])
+    assert [t.key for t in chosen] == ["h2/decode"] and len(baseline) == 2
 
 
 # ---------------------------------------------------------------- 3. the orchestration on real workers
@@ -550,7 +550,7 @@ class Switch:
 
 def _plan_of(pd, value, baseline_value=None):
     d = pd["decodes"]
-    return C.Plan(KNOB, value, baseline_value, "decode", canary=[d[1].target], baseline=[d[0].target])
+    return canary.Plan(KNOB, value, baseline_value, "decode", canary=[d[1].target], baseline=[d[0].target])
 
 
 # "better" and promoted through the real deploy: tests/test_canary_deploy.py
@@ -576,14 +576,14 @@ def test_aa_canary_is_never_better_and_is_put_back(pd, tmp_path):
     switch = Switch(pd["decodes"][1])
     before = (project.root / "inventory" / "knobs.toml").read_text()
     load = _load_for_canary(pd)
-    out = C.run(project, plan, M.ScrapeSource(plan.targets, SCRAPE), C.Switch(switch.apply, switch.restore),
-                C.Options(duration=8, interval=INTERVAL, calibrate=8, settle=SETTLE, alpha=0.005))
+    out = canary.run(project, plan, metrics.ScrapeSource(plan.targets, SCRAPE), canary.Switch(switch.apply, switch.restore),
+                canary.Options(duration=8, interval=INTERVAL, calibrate=8, settle=SETTLE, alpha=0.005))
     load.join()
     assert out.doc["judge_options"]["alpha"] == 0.005 and store.verify(out.doc) == []
     assert out.verdict in ("no detectable change", "inconclusive"), (out.doc["judgement"], out.doc["canary"]["errors"])
     assert out.action == "put back" and switch.calls[-1] == ("restore",)
     assert (project.root / "inventory" / "knobs.toml").read_text() == before
-    assert C.report_lines(out)[0].endswith(out.verdict)
+    assert canary.report_lines(out)[0].endswith(out.verdict)
 
 
 def test_no_traffic_puts_the_canary_back_and_fails(pd, tmp_path):
@@ -591,8 +591,8 @@ def test_no_traffic_puts_the_canary_back_and_fails(pd, tmp_path):
     plan = _plan_of(pd, 512)
     switch = Switch(pd["decodes"][1])
     with pytest.raises(UserError, match="no valid window .*no traffic"):
-        C.run(project, plan, M.ScrapeSource(plan.targets, SCRAPE), C.Switch(switch.apply, switch.restore),
-              C.Options(duration=2, interval=1, settle=0))
+        canary.run(project, plan, metrics.ScrapeSource(plan.targets, SCRAPE), canary.Switch(switch.apply, switch.restore),
+              canary.Options(duration=2, interval=1, settle=0))
     assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
     assert store.paths(project) == []
 
@@ -602,15 +602,15 @@ def test_unreachable_prometheus_or_missing_series_deploys_nothing(pd, tmp_path):
     switch = Switch(pd["decodes"][1])
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(UserError, match="unreachable"):
-        C.measure(plan, M.PrometheusSource(dead, plan.targets), C.Switch(switch.apply, switch.restore),
-                  C.Options(duration=4, interval=2))
+        canary.measure(plan, metrics.PrometheusSource(dead, plan.targets), canary.Switch(switch.apply, switch.restore),
+                  canary.Options(duration=4, interval=2))
     # a Prometheus that scrapes only one of the two workers: refused, naming the other
-    prom = Prometheus(tmp_path, M.scrape_config_for(plan.baseline, SCRAPE))
+    prom = Prometheus(tmp_path, metrics.scrape_config_for(plan.baseline, SCRAPE))
     try:
         prom.wait_scraped(1)
         with pytest.raises(UserError, match=f"no sglang:generation_tokens_total series for {plan.canary[0].key}"):
-            C.measure(plan, M.PrometheusSource(prom.url, plan.targets), C.Switch(switch.apply, switch.restore),
-                      C.Options(duration=4, interval=2))
+            canary.measure(plan, metrics.PrometheusSource(prom.url, plan.targets), canary.Switch(switch.apply, switch.restore),
+                      canary.Options(duration=4, interval=2))
     finally:
         prom.stop()
     assert switch.calls == []
@@ -626,12 +626,12 @@ def test_interrupt_puts_the_canary_back(pd):
 
     switch = Switch(pd["decodes"][1])
     with pytest.raises(KeyboardInterrupt):
-        C.measure(plan, M.ScrapeSource(plan.targets, SCRAPE), C.Switch(switch.apply, switch.restore),
-                  C.Options(duration=4, interval=1, settle=0, on_window=interrupted))
+        canary.measure(plan, metrics.ScrapeSource(plan.targets, SCRAPE), canary.Switch(switch.apply, switch.restore),
+                  canary.Options(duration=4, interval=1, settle=0, on_window=interrupted))
     assert switch.calls == []
     with pytest.raises(KeyboardInterrupt):
-        C.measure(plan, M.ScrapeSource(plan.targets, SCRAPE), C.Switch(switch.apply, switch.restore),
-                  C.Options(duration=4, interval=1, calibrate=0, settle=0, on_window=interrupted))
+        canary.measure(plan, metrics.ScrapeSource(plan.targets, SCRAPE), canary.Switch(switch.apply, switch.restore),
+                  canary.Options(duration=4, interval=1, calibrate=0, settle=0, on_window=interrupted))
     assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
 
 

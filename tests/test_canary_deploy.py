@@ -143,13 +143,13 @@ def test_canary_of_512_on_one_of_two_workers_of_a_host(stack, tmp_path):
     """Only the second worker gets the candidate and restarts (its sibling keeps its PID); judged
     "better" and promoted: knobs.toml holds 512 with an entry citing the evidence, then a "promote"
     deploy brings the rest of the role to it."""
-    from knobkeeper.evidence import canary as C
+    from knobkeeper.evidence import canary
 
     before = stack.pids()
     load = stack.load(tmp_path / "load.log")
     try:
-        out = C.canary(stack.project, f"{KNOB}=512", role="decode", inventory="inventory/local.py",
-                       host_names=[CANARY], options=C.Options(duration=16, interval=2, promote=True, scrape_interval=0.5))
+        out = canary.canary(stack.project, f"{KNOB}=512", role="decode", inventory="inventory/local.py",
+                       host_names=[CANARY], options=canary.Options(duration=16, interval=2, promote=True, scrape_interval=0.5))
     finally:
         stop(load)
     records = stack.canary_records()

@@ -164,3 +164,22 @@ def test_a_reason_over_64k_is_committed_whole(project):
     reason = "x" * 200_000  # one argv string is limited to 128 KiB: the message goes on stdin
     change = ops.set_knob(project, KNOB, "512", "decode", reason)
     assert reason in git(project.root, "log", "-1", "--format=%B", change.commit)
+
+
+# --- the caches beside the lock -------------------------------------------------------------------
+
+def test_a_cache_write_never_takes_a_temp_file_another_process_is_writing(project):
+    """The entry-order and entries caches were written through a fixed `<name>.tmp`: two commands
+    at once wrote into one temp file, and one renamed the other's half-written bytes into place."""
+    ops.set_knob(project, KNOB, "512", "decode", "x")
+    private = project.private_dir
+    theirs = {private / "entry-order.tmp": "half of another process's order cache",
+              private / "entries.tmp": "half of another process's entries cache"}
+    for path, text in theirs.items():
+        path.write_text(text)
+    (private / "entry-order.json").unlink(missing_ok=True)
+    (private / "entries.json").unlink(missing_ok=True)
+    assert [e.knob for e in load_entries(project)] == [KNOB]
+    assert {path: path.read_text() for path in theirs} == theirs
+    assert json.loads((private / "entry-order.json").read_text())["order"]
+    assert json.loads((private / "entries.json").read_text())["files"]

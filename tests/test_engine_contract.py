@@ -70,7 +70,7 @@ def test_no_parser_means_skipped_never_a_silent_pass(project, tmp_path, monkeypa
 
 
 def test_an_unpinned_sglang_host_is_skipped_by_name(project):
-    _edit_prod(project, '    "sglang_version": "0.5.23",\n', "")
+    _edit_prod(project, '"prefill": "sglang==0.5.23", "decode": "sglang==0.5.23"', '"prefill": "sglang", "decode": "sglang"')
     problems, skipped, _ = _contract(project)
     assert problems == [] and len(skipped) == 4
     assert skipped[0] == (f"skipped: {PROD}: prefill-1/knobkeeper-prefill: no sglang version pinned (sglang_version or "

@@ -38,9 +38,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from knobkeeper.cli.ab import ab
+from knobkeeper.cli.ab import ab as ab_group
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import ab as AB
+from knobkeeper.evidence import ab
 from knobkeeper.evidence import store
 from knobkeeper.evidence.model import Evidence
 from tests.infra import make_infra_repo
@@ -105,9 +105,9 @@ class SimSwitcher:
                                          preexec_fn=_raise_priority)
         wait_http(f"{self.endpoint}/health", timeout=30, proc=self.proc)
 
-    def probes(self) -> AB.Probes:
+    def probes(self) -> ab.Probes:
         """The knob as the running engine reports it (/get_server_info "knobs")."""
-        return AB.Probes(knob=lambda arm: AB.knob_seen(arm, KNOB, AB.server_info_knobs(self.endpoint),
+        return ab.Probes(knob=lambda arm: ab.knob_seen(arm, KNOB, ab.server_info_knobs(self.endpoint),
                                                        "/get_server_info"))
 
     def switch(self, arm: dict) -> None:
@@ -159,8 +159,8 @@ decode_step = [[1, 1.35], [64, 1.35], [76, 1.0], [4096, 1.0]]
 [knobs.{KNOB}.values."512"]
 decode_step = 1.0
 """)
-    doc = AB.measure(AB.Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()),
-                     AB.Design([64, 80], max_repeats=6, duration=1.0, api="chat", input_len=8, output_len=64,
+    doc = ab.measure(ab.Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()),
+                     ab.Design([64, 80], max_repeats=6, duration=1.0, api="chat", input_len=8, output_len=64,
                                load_options={"keepalive": True}),
                      arms=_arms(None, 512), knob=KNOB, role="decode")
     print(store.summary_line(doc), doc["sequential"]["looks"])
@@ -210,9 +210,9 @@ def test_measure_switches_arms_abba_restores_once_and_judges_the_guards_in_the_f
                 "ttft_ms": {"p50": 80 * math.exp(rng.gauss(0, 0.05)), "p99": 140 * math.exp(rng.gauss(0, 0.05))},
                 "tpot_ms": {"p50": 12 * math.exp(rng.gauss(0, 0.03)), "p99": 20 * math.exp(rng.gauss(0, 0.05))}}
 
-    doc = AB.measure(AB.Harness(lambda arm: switched.append(dict(arm["knobs"])), lambda: restored.append(1),
+    doc = ab.measure(ab.Harness(lambda arm: switched.append(dict(arm["knobs"])), lambda: restored.append(1),
                                 "http://x", load=load),
-                     AB.Design([64, 96], 3, requests=50), arms=_arms(None, 512), knob=KNOB, role="decode")
+                     ab.Design([64, 96], 3, requests=50), arms=_arms(None, 512), knob=KNOB, role="decode")
     assert switched == [{KNOB: None}, {KNOB: 512}, {KNOB: 512}, {KNOB: None}, {KNOB: None}, {KNOB: 512}]
     assert restored == [1]
     assert doc.judgement.family.size == 2 * 5 and len(doc.judgement.guards) == 2 * 4
@@ -221,7 +221,7 @@ def test_measure_switches_arms_abba_restores_once_and_judges_the_guards_in_the_f
 
 
 def test_schedule_is_abba():
-    assert AB.schedule(3) == [(1, "A"), (1, "B"), (2, "B"), (2, "A"), (3, "A"), (3, "B")]
+    assert ab.schedule(3) == [(1, "A"), (1, "B"), (2, "B"), (2, "A"), (3, "A"), (3, "B")]
 
 
 @pytest.mark.parametrize("fail_at,exc", [(3, RuntimeError), (6, KeyboardInterrupt)])
@@ -230,8 +230,8 @@ def test_restore_runs_on_failure_and_ctrl_c(fail_at, exc):
     load = _fake_load(calls, fail_at=fail_at if exc is RuntimeError else None,
                       interrupt_at=fail_at if exc is KeyboardInterrupt else None)
     with pytest.raises(exc):
-        AB.measure(AB.Harness(switched.append, lambda: restored.append(1), "http://x", load=load),
-                   AB.Design([64, 96], 2, requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")
+        ab.measure(ab.Harness(switched.append, lambda: restored.append(1), "http://x", load=load),
+                   ab.Design([64, 96], 2, requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")
     assert restored == [1]
 
 
@@ -242,15 +242,15 @@ def test_restore_runs_when_switch_fails():
         raise UserError("deploy: decode gate failed")
 
     with pytest.raises(UserError):
-        AB.measure(AB.Harness(switch, lambda: restored.append(1), "http://x", load=_fake_load([])),
-                   AB.Design([64], 2, requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")
+        ab.measure(ab.Harness(switch, lambda: restored.append(1), "http://x", load=_fake_load([])),
+                   ab.Design([64], 2, requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")
     assert restored == [1]
 
 
 def test_measure_runs_warmup_then_every_level_per_block():
     calls, switched = [], []
-    doc = AB.measure(AB.Harness(switched.append, lambda: None, "http://x", load=_fake_load(calls)),
-                     AB.Design([96, 64], 2, requests=50), arms=_arms(None, 512), knob=KNOB, role="decode",
+    doc = ab.measure(ab.Harness(switched.append, lambda: None, "http://x", load=_fake_load(calls)),
+                     ab.Design([96, 64], 2, requests=50), arms=_arms(None, 512), knob=KNOB, role="decode",
                      progress=False)
     # per block: warm-up at the top level (warmup=0 inside), then 64, 96
     assert calls[:3] == [(96, 96, None, 0), (64, 50, None, None), (96, 50, None, None)]
@@ -262,9 +262,9 @@ def test_measure_runs_warmup_then_every_level_per_block():
 def test_ab_run_library_writes_and_commits_evidence_with_fake_switcher(tmp_path):
     project = make_infra_repo(tmp_path)
     restored = []
-    doc = AB.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
-                    design=AB.Design([64], 2, requests=10), endpoint="http://x",
-                    harness=AB.Harness(lambda arm: None, lambda: restored.append(1), None, load=_fake_load([])))
+    doc = ab.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
+                    design=ab.Design([64], 2, requests=10), endpoint="http://x",
+                    harness=ab.Harness(lambda arm: None, lambda: restored.append(1), None, load=_fake_load([])))
     assert restored == [1]
     assert doc["arms"]["A"]["knobs"] == {KNOB: None} and doc["arms"]["B"]["knobs"] == {KNOB: 512}
     log = os.popen(f"git -C {project.root} log -1 --format=%B").read()
@@ -286,13 +286,13 @@ def short_tmp():
 def test_ab_run_cli_errors_are_one_line_exit_2(short_tmp):
     project = make_infra_repo(short_tmp)
     runner = CliRunner()
-    out = runner.invoke(ab, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
+    out = runner.invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
                              "decode", "--set", f"{KNOB}=99999", "--requests", "10"])
     assert out.exit_code == 2 and "SGLANG_SM120_MMA_TARGET_CTAS=" in out.output and "8192" in out.output
-    out = runner.invoke(ab, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
+    out = runner.invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
                              "decode", "--set", f"{KNOB}=512"])
     assert out.exit_code == 2 and "--requests or --duration" in out.output
-    out = runner.invoke(ab, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
+    out = runner.invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
                              "decode", "--set", f"{KNOB}=512", "--requests", "5", "--concurrency", "64,x"])
     assert out.exit_code == 2 and "--concurrency" in out.output
 
@@ -300,11 +300,11 @@ def test_ab_run_cli_errors_are_one_line_exit_2(short_tmp):
 def test_ab_run_library_defaults_to_the_sequential_design(tmp_path):
     project = make_infra_repo(tmp_path)
     calls = []
-    doc = AB.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
-                    design=AB.Design([64, 96], requests=10), endpoint="http://x",
-                    harness=AB.Harness(lambda arm: None, lambda: None, None, load=_fake_load(calls)))
+    doc = ab.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
+                    design=ab.Design([64, 96], requests=10), endpoint="http://x",
+                    harness=ab.Harness(lambda arm: None, lambda: None, None, load=_fake_load(calls)))
     cap = doc["sequential"]["max_repeats"]
-    assert cap == AB.J.sequential_repeats(levels=2, guards=True)
+    assert cap == ab.J.sequential_repeats(levels=2, guards=True)
     assert doc["setup"]["schedule"]["design"] == "sequential"
     # the fake load's arms differ by a 0.5% wobble, nothing else: both levels settle as no change early
     assert doc["setup"]["schedule"]["blocks"] < 2 * cap
@@ -314,13 +314,13 @@ def test_ab_run_library_defaults_to_the_sequential_design(tmp_path):
 
 def test_ab_run_cli_refuses_repeats_with_max_repeats(tmp_path):
     project = make_infra_repo(tmp_path)
-    out = CliRunner().invoke(ab, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
+    out = CliRunner().invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
                                   "decode", "--set", f"{KNOB}=512", "--requests", "5", "--repeats", "3",
                                   "--max-repeats", "6"])
     assert out.exit_code == 2 and "--repeats and --max-repeats" in out.output
     with pytest.raises(UserError, match="give one of --repeats"):
-        AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", load=_fake_load([])),
-                   AB.Design([64], requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")
+        ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", load=_fake_load([])),
+                   ab.Design([64], requests=10), arms=_arms(None, 512), knob=KNOB, role="decode")
 
 
 # ---------------------------------------------------------------- the real engine's design (issue 23, item 6)
@@ -329,23 +329,23 @@ def test_a_real_engine_gets_the_real_noise_design_and_the_sim_keeps_its_own():
     """Neither --requests nor --duration on a real engine: 25-s runs after a 5-s block warm-up,
     the sequential design capped at 10 (knobkeeper.evidence.judge, "Real noise"); what the user
     gave is kept; the sim (or an unknown engine: a custom harness) is left as given."""
-    from knobkeeper.evidence import defaults as D
+    from knobkeeper.evidence import defaults
 
-    real = AB.engine_design(AB.Design([16]), simulated=False)
+    real = ab.engine_design(ab.Design([16]), simulated=False)
     assert (real.duration, real.requests, real.warmup_duration, real.max_repeats, real.repeats) == (
-        D.REAL_RUN_S, None, D.REAL_WARMUP_S, D.REAL_MAX_REPEATS, None) == (25.0, None, 5.0, 10, None)
-    given = AB.engine_design(AB.Design([16], repeats=2, requests=64, warmup_requests=16), simulated=False)
+        defaults.REAL_RUN_S, None, defaults.REAL_WARMUP_S, defaults.REAL_MAX_REPEATS, None) == (25.0, None, 5.0, 10, None)
+    given = ab.engine_design(ab.Design([16], repeats=2, requests=64, warmup_requests=16), simulated=False)
     assert (given.requests, given.duration, given.repeats, given.max_repeats, given.warmup_requests,
             given.warmup_duration) == (64, None, 2, None, 16, None)
     for simulated in (True, None):
-        assert AB.engine_design(AB.Design([16]), simulated=simulated) == AB.Design([16])
+        assert ab.engine_design(ab.Design([16]), simulated=simulated) == ab.Design([16])
 
 
 def test_the_block_warm_up_is_measured_recorded_and_never_judged():
     calls = []
     load = _fake_load(calls)
-    doc = AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", load=load),
-                     AB.Design([64, 96], 2, duration=25, warmup_duration=5), arms=_arms(None, 512), knob=KNOB,
+    doc = ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", load=load),
+                     ab.Design([64, 96], 2, duration=25, warmup_duration=5), arms=_arms(None, 512), knob=KNOB,
                      role="decode")
     # per block: a 5-s warm-up at the top level (loadgen's own per-stream warm-up inside), then 64, 96
     assert calls[:3] == [(96, None, 5, None), (64, None, 25, None), (96, None, 25, None)]
@@ -360,13 +360,13 @@ def test_the_block_warm_up_is_measured_recorded_and_never_judged():
     again = Evidence.from_json(json.loads(json.dumps(doc.to_json())))
     assert again.setup.schedule.extra["warmups"] == warmups and store.verify(again) == []
     with pytest.raises(UserError, match="warmup_requests or warmup_duration"):
-        AB.Design([64], 2, duration=5, warmup_requests=4, warmup_duration=5).check()
+        ab.Design([64], 2, duration=5, warmup_requests=4, warmup_duration=5).check()
 
 
 def test_the_sim_inventory_is_simulated(short_tmp):
     project = make_infra_repo(short_tmp)
-    assert AB.role_simulated(project, "inventory/local.py", "decode") is True
-    assert AB.role_simulated(project, "inventory/local.py", "nosuchrole") is None
+    assert ab.role_simulated(project, "inventory/local.py", "decode") is True
+    assert ab.role_simulated(project, "inventory/local.py", "nosuchrole") is None
 
 
 def test_the_baseline_of_a_stack_scoped_knob_is_its_stack_table(short_tmp):
@@ -381,9 +381,9 @@ def test_the_baseline_of_a_stack_scoped_knob_is_its_stack_table(short_tmp):
     assert done.exit_code == 0, done.output
     scope = load_stack(project.root, "inventory/local_vllm.py").scope("decode")
     assert scope == "vllm.decode"
-    knob, arms = AB.arms_from_specs(project, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1", scope=scope)
+    knob, arms = ab.arms_from_specs(project, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1", scope=scope)
     assert arms["A"]["knobs"] == {knob: "1"} and arms["B"]["knobs"] == {knob: "0-1"}
-    assert AB.role_simulated(project, "inventory/local_vllm.py", "decode") is False
+    assert ab.role_simulated(project, "inventory/local_vllm.py", "decode") is False
 
 
 def test_an_undeclared_knob_s_baseline_is_what_the_inventory_runs(short_tmp):
@@ -393,10 +393,10 @@ def test_an_undeclared_knob_s_baseline_is_what_the_inventory_runs(short_tmp):
 
     project = make_infra_repo(short_tmp)
     inv = "inventory/local_vllm.py"
-    knob, arms = AB.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1")
+    knob, arms = ab.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1")
     assert arms["A"] == {"label": "baseline (inventory default)", "knobs": {knob: "1"}}
     with pytest.raises(UserError, match="already runs VLLM_CPU_OMP_THREADS_BIND=1"):
-        AB.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=1")
+        ab.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=1")
     assert kk(project, "set", f"{knob}=0", "--stack", "vllm", "--role", "decode", "--reason", "x").exit_code == 0
-    _, arms = AB.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1")
+    _, arms = ab.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1")
     assert arms["A"] == {"label": "baseline (declared)", "knobs": {knob: "0"}}

@@ -18,7 +18,7 @@ import random
 
 import pytest
 
-from knobkeeper.evidence import judge as J
+from knobkeeper.evidence import judge
 from knobkeeper.evidence.ab import Stopping, schedule
 
 SD = 0.03
@@ -46,7 +46,7 @@ def _fixed(rng, levels, n, effect=0.0, guards=False, drift=0.0, interleaved=True
     for k, (repeat, arm) in enumerate(order):
         scale = (1 + effect if arm == "B" else 1.0) * (1 + drift * k / (len(order) - 1))
         runs += [_run(rng, arm, repeat, c, scale, guards) for c in levels]
-    return J.judge(runs)
+    return judge.judge(runs)
 
 
 def _sequential(rng, levels, cap, effect=0.0):
@@ -58,30 +58,30 @@ def _sequential(rng, levels, cap, effect=0.0):
         runs += [_run(rng, arm, repeat, c, 1 + effect if arm == "B" else 1.0) for c in stopping.open]
         if index % 2 == 1:
             stopping.after_repeat(repeat, runs)
-    return J.judge(runs, sequential=stopping.record), stopping.record
+    return judge.judge(runs, sequential=stopping.record), stopping.record
 
 
 def test_holm_adjusts_step_down_and_weights():
-    assert J.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
-    assert J.holm([0.2]) == [0.2]
+    assert judge.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert judge.holm([0.2]) == [0.2]
     # weighted: a hypothesis with 80% of the weight is tested at 0.8·alpha first
-    adj = J.holm([0.03, 0.03], [0.8, 0.2])
+    adj = judge.holm([0.03, 0.03], [0.8, 0.2])
     assert adj[0] == pytest.approx(0.0375) and adj[1] == pytest.approx(0.0375)
-    assert J.holm([0.5, 0.9], [0.5, 0.5]) == pytest.approx([1.0, 1.0])
+    assert judge.holm([0.5, 0.9], [0.5, 0.5]) == pytest.approx([1.0, 1.0])
 
 
 def test_recommended_repeats_counts_the_levels():
-    one, three, five = (J.recommended_repeats(SD, levels=k) for k in (1, 3, 5))
+    one, three, five = (judge.recommended_repeats(SD, levels=k) for k in (1, 3, 5))
     assert one < three < five
-    assert J.power(three, SD, alpha=J.level_alpha(3)) >= 0.8 > J.power(three - 1, SD, alpha=J.level_alpha(3))
-    assert J.recommended_repeats(SD, levels=3, guards=True) >= three
-    assert J.sequential_repeats(SD, levels=3) > three
+    assert judge.power(three, SD, alpha=judge.level_alpha(3)) >= 0.8 > judge.power(three - 1, SD, alpha=judge.level_alpha(3))
+    assert judge.recommended_repeats(SD, levels=3, guards=True) >= three
+    assert judge.sequential_repeats(SD, levels=3) > three
 
 
 @pytest.mark.parametrize("count", [1, 3, 5])
 def test_calibration_family_wise_false_positive_rate(count):
     rng = random.Random(1000 + count)
-    n = J.recommended_repeats(SD, levels=count)
+    n = judge.recommended_repeats(SD, levels=count)
     trials = 1000
     hits = sum(any(lv["verdict"] in ACT for lv in _fixed(rng, LEVELS[count], n)["levels"]) for _ in range(trials))
     assert hits / trials <= 0.05 + _slack(trials, 0.05), (count, hits / trials)
@@ -90,19 +90,19 @@ def test_calibration_family_wise_false_positive_rate(count):
 def test_unadjusted_per_level_rule_would_break_the_family_bound():
     """What the family buys: the same A/A files judged per level (schema 1) exceed 5% at 3 levels."""
     rng = random.Random(77)
-    n = J.recommended_repeats(SD, levels=3)
+    n = judge.recommended_repeats(SD, levels=3)
     trials, adjusted, unadjusted = 600, 0, 0
     for _ in range(trials):
         runs = [_run(rng, arm, r, c) for r, arm in schedule(n) for c in LEVELS[3]]
-        adjusted += any(lv["verdict"] in ACT for lv in J.judge(runs)["levels"])
-        unadjusted += any(lv["verdict"] in ACT for lv in J.judge(runs, adjust=False)["levels"])
+        adjusted += any(lv["verdict"] in ACT for lv in judge.judge(runs)["levels"])
+        unadjusted += any(lv["verdict"] in ACT for lv in judge.judge(runs, adjust=False)["levels"])
     assert unadjusted > adjusted and unadjusted / trials > 0.08
 
 
 @pytest.mark.parametrize("count", [1, 3, 5])
 def test_calibration_power_plus_5_percent_at_every_level(count):
     rng = random.Random(2000 + count)
-    n = J.recommended_repeats(SD, levels=count)
+    n = judge.recommended_repeats(SD, levels=count)
     trials = 200
     better = sum(lv["verdict"] == "better" for _ in range(trials)
                  for lv in _fixed(rng, LEVELS[count], n, effect=0.05)["levels"])
@@ -112,7 +112,7 @@ def test_calibration_power_plus_5_percent_at_every_level(count):
 def test_calibration_guards_in_the_family():
     """A/A with TTFT/TPOT carried: no throughput verdict and no guard regression beyond the bound."""
     rng = random.Random(31)
-    n = J.recommended_repeats(SD, levels=3, guards=True)
+    n = judge.recommended_repeats(SD, levels=3, guards=True)
     trials, hits = 600, 0
     for _ in range(trials):
         j = _fixed(rng, LEVELS[3], n, guards=True)
@@ -127,7 +127,7 @@ def test_guard_regression_is_reported_beside_a_throughput_gain():
     for repeat, arm in schedule(6):
         slow = 1.4 if arm == "B" else 1.0
         runs += [_run(rng, arm, repeat, 64, 1.128 if arm == "B" else 1.0, guards=True, latency_scale=slow)]
-    j = J.judge(runs)
+    j = judge.judge(runs)
     assert j["levels"][0]["verdict"] == "better"
     p99 = next(g for g in j["guards"] if g["metric"] == "ttft_p99_ms")
     assert p99["verdict"] == "worse" and p99["regression"] and 0.25 < p99["effect"] < 0.6
@@ -139,7 +139,7 @@ def test_guard_regression_is_reported_beside_a_throughput_gain():
 @pytest.mark.parametrize("count", [1, 3])
 def test_calibration_sequential_family_wise_rate_and_power(count):
     rng = random.Random(3000 + count)
-    cap = J.sequential_repeats(SD, levels=count)
+    cap = judge.sequential_repeats(SD, levels=count)
     trials = 250
     fp = sum(any(lv["verdict"] in ACT for lv in _sequential(rng, LEVELS[count], cap)[0]["levels"])
              for _ in range(trials))
@@ -151,15 +151,15 @@ def test_calibration_sequential_family_wise_rate_and_power(count):
 
 def test_sequential_stops_a_big_effect_early_and_records_its_looks():
     rng = random.Random(9)
-    n_fixed = J.recommended_repeats(SD, levels=3)
-    cap = J.sequential_repeats(SD, levels=3)
+    n_fixed = judge.recommended_repeats(SD, levels=3)
+    cap = judge.sequential_repeats(SD, levels=3)
     used = []
     for _ in range(40):
         judgement, record = _sequential(rng, LEVELS[3], cap, effect=0.128)
         assert all(lv["verdict"] == "better" for lv in judgement["levels"])
         used += [lv["n_a"] for lv in judgement["levels"]]
     assert sum(used) / len(used) <= 0.6 * n_fixed
-    assert record["looks"][0]["repeat"] == J.FIRST_LOOK and record["max_repeats"] == cap
+    assert record["looks"][0]["repeat"] == judge.FIRST_LOOK and record["max_repeats"] == cap
     assert all(str(c) in look["settled"] for look in record["looks"] for c in look["settled"])
 
 
@@ -169,12 +169,12 @@ def test_sequential_p_is_the_union_bound_over_the_looks():
     lv = judgement["levels"][0]
     assert lv["p_sequential"] >= lv["p_value"]          # spending a share of alpha per look
     assert lv["p_adjusted"] == pytest.approx(lv["p_sequential"])   # one hypothesis: Holm is the identity
-    assert record["looks"] and record["planned_looks"] == J.planned_looks(12)
+    assert record["looks"] and record["planned_looks"] == judge.planned_looks(12)
 
 
 def test_drift_interleaved_keeps_aa_in_bound_non_interleaved_does_not():
     rng = random.Random(11)
-    n = J.recommended_repeats(SD, levels=3)
+    n = judge.recommended_repeats(SD, levels=3)
     trials = 300
     inter = sum(any(lv["verdict"] in ACT for lv in _fixed(rng, LEVELS[3], n, drift=0.10)["levels"])
                 for _ in range(trials))

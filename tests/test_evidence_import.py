@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from knobkeeper.cli.ab import ab
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import importers as I
+from knobkeeper.evidence import importers
 from knobkeeper.evidence import store
 from knobkeeper.evidence.schema import validate
 from tests.infra import make_infra_repo
@@ -38,7 +38,7 @@ def _head(project) -> str:
     (KERNEL_FILE.name, "kernels", [16, 16, 16, 64, 64, 64] * 2),
 ])
 def test_each_format_is_detected_and_read(path, fmt, levels):
-    detected, imp = I.read(DATA / path)
+    detected, imp = importers.read(DATA / path)
     assert detected == fmt
     assert [r["concurrency"] for r in imp.runs] == levels
     for r in imp.runs:
@@ -48,7 +48,7 @@ def test_each_format_is_detected_and_read(path, fmt, levels):
 
 
 def test_sglang_uses_configured_not_measured_concurrency_and_reads_latencies():
-    _, imp = I.read(DATA / "sglang_unset.jsonl", "sglang")
+    _, imp = importers.read(DATA / "sglang_unset.jsonl", "sglang")
     r = imp.runs[0]
     assert r["concurrency"] == 64 and r["measured_concurrency"] < 64
     assert r["ttft_ms"]["p50"] == pytest.approx(80.1) and r["ttft_ms"]["p99"] == pytest.approx(140.2)
@@ -59,12 +59,12 @@ def test_sglang_uses_configured_not_measured_concurrency_and_reads_latencies():
 def test_vllm_infinity_request_rate_and_failed():
     raw = (DATA / "vllm_unset_c64_r1.json").read_text()
     assert "Infinity" in raw
-    _, imp = I.read(DATA / "vllm_unset_c64_r1.json")
+    _, imp = importers.read(DATA / "vllm_unset_c64_r1.json")
     assert imp.runs[0]["errors"] == 0 and imp.setup["model"] == "Qwen/Qwen3-8B" and imp.setup["api"] == "chat"
 
 
 def test_guidellm_latency_in_seconds_becomes_ms():
-    _, imp = I.read(DATA / "guidellm_unset_r1.json")
+    _, imp = importers.read(DATA / "guidellm_unset_r1.json")
     r = imp.runs[0]
     assert r["e2e_ms"]["mean"] > 1000   # request_latency is seconds in guidellm
     assert r["ttft_ms"]["p90"] > r["ttft_ms"]["p50"] and r["completed"] == 640

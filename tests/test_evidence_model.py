@@ -12,7 +12,7 @@ import random
 import pytest
 
 from knobkeeper.evidence import store
-from knobkeeper.evidence import validity as V
+from knobkeeper.evidence import validity
 from knobkeeper.evidence.model import SCHEMA_1, Evidence, Family, KnobSeen, Setup, Workload
 from knobkeeper.evidence.schema import validate
 from tests.infra import git
@@ -160,5 +160,5 @@ def test_the_schema_rules_name_the_field_and_what_is_accepted(edit, problem):
 
 def test_assess_marks_a_level_with_an_unrecorded_count_and_still_judges_it():
     runs = [{**r, "errors": None, "not_recorded": {"errors": "t 1"}} if r["concurrency"] == 96 else r for r in _runs()]
-    validity, invalid = V.assess(runs)
-    assert invalid == {} and [row.not_applied for row in validity.levels] == [[], ["errors gate not applied: errors not recorded by t 1"]]
+    assessed, invalid = validity.assess(runs)
+    assert invalid == {} and [row.not_applied for row in assessed.levels] == [[], ["errors gate not applied: errors not recorded by t 1"]]

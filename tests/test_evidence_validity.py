@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from knobkeeper.cli.ab import ab
+from knobkeeper.cli.ab import ab as ab_group
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import ab as AB
-from knobkeeper.evidence import judge as J
+from knobkeeper.evidence import ab
+from knobkeeper.evidence import judge
 from knobkeeper.evidence import store
 from knobkeeper.evidence.schema import SCHEMA_1, validate
 
@@ -55,7 +55,7 @@ def _nothing_written(project, head) -> bool:
 
 
 def _import(project, base, cand, *extra):
-    return CliRunner().invoke(ab, ["import", "--repo", str(project.root), "--baseline", *base, "--candidate", *cand,
+    return CliRunner().invoke(ab_group, ["import", "--repo", str(project.root), "--baseline", *base, "--candidate", *cand,
                                    "--role", "decode", "--knob", f"{KNOB}=512", *extra])
 
 
@@ -200,22 +200,22 @@ def _arms():
 
 def test_ab_run_refuses_a_disaggregated_run_that_never_touched_prefill():
     counter = [1000.0]
-    probes = AB.Probes(knob=lambda arm: AB.knob_seen(arm, KNOB, {KNOB: arm["knobs"][KNOB]}, "test"),
+    probes = ab.Probes(knob=lambda arm: ab.knob_seen(arm, KNOB, {KNOB: arm["knobs"][KNOB]}, "test"),
                        prefill_tokens=lambda: counter[0])          # never moves
     with pytest.raises(UserError, match="prefill not touched"):
-        AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
-                   AB.Design([64], 2, requests=10), arms=_arms(), knob=KNOB, role="decode")
-    doc = AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
-                     AB.Design([64], 2, requests=10, keep_invalid=True), arms=_arms(), knob=KNOB, role="decode")
+        ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
+                   ab.Design([64], 2, requests=10), arms=_arms(), knob=KNOB, role="decode")
+    doc = ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
+                     ab.Design([64], 2, requests=10, keep_invalid=True), arms=_arms(), knob=KNOB, role="decode")
     assert doc["judgement"]["levels"][0]["verdict"] == "invalid"
     assert all(r["prefill_prompt_tokens"] == 0 and r["knob_seen"]["status"] == "carried" for r in doc["runs"])
 
 
 def test_ab_run_candidate_process_without_the_knob_is_invalid():
     running = {"A": None, "B": None}                # the candidate's engine came up without the value
-    probes = AB.Probes(knob=lambda arm: AB.knob_seen(arm, KNOB, {KNOB: running["B"]}, "started.sh"))
-    doc = AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
-                     AB.Design([64, 96], 2, requests=10, keep_invalid=True), arms=_arms(), knob=KNOB, role="decode")
+    probes = ab.Probes(knob=lambda arm: ab.knob_seen(arm, KNOB, {KNOB: running["B"]}, "started.sh"))
+    doc = ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
+                     ab.Design([64, 96], 2, requests=10, keep_invalid=True), arms=_arms(), knob=KNOB, role="decode")
     assert {lv["verdict"] for lv in doc["judgement"]["levels"]} == {"invalid"}
     assert "did not carry the knob (started.sh: SGLANG_SM120_MMA_TARGET_CTAS=(unset), arm wants 512)" in \
         doc["judgement"]["levels"][0]["invalid"][0]
@@ -250,7 +250,7 @@ def test_kernels_file_with_a_secret_knob_is_refused_and_never_shown(project, tmp
     doc["arms"] = {"A": {"label": "baseline", "knobs": {"HF_TOKEN": None}},
                    "B": {"label": "candidate", "knobs": {"HF_TOKEN": secret}}}
     head = _head(project)
-    out = CliRunner().invoke(ab, ["import", "--repo", str(project.root), "--baseline",
+    out = CliRunner().invoke(ab_group, ["import", "--repo", str(project.root), "--baseline",
                                   _write_json(tmp_path / "k.json", doc), "--role", "decode", "--format", "kernels"])
     assert out.exit_code == 2 and "secret knob" in out.output and secret not in out.output
     assert "\n" not in out.output.strip()
@@ -266,7 +266,7 @@ def test_kernels_file_with_bad_throughput_is_one_line_exit_2(project, tmp_path, 
     path = tmp_path / "k.json"
     path.write_text(json.dumps(doc))              # json writes NaN as NaN, as Python's json does
     head = _head(project)
-    out = CliRunner().invoke(ab, ["import", "--repo", str(project.root), "--baseline", str(path), "--role", "decode"])
+    out = CliRunner().invoke(ab_group, ["import", "--repo", str(project.root), "--baseline", str(path), "--role", "decode"])
     assert out.exit_code == 2, out.output
     assert "\n" not in out.output.strip() and "runs[3]" in out.output and str(path) in out.output
     assert _nothing_written(project, head)
@@ -275,7 +275,7 @@ def test_kernels_file_with_bad_throughput_is_one_line_exit_2(project, tmp_path, 
 def test_kernels_file_with_nan_in_any_field_is_refused(project, tmp_path):
     doc = _kernel_doc()
     doc["runs"][0]["bandwidth_gbps"] = float("nan")
-    out = CliRunner().invoke(ab, ["import", "--repo", str(project.root), "--baseline",
+    out = CliRunner().invoke(ab_group, ["import", "--repo", str(project.root), "--baseline",
                                   _write_json(tmp_path / "k.json", doc), "--role", "decode"])
     assert out.exit_code == 2 and "runs[0].bandwidth_gbps" in out.output and "NaN" in out.output
 
@@ -296,7 +296,7 @@ def test_evidence_ids_are_literal_prefixes_never_globs(project, ident):
                        candidate=[str(DATA / "sglang_ctas512.jsonl")], role="decode", knob=f"{KNOB}=512")
     with pytest.raises(UserError, match="expected hex digits"):
         store.find(project, ident)
-    out = CliRunner().invoke(ab, ["show", ident, "--repo", str(project.root)])
+    out = CliRunner().invoke(ab_group, ["show", ident, "--repo", str(project.root)])
     assert out.exit_code == 2 and "\n" not in out.output.strip() and "Traceback" not in out.output
 
 
@@ -333,8 +333,8 @@ def test_verify_recomputes_the_judgement_and_names_each_mismatch(project):
 
 def test_verify_checks_the_sequential_looks_recorded():
     load = _fake_load([])
-    doc = AB.measure(AB.Harness(lambda arm: None, lambda: None, "http://x", load=load),
-                     AB.Design([64], max_repeats=5, requests=10), arms=_arms(), knob=KNOB, role="decode")
+    doc = ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", load=load),
+                     ab.Design([64], max_repeats=5, requests=10), arms=_arms(), knob=KNOB, role="decode")
     assert doc["sequential"]["looks"] and store.verify(doc) == []
     bad = copy.deepcopy(doc)
     bad["sequential"]["max_repeats"] = 50          # another spending plan gives other p-values
@@ -344,7 +344,7 @@ def test_verify_checks_the_sequential_looks_recorded():
 def _schema_1(doc) -> dict:
     old = {k: v for k, v in doc.to_json().items() if k not in ("validity", "sequential")}
     old["schema"] = SCHEMA_1
-    old["judgement"] = J.judge(doc["runs"], doc["metric"], adjust=False).to_json()
+    old["judgement"] = judge.judge(doc["runs"], doc["metric"], adjust=False).to_json()
     for run in old["runs"]:
         run.pop("knob_seen", None)
         run.pop("tpot_ms", None)
@@ -360,7 +360,7 @@ def test_schema_1_files_still_load_and_say_unadjusted(project):
     assert loaded["schema"] == SCHEMA_1 and store.verify(loaded) == []
     assert "better, unadjusted" in store.summary_line(loaded)
     assert all(g["adjusted"] is False and g["p_adjusted"] is None for g in store.gains(loaded))
-    out = CliRunner().invoke(ab, ["show", doc["id"], "--repo", str(project.root)])
+    out = CliRunner().invoke(ab_group, ["show", doc["id"], "--repo", str(project.root)])
     assert out.exit_code == 0 and "unadjusted" in out.output, out.output
     assert [r["id"] for r in store.list_all(project)] == [doc["id"]]
     # rejudged by today's method, it becomes schema 2 with a family
@@ -370,7 +370,7 @@ def test_schema_1_files_still_load_and_say_unadjusted(project):
 
 def test_schema_2_show_has_raw_and_adjusted_p_and_guards(project):
     doc = _imported(project)
-    out = CliRunner().invoke(ab, ["show", doc["id"], "--repo", str(project.root)])
+    out = CliRunner().invoke(ab_group, ["show", doc["id"], "--repo", str(project.root)])
     assert out.exit_code == 0, out.output
     assert "p adj" in out.output and "family-wise alpha 0.05 over 15 tests" in out.output
     assert "p99 TTFT" in out.output and "median TPOT" in out.output

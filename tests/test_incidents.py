@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from click.testing import CliRunner
 
-from knobkeeper.changelog import incidents as I
+from knobkeeper.changelog import incidents
 from knobkeeper.changelog import ops
 from knobkeeper.cli import main
 from knobkeeper.errors import UserError
@@ -37,9 +37,9 @@ def suspect_revert(project, incident_id: str):
 
 def test_open_note_resolve_each_one_commit_with_trailers(project):
     began = iso(utcnow() - timedelta(minutes=7))
-    opened = I.open_incident(project, "multi-round harness hangs", began)
+    opened = incidents.open_incident(project, "multi-round harness hangs", began)
     inc = opened.incident
-    path = I.incident_path(project, inc)
+    path = incidents.incident_path(project, inc)
     assert path.name == f"{inc.stem}.toml" and path.stem.endswith(f"-{inc.id}")
     assert git(project.root, "log", "-1", "--format=%s") == f'incident {inc.id}: open "multi-round harness hangs"'
     assert trailers(project) == [("Incident", inc.id), ("Action", "open")]
@@ -51,16 +51,16 @@ def test_open_note_resolve_each_one_commit_with_trailers(project):
 
     revert = suspect_revert(project, inc.id[:6])  # revert --incident accepts a prefix and stores the full id
     assert revert.incident == inc.id
-    noted = I.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id[:5])
+    noted = incidents.note_incident(project, inc.id, "hang persisted after the revert", refutes=revert.id[:5])
     assert noted.incident.notes[-1].refutes == revert.id
     assert ("Refutes", revert.id) in trailers(project) and ("Action", "note") in trailers(project)
     assert git(project.root, "log", "-1", "--format=%s").startswith(f'incident {inc.id}: note "hang persisted')
 
-    resolved = I.resolve_incident(project, inc.id, "faulty client proxy")
+    resolved = incidents.resolve_incident(project, inc.id, "faulty client proxy")
     assert resolved.incident.status == "resolved"
     t = trailers(project)
     assert ("Action", "resolve") in t and ("Refutes", revert.id) in t and not [k for k, _ in t if k == "Implicates"]
-    again = I.find_incident(project, inc.id[:4])
+    again = incidents.find_incident(project, inc.id[:4])
     assert again.resolution.root_cause == "faulty client proxy" and again.resolution.implicates == []
     assert [n.text for n in again.notes] == ["hang persisted after the revert"]
     assert git(project.root, "status", "--porcelain") == ""
@@ -91,32 +91,32 @@ def test_cli_open_note_resolve_list_show(project):
 
 
 def test_confirming_note_and_implicating_resolution(project):
-    inc = I.open_incident(project, "decode OOM").incident
+    inc = incidents.open_incident(project, "decode OOM").incident
     revert = suspect_revert(project, inc.id)
-    I.note_incident(project, inc.id, "OOM stopped after the revert", confirms=revert.id)
+    incidents.note_incident(project, inc.id, "OOM stopped after the revert", confirms=revert.id)
     assert ("Confirms", revert.id) in trailers(project)
-    change = I.resolve_incident(project, inc.id, "too many CTAs exhaust shared memory", implicates=[revert.id[:6]])
+    change = incidents.resolve_incident(project, inc.id, "too many CTAs exhaust shared memory", implicates=[revert.id[:6]])
     assert change.incident.resolution.implicates == [revert.id] and change.warnings == []
     t = trailers(project)
     assert ("Implicates", revert.id) in t and ("Refutes", revert.id) not in t
 
 
 def test_resolution_that_overrules_a_note_warns(project):
-    inc = I.open_incident(project, "hang").incident
+    inc = incidents.open_incident(project, "hang").incident
     revert = suspect_revert(project, inc.id)
-    I.note_incident(project, inc.id, "hang stopped", confirms=revert.id)
-    change = I.resolve_incident(project, inc.id, "faulty client proxy")
+    incidents.note_incident(project, inc.id, "hang stopped", confirms=revert.id)
+    change = incidents.resolve_incident(project, inc.id, "faulty client proxy")
     assert len(change.warnings) == 1 and "now refuted" in change.warnings[0]
 
 
 def test_notes_after_resolution_are_plain_only(project):
-    inc = I.open_incident(project, "hang").incident
+    inc = incidents.open_incident(project, "hang").incident
     revert = suspect_revert(project, inc.id)
-    I.resolve_incident(project, inc.id, "faulty client proxy")
-    I.note_incident(project, inc.id, "restored, no recurrence after 7 days")
+    incidents.resolve_incident(project, inc.id, "faulty client proxy")
+    incidents.note_incident(project, inc.id, "restored, no recurrence after 7 days")
     before = snapshot(project)
     with pytest.raises(UserError, match="resolution decides every revert"):
-        I.note_incident(project, inc.id, "actually it helped", confirms=revert.id)
+        incidents.note_incident(project, inc.id, "actually it helped", confirms=revert.id)
     assert snapshot(project) == before
 
 
@@ -139,33 +139,33 @@ def test_bad_incident_input_exits_2_and_writes_nothing(shared, args, message):
 
 
 def test_bad_entry_links_are_refused(project):
-    inc = I.open_incident(project, "hang").incident
-    other = I.open_incident(project, "another").incident
+    inc = incidents.open_incident(project, "hang").incident
+    other = incidents.open_incident(project, "another").incident
     set_entry = ops.set_knob(project, KNOB, "512", "decode", "A/B").entry
     before = snapshot(project)
     with pytest.raises(UserError, match=r"--refutes ffffffff: entry 'ffffffff': no such entry"):
-        I.note_incident(project, inc.id, "x", refutes="ffffffff")
+        incidents.note_incident(project, inc.id, "x", refutes="ffffffff")
     with pytest.raises(UserError, match=rf"entry {set_entry.id} is a set of {KNOB} on decode, not a revert"):
-        I.note_incident(project, inc.id, "x", confirms=set_entry.id)
+        incidents.note_incident(project, inc.id, "x", confirms=set_entry.id)
     with pytest.raises(UserError, match="--implicates ffffffff: entry 'ffffffff': no such entry"):
-        I.resolve_incident(project, inc.id, "cause", implicates=["ffffffff"])
+        incidents.resolve_incident(project, inc.id, "cause", implicates=["ffffffff"])
     revert = ops.revert_knob(project, KNOB, "decode", "suspect", incident=other.id).entry
     before = snapshot(project)
     with pytest.raises(UserError, match=f"was made for incident {other.id}, not for incident {inc.id}"):
-        I.note_incident(project, inc.id, "x", refutes=revert.id)
+        incidents.note_incident(project, inc.id, "x", refutes=revert.id)
     with pytest.raises(UserError, match="cannot both refute and confirm"):
-        I.note_incident(project, other.id, "x", refutes=revert.id, confirms=revert.id)
+        incidents.note_incident(project, other.id, "x", refutes=revert.id, confirms=revert.id)
     ops.set_knob(project, "NCCL_DEBUG", "INFO", "decode", "debug")
     plain = ops.revert_knob(project, "NCCL_DEBUG", "decode", "noise").entry
     before = snapshot(project)
     with pytest.raises(UserError, match="was made with no incident"):
-        I.note_incident(project, other.id, "x", refutes=plain.id)
+        incidents.note_incident(project, other.id, "x", refutes=plain.id)
     assert snapshot(project) == before
 
 
 def test_resolving_twice_is_refused(project):
-    inc = I.open_incident(project, "hang").incident
-    I.resolve_incident(project, inc.id, "faulty client proxy")
+    inc = incidents.open_incident(project, "hang").incident
+    incidents.resolve_incident(project, inc.id, "faulty client proxy")
     before = snapshot(project)
     result = kk(project, "incident", "resolve", inc.id, "--root-cause", "something else")
     assert result.exit_code == 2 and "already resolved" in result.output and "add a note instead" in result.output
@@ -181,23 +181,23 @@ def test_revert_with_unknown_incident_is_refused(project):
 
 
 def test_cache_follows_hand_edits_and_malformed_files_are_named(project):
-    inc = I.open_incident(project, "hang").incident
-    assert [i.title for i in I.load_incidents(project)] == ["hang"]
+    inc = incidents.open_incident(project, "hang").incident
+    assert [i.title for i in incidents.load_incidents(project)] == ["hang"]
     assert (project.private_dir / "incidents.json").exists()
-    path = I.incident_path(project, inc)
+    path = incidents.incident_path(project, inc)
     path.write_text(path.read_text().replace('title = "hang"', 'title = "harness hang"'))
-    assert [i.title for i in I.load_incidents(project)] == ["harness hang"]
+    assert [i.title for i in incidents.load_incidents(project)] == ["harness hang"]
     path.write_text(path.read_text() + "\nseverity = 1\n")
     with pytest.raises(UserError, match=f"{path.name}: unknown field 'severity'"):
-        I.load_incidents(project)
+        incidents.load_incidents(project)
     path.write_text("id = \n")
     with pytest.raises(UserError, match="malformed TOML"):
-        I.load_incidents(project)
+        incidents.load_incidents(project)
 
 
 def test_revert_for_a_resolved_incident_is_refused(project):
-    inc = I.open_incident(project, "hang").incident
-    I.resolve_incident(project, inc.id, "faulty client proxy")
+    inc = incidents.open_incident(project, "hang").incident
+    incidents.resolve_incident(project, inc.id, "faulty client proxy")
     ops.set_knob(project, KNOB, "512", "decode", "A/B")
     before = snapshot(project)
     result = kk(project, "revert", KNOB, "--role", "decode", "--reason", "x", "--incident", inc.id)

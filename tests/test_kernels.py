@@ -386,7 +386,9 @@ def test_controller_never_imports_torch_or_triton_and_kernels_never_import_the_c
 
 
 def test_torch_and_triton_pins_agree():
+    from knobkeeper.engine.versions import TORCH_VERSION
+
     text = (ROOT / "kernels" / "pyproject.toml").read_text()
-    assert '"torch==2.13.0"' in text and '"triton==3.7.1"' in text
+    assert f'"torch=={TORCH_VERSION}"' in text and '"triton==3.7.1"' in text
     assert metadata.version("triton") == "3.7.1"
-    assert metadata.version("torch").split("+")[0] == "2.13.0"
+    assert metadata.version("torch").split("+")[0] == TORCH_VERSION

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from knobkeeper.evidence import ab
-from knobkeeper.evidence import metrics as M
+from knobkeeper.evidence import metrics
 from tests.procs import stop
 from tests.test_nolie_prometheus import KNOB, Exporter
 
@@ -50,7 +50,7 @@ def _measure(workers, crash_when) -> ab.Evidence:
                 "ttft_ms": {"p50": 10.0, "p99": 20.0}, "tpot_ms": {"p50": 5.0, "p99": 9.0}}
 
     harness = ab.Harness(switch, lambda: None, "http://127.0.0.1:9/", load=load,
-                         probes=ab.Probes(workers=M.ProcessWatch([w.target for w in workers])))
+                         probes=ab.Probes(workers=metrics.ProcessWatch([w.target for w in workers])))
     design = ab.Design(levels=[4, 8], repeats=3, requests=20, level_warmup=4, keep_invalid=True)
     return ab.measure(harness, design, knob=KNOB, role="decode", arms=ARMS)
 

@@ -117,19 +117,19 @@ def test_check_fails_on_unbacked_entries_and_hand_edited_evidence(project):
 def test_the_canary_promotes_only_through_a_bound_set(project, monkeypatch):
     """The promote's `set` carries the canary's own evidence; evidence for anything else is refused
     there and the canary hosts are put back."""
-    from knobkeeper.evidence import canary as C
+    from knobkeeper.evidence import canary
 
     other = store.build_doc(knob=KNOB, role="decode", runs=ctas_runs(),
                             arms={"A": {"label": "baseline", "knobs": {KNOB: None}},
                                   "B": {"label": "candidate", "knobs": {KNOB: 256}}})
     other["canary"] = {"verdict": "better"}
-    monkeypatch.setattr(C, "measure", lambda *a, **k: other)
+    monkeypatch.setattr(canary, "measure", lambda *a, **k: other)
     put_back = []
-    switch = C.Switch(apply=lambda *a: None, restore=lambda: put_back.append("rollback"),
+    switch = canary.Switch(apply=lambda *a: None, restore=lambda: put_back.append("rollback"),
                       promote_rest=lambda: put_back.append("promote"))
-    plan = C.Plan(KNOB, 512, None, "decode", [], [])
+    plan = canary.Plan(KNOB, 512, None, "decode", [], [])
     before = git(project.root, "rev-parse", "HEAD")
     with pytest.raises(UserError, match=f"it tested 256, the change sets 512"):
-        C.run(project, plan, None, switch, C.Options(promote=True, reason="canary"))
+        canary.run(project, plan, None, switch, canary.Options(promote=True, reason="canary"))
     assert put_back == ["rollback"]
     assert "set " not in git(project.root, "log", "--format=%s", f"{before}..HEAD")

@@ -17,7 +17,7 @@ import pytest
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.api import DeployResult
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import canary as C
+from knobkeeper.evidence import canary
 from knobkeeper.review.check import check
 from tests.infra import cli, kk, one_line_exit_2
 
@@ -29,16 +29,16 @@ CANARY = textwrap.dedent(f"""
     from pathlib import Path
     from types import SimpleNamespace
     from knobkeeper.deploy import canary_state
-    from knobkeeper.evidence import canary as C
+    from knobkeeper.evidence import canary
     from knobkeeper.project import Project
 
     project = Project(Path(sys.argv[1]))
     handle = canary_state.hold(project)
-    plan = C.Plan({KNOB!r}, 512, None, "decode", [], [])
+    plan = canary.Plan({KNOB!r}, 512, None, "decode", [], [])
     def candidate_deploy(targets, knobs):       # stands for the deploy in flight when the kill comes
         print("deploying", flush=True)
         time.sleep(120)
-    switch = C.marked_switch(project, "inventory/local.py", plan, C.Switch(apply=candidate_deploy, restore=lambda: None))
+    switch = canary.marked_switch(project, "inventory/local.py", plan, canary.Switch(apply=candidate_deploy, restore=lambda: None))
     switch.apply([SimpleNamespace(key={SERVICE!r}, host="@local")], {{{KNOB!r}: 512}})
 """)
 
@@ -68,7 +68,7 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
     planned = cli(project, "plan", "inventory/local.py")
     assert planned.returncode == 0 and f"warning: {line}" in planned.stderr.decode(), planned.stderr
     with pytest.raises(UserError) as refused:           # the next canary, before anything deploys
-        C.canary(project, f"{KNOB}=256", role="decode", inventory="inventory/local.py")
+        canary.canary(project, f"{KNOB}=256", role="decode", inventory="inventory/local.py")
     assert str(refused.value) == line
 
     calls = []
@@ -92,10 +92,10 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
 
 
 def test_a_canary_that_puts_back_leaves_no_marker(project):
-    plan = C.Plan(KNOB, 512, None, "decode", [], [])
+    plan = canary.Plan(KNOB, 512, None, "decode", [], [])
     applied = []
-    switch = C.marked_switch(project, "inventory/local.py", plan,
-                             C.Switch(apply=lambda t, k: applied.append(k), restore=lambda: None))
+    switch = canary.marked_switch(project, "inventory/local.py", plan,
+                             canary.Switch(apply=lambda t, k: applied.append(k), restore=lambda: None))
     from types import SimpleNamespace
 
     switch.apply([SimpleNamespace(key=SERVICE, host="@local")], {KNOB: 512})
@@ -111,22 +111,22 @@ PHASED = textwrap.dedent(f"""
     from pathlib import Path
     from types import SimpleNamespace
     from knobkeeper.deploy import canary_state
-    from knobkeeper.evidence import canary as C
+    from knobkeeper.evidence import canary
     from knobkeeper.project import Project
 
     project, stop_in = Project(Path(sys.argv[1])), sys.argv[2]
     handle = canary_state.hold(project)
     canary_state.write_marker(project, {{"knob": {KNOB!r}, "value": 512, "role": "decode", "scope": "decode",
                                         "inventory": "inventory/local.py", "phase": "calibrating", "pid": 0}})
-    plan = C.Plan({KNOB!r}, 512, None, "decode", [], [])
+    plan = canary.Plan({KNOB!r}, 512, None, "decode", [], [])
     def step(name):
         def run(*args):
             if name == stop_in:
                 print("in " + name, flush=True)
                 time.sleep(120)
         return run
-    switch = C.marked_switch(project, "inventory/local.py", plan,
-                             C.Switch(apply=step("candidate-deploy"), restore=step("put-back"),
+    switch = canary.marked_switch(project, "inventory/local.py", plan,
+                             canary.Switch(apply=step("candidate-deploy"), restore=step("put-back"),
                                       promote_rest=step("promote")))
     switch.apply([SimpleNamespace(key={SERVICE!r}, host="@local")], {{{KNOB!r}: 512}})
     if stop_in == "candidate":

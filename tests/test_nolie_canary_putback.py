@@ -18,12 +18,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from knobkeeper.changelog.store import lock_file, unlock_file
+from knobkeeper.fsio import lock_file, unlock_file
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.api import DeployResult
 from knobkeeper.deploy.record import deploy_lock
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import canary as C
+from knobkeeper.evidence import canary
 from knobkeeper.evidence import store
 from tests.infra import git, make_infra_repo
 from tests.test_canary import FakeSource, _noisy, _plan, _with_requests
@@ -69,18 +69,18 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _worse_source():
-    canary = _with_requests(_noisy(21))
-    for w in canary["h1/decode"]:
+    windows = _with_requests(_noisy(21))
+    for w in windows["h1/decode"]:
         w.errors = 100
-    return FakeSource(_with_requests(_noisy(20)), canary)
+    return FakeSource(_with_requests(_noisy(20)), windows)
 
 
 OPTIONS = dict(duration=0.04, interval=0.01, settle=0)
 
 
 def _switch(project, plan, lock_wait):
-    return C.marked_switch(project, "inventory/local.py", plan,
-                           C.deploy_switch(project, "inventory/local.py", plan, lock_wait=lock_wait))
+    return canary.marked_switch(project, "inventory/local.py", plan,
+                           canary.deploy_switch(project, "inventory/local.py", plan, lock_wait=lock_wait))
 
 
 def test_the_put_back_waits_for_the_deploy_lock_after_the_evidence_is_written(tmp_path, monkeypatch, capsys):
@@ -90,7 +90,7 @@ def test_the_put_back_waits_for_the_deploy_lock_after_the_evidence_is_written(tm
     deploys = Deploys(project, on_candidate=lambda: holders.append(_hold(project, 2.5)))
     monkeypatch.setattr("knobkeeper.deploy.api.run_deploy", deploys)
     try:
-        out = C.run(project, plan, _worse_source(), _switch(project, plan, lock_wait=60), C.Options(**OPTIONS))
+        out = canary.run(project, plan, _worse_source(), _switch(project, plan, lock_wait=60), canary.Options(**OPTIONS))
     finally:
         for proc in holders:
             _stop(proc)
@@ -109,8 +109,8 @@ def test_a_put_back_that_cannot_get_the_lock_names_what_is_left_and_keeps_the_ev
     monkeypatch.setattr("knobkeeper.deploy.api.run_deploy", deploys)
     try:
         with pytest.raises(UserError) as failed:
-            C.run(project, plan, FakeSource(_noisy(1), _noisy(11, 1.01)), _switch(project, plan, lock_wait=1.5),
-                  C.Options(**OPTIONS))
+            canary.run(project, plan, FakeSource(_noisy(1), _noisy(11, 1.01)), _switch(project, plan, lock_wait=1.5),
+                  canary.Options(**OPTIONS))
     finally:
         for proc in holders:
             _stop(proc)
@@ -132,7 +132,7 @@ def test_a_candidate_deploy_that_never_started_rolls_nothing_back(tmp_path, monk
     holder = _hold(project, 60)
     try:
         with pytest.raises(UserError) as failed:
-            C.run(project, plan, _worse_source(), _switch(project, plan, lock_wait=1), C.Options(**OPTIONS))
+            canary.run(project, plan, _worse_source(), _switch(project, plan, lock_wait=1), canary.Options(**OPTIONS))
     finally:
         _stop(holder)
     message = str(failed.value)

@@ -6,8 +6,8 @@ scrape source reads them; then the canary's protocol with prepared windows (test
 
 from __future__ import annotations
 
-from knobkeeper.evidence import canary as C
-from knobkeeper.evidence import metrics as M
+from knobkeeper.evidence import canary
+from knobkeeper.evidence import metrics
 from knobkeeper.evidence import store
 from tests.infra import git, make_infra_repo
 from tests.test_canary import FakeSource, _noisy, _plan, _with_requests
@@ -32,18 +32,18 @@ def _samples(crash_after: int | None) -> list:
     for t in range(9):
         age, started = (t - crash_after - 0.5, 1000.5 + crash_after) if crash_after is not None and t > crash_after \
             else (t + 10, 990.0)
-        out.append(M._Sample(float(t), M.parse(_scrape(100 * age, 2 * age, 0, 8, started, 0.08 * age, 100 * age))))
+        out.append(metrics._Sample(float(t), metrics.parse(_scrape(100 * age, 2 * age, 0, 8, started, 0.08 * age, 100 * age))))
     return out
 
 
 def test_a_restart_inside_a_window_is_counted_with_the_requests_it_failed():
-    steady = M.ScrapeSource._window(_samples(None), 4.0, 8.0)
+    steady = metrics.ScrapeSource._window(_samples(None), 4.0, 8.0)
     assert steady.restarts == 0 and steady.errors == 0 and round(steady.output_tokens_per_s) == 100
-    crashed = M.ScrapeSource._window(_samples(5), 4.0, 8.0)
+    crashed = metrics.ScrapeSource._window(_samples(5), 4.0, 8.0)
     assert crashed.restarts == 1
     assert crashed.errors == 8                      # the 8 in flight at the crash: the new process never counts them
     assert 60 < crashed.output_tokens_per_s < 100   # summed sample to sample, not "the last value since the reset"
-    before = M.ScrapeSource._window(_samples(5), 0.0, 4.0)
+    before = metrics.ScrapeSource._window(_samples(5), 0.0, 4.0)
     assert before.restarts == 0 and before.errors == 0   # the window before the crash is untouched
     assert crashed.as_dict()["restarts"] == 1 and "restarts" not in steady.as_dict()
 
@@ -54,12 +54,12 @@ def test_a_restart_of_the_candidate_is_its_death_and_no_window_from_it_on_is_jud
     the windows from the crash on not judged (before: three restarts were needed, one cost a window)."""
     project = make_infra_repo(tmp_path)
     plan = _plan()
-    canary = _with_requests(_noisy(31))
-    canary["h1/decode"][1].restarts = 1            # the candidate crashes in the second canary window
+    scraped = _with_requests(_noisy(31))
+    scraped["h1/decode"][1].restarts = 1            # the candidate crashes in the second canary window
     calls = []
-    out = C.run(project, plan, FakeSource(_with_requests(_noisy(30)), canary),
-                C.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
-                C.Options(duration=0.04, interval=0.01, settle=0))
+    out = canary.run(project, plan, FakeSource(_with_requests(_noisy(30)), windows),
+                canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
+                canary.Options(duration=0.04, interval=0.01, settle=0))
     assert out.verdict == "worse" and out.action == "rolled back" and calls == ["apply", "restore"]
     doc = store.load(project, out.doc["id"])
     windows = [w for w in doc["canary"]["windows"] if w["phase"] == "canary"]
@@ -75,13 +75,13 @@ def test_a_restart_of_the_candidate_is_its_death_and_no_window_from_it_on_is_jud
 def test_a_baseline_restart_is_an_invalid_window_not_a_failure():
     """A baseline worker's crash is not the candidate's: it costs that window only."""
     plan = _plan()
-    canary = _with_requests(_noisy(41, n=6))
-    canary["h2/decode"][2].restarts = 1
-    runs, windows = C.window_runs(plan, canary, calibration=_with_requests(_noisy(40, n=6)))
+    scraped = _with_requests(_noisy(41, n=6))
+    scraped["h2/decode"][2].restarts = 1
+    runs, windows = canary.window_runs(plan, canary, calibration=_with_requests(_noisy(40, n=6)))
     invalid = [w for w in windows if not w.valid]
     assert [w.reasons for w in invalid] == [["restarted: h2/decode (1x)"]]
-    assert C.candidate_death(plan, windows) is None and C.restarts_of(plan, windows) == 0
-    verdict, failed = C.decide(plan, windows, C.judgement(runs))
+    assert canary.candidate_death(plan, windows) is None and canary.restarts_of(plan, windows) == 0
+    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
     assert not any(f.startswith("the candidate died") for f in failed), failed
 
 
@@ -92,34 +92,34 @@ def _steady(until: int) -> list:
 
 
 def test_lost_names_a_replaced_process_and_ignores_the_deploys_own_restart():
-    gone = M.lost("h1/decode", _samples(5), [], since=0.0, now=9.0, names=M.SGLANG_METRICS)
+    gone = metrics.lost("h1/decode", _samples(5), [], since=0.0, now=9.0, names=metrics.SGLANG_METRICS)
     assert (gone.alive, gone.seen) == (5.0, 6.0)
     assert gone.what.startswith("its process was replaced between 1970-01-01T00:00:05Z and 1970-01-01T00:00:06Z")
     # the candidate deploy's own restart is before `since` (the moment the deploy returned)
-    assert M.lost("h1/decode", _samples(5), [], since=6.0, now=9.0, names=M.SGLANG_METRICS) is None
+    assert metrics.lost("h1/decode", _samples(5), [], since=6.0, now=9.0, names=metrics.SGLANG_METRICS) is None
 
 
 def test_lost_a_refused_scrape_is_death_a_slow_one_is_not_until_it_lasts():
-    refused = [M.Unanswered(4.5, "connection refused", refused=True)]
-    gone = M.lost("h1/decode", _steady(4), refused, since=0.0, now=5.0, names=M.SGLANG_METRICS)
+    refused = [metrics.Unanswered(4.5, "connection refused", refused=True)]
+    gone = metrics.lost("h1/decode", _steady(4), refused, since=0.0, now=5.0, names=metrics.SGLANG_METRICS)
     assert (gone.alive, gone.seen) == (4.0, 4.5) and "refused the connection at 1970-01-01T00:00:04Z" in gone.what
     # one timeout, then answers again: alive (that window is "unanswered", not judged, but no death)
-    slow = [M.Unanswered(4.5, "timed out")]
-    assert M.lost("h1/decode", _samples(None), slow, since=0.0, now=9.0, names=M.SGLANG_METRICS) is None
+    slow = [metrics.Unanswered(4.5, "timed out")]
+    assert metrics.lost("h1/decode", _samples(None), slow, since=0.0, now=9.0, names=metrics.SGLANG_METRICS) is None
     # timeouts with no answer since: death only once they last UNANSWERED_GONE_S
-    streak = [M.Unanswered(4.0 + 0.5 * k, "timed out") for k in range(1, 30)]
-    limit = 4.5 + M.UNANSWERED_GONE_S
-    assert M.lost("h1/decode", _steady(4), streak, since=0.0, now=limit - 0.1, names=M.SGLANG_METRICS) is None
-    gone = M.lost("h1/decode", _steady(4), streak, since=0.0, now=limit, names=M.SGLANG_METRICS)
+    streak = [metrics.Unanswered(4.0 + 0.5 * k, "timed out") for k in range(1, 30)]
+    limit = 4.5 + metrics.UNANSWERED_GONE_S
+    assert metrics.lost("h1/decode", _steady(4), streak, since=0.0, now=limit - 0.1, names=metrics.SGLANG_METRICS) is None
+    gone = metrics.lost("h1/decode", _steady(4), streak, since=0.0, now=limit, names=metrics.SGLANG_METRICS)
     assert gone.alive == 4.0 and "has not answered since 1970-01-01T00:00:04Z" in gone.what, gone
 
 
 def test_a_window_with_a_failed_scrape_is_not_judged():
-    stats = M.ScrapeSource._window(_samples(None), 4.0, 8.0, unanswered=[M.Unanswered(5.5, "refused", True)])
+    stats = metrics.ScrapeSource._window(_samples(None), 4.0, 8.0, unanswered=[metrics.Unanswered(5.5, "refused", True)])
     assert stats.unanswered == 1 and stats.as_dict()["unanswered"] == 1
-    assert M.ScrapeSource._window(_samples(None), 0.0, 4.0, unanswered=[M.Unanswered(5.5, "x")]).unanswered == 0
+    assert metrics.ScrapeSource._window(_samples(None), 0.0, 4.0, unanswered=[metrics.Unanswered(5.5, "x")]).unanswered == 0
     plan = _plan()
     rows = _noisy(50, n=3)
     rows["h2/decode"][1].unanswered = 2
-    windows = C.assess_windows(plan, rows, C.CANARY)
+    windows = canary.assess_windows(plan, rows, canary.CANARY)
     assert [w.reasons for w in windows] == [[], ["unanswered: h2/decode (2 scrapes failed)"], []]

@@ -20,7 +20,7 @@ from knobkeeper.changelog import ops
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.status import ServiceStatus
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import canary as C
+from knobkeeper.evidence import canary
 from tests.infra import cli, one_line_exit_2, snapshot
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
@@ -31,15 +31,15 @@ CANARY = textwrap.dedent(f"""
     import sys, time
     from pathlib import Path
     import knobkeeper.deploy.status as S
-    from knobkeeper.evidence import canary as C
+    from knobkeeper.evidence import canary
     from knobkeeper.project import Project
 
     S.stack_status = lambda project, inventory: []        # every worker in sync (no hosts to look at here)
     def calibrating(*args, **kwargs):                     # stands for the calibration windows
         print("calibrating", flush=True)
         time.sleep(120)
-    C.run = calibrating
-    C.canary(Project(Path(sys.argv[1])), "{KNOB}=512", role="decode", inventory="inventory/local.py")
+    canary.run = calibrating
+    canary.canary(Project(Path(sys.argv[1])), "{KNOB}=512", role="decode", inventory="inventory/local.py")
 """)
 
 
@@ -67,7 +67,7 @@ def test_a_running_canary_owns_its_role_and_a_dead_one_before_its_candidate_leav
         canary_state.refuse_deploy(project, "inventory/local.py", ["decode"], proc.pid)   # its own deploy
         ops.set_knob(project, NCCL, "4", "prefill", "prefill is not the canary's")         # not its role
         with pytest.raises(UserError, match="canary .* is running"):                      # a second canary
-            C.canary(project, f"{KNOB}=128", role="decode", inventory="inventory/local.py")
+            canary.canary(project, f"{KNOB}=128", role="decode", inventory="inventory/local.py")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -98,9 +98,9 @@ def test_a_canary_refuses_a_role_out_of_sync(project, monkeypatch):
                           [f"{KNOB}: running 512, declared unset"]),
             ServiceStatus("@local", "knobkeeper-prefill", "prefill", "down", None, "STOPPED", "d3", None)]
     monkeypatch.setattr("knobkeeper.deploy.status.stack_status", lambda project_, inventory: rows)
-    monkeypatch.setattr(C, "run", lambda *a, **k: pytest.fail("the canary ran on a drifted role"))
+    monkeypatch.setattr(canary, "run", lambda *a, **k: pytest.fail("the canary ran on a drifted role"))
     with pytest.raises(UserError) as refused:
-        C.canary(project, f"{KNOB}=256", role="decode", inventory="inventory/local.py")
+        canary.canary(project, f"{KNOB}=256", role="decode", inventory="inventory/local.py")
     assert str(refused.value) == (
         f"canary: @local/knobkeeper-decode is drifted ({KNOB}: running 512, declared unset): the decode workers "
         f"must run the declared state; run `knobkeeper deploy inventory/local.py --only decode` first "

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from knobkeeper.changelog.store import unlock_file
+from knobkeeper.fsio import unlock_file
 from knobkeeper.deploy import canary_state
 from knobkeeper.deploy.record import DEPLOY_BUSY, deploy_lock, take_deploy_lock
 from knobkeeper.errors import UserError

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from knobkeeper.deploy import parent as P
+from knobkeeper.deploy import parent
 from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.local import _alive
 from tests.infra import make_infra_repo
@@ -27,7 +27,7 @@ import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c",
     "import time; from knobkeeper.deploy.parent import watch_parent; "
     "print(watch_parent(0.2), flush=True); time.sleep(300)"],
-    env={{**os.environ, {P.PARENT_ENV!r}: str(os.getpid())}}, start_new_session=True, stdout=sys.stdout)
+    env={{**os.environ, {parent.PARENT_ENV!r}: str(os.getpid())}}, start_new_session=True, stdout=sys.stdout)
 print(child.pid, flush=True)
 time.sleep(300)
 """
@@ -53,7 +53,7 @@ def test_a_watched_child_dies_with_its_sigkilled_parent_without_prctl():
         if child and _alive(child):
             os.kill(child, signal.SIGKILL)
     # not started by run_deploy: nothing to watch
-    assert P.PARENT_ENV not in os.environ and P.watch_parent() is False
+    assert parent.PARENT_ENV not in os.environ and parent.watch_parent() is False
 
 
 def test_run_deploy_s_pyinfra_watches_its_parent(tmp_path):
@@ -62,8 +62,8 @@ def test_run_deploy_s_pyinfra_watches_its_parent(tmp_path):
     (project.root / "deploy.py").write_text(   # stands for the deploy: what config.py started, then done
         "import json, os, threading\n"
         f"json.dump({{'threads': [t.name for t in threading.enumerate()], "
-        f"'env': os.environ.get({P.PARENT_ENV!r})}}, open({str(report)!r}, 'w'))\n")
+        f"'env': os.environ.get({parent.PARENT_ENV!r})}}, open({str(report)!r}, 'w'))\n")
     run_deploy(project, "inventory/local.py", allow_dirty=True, timeout=300)
     seen = json.loads(report.read_text())
-    assert P.THREAD_NAME in seen["threads"], seen
+    assert parent.THREAD_NAME in seen["threads"], seen
     assert seen["env"] is None                    # removed: what the deploy starts does not inherit it

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import canary as C
-from knobkeeper.evidence import metrics as M
+from knobkeeper.evidence import canary
+from knobkeeper.evidence import metrics
 from tests.infra import make_infra_repo
 from tests.procs import free_port, start, stop, wait_http
 from tests.prometheus import Prometheus
@@ -48,8 +48,8 @@ class Exporter:
         self.launch()
 
     @property
-    def target(self) -> M.Target:
-        return M.Target(key=f"{self.name}/decode", host=self.name, role="decode",
+    def target(self) -> metrics.Target:
+        return metrics.Target(key=f"{self.name}/decode", host=self.name, role="decode",
                         url=f"http://127.0.0.1:{self.port}/metrics")
 
 
@@ -60,7 +60,7 @@ def stack(tmp_path_factory):
     prom = None
     try:
         workers = [Exporter(tmp, "h1"), Exporter(tmp, "h2")]
-        prom = Prometheus(tmp, M.scrape_config_for([w.target for w in workers], SCRAPE))
+        prom = Prometheus(tmp, metrics.scrape_config_for([w.target for w in workers], SCRAPE))
         prom.wait_scraped(2)
         yield {"tmp": tmp, "workers": workers, "prom": prom}
     finally:
@@ -70,13 +70,13 @@ def stack(tmp_path_factory):
             stop(w.proc)
 
 
-def _plan(workers) -> C.Plan:
-    return C.Plan(KNOB, 512, None, "decode", canary=[workers[0].target], baseline=[workers[1].target])
+def _plan(workers) -> canary.Plan:
+    return canary.Plan(KNOB, 512, None, "decode", canary=[workers[0].target], baseline=[workers[1].target])
 
 
 def test_a_worker_restarted_mid_window_is_a_restart_in_the_prometheus_source(stack):
     workers, prom = stack["workers"], stack["prom"]
-    source = M.PrometheusSource(prom.url, [w.target for w in workers], SCRAPE)
+    source = metrics.PrometheusSource(prom.url, [w.target for w in workers], SCRAPE)
     source.check()
     edges = [time.time()]
     for k in range(3):
@@ -94,10 +94,10 @@ def test_a_worker_restarted_mid_window_is_a_restart_in_the_prometheus_source(sta
     assert h1.index(crashed) >= 1 and crashed.errors >= 8, h1   # the 8 in flight at the crash
     assert h1[0].restarts == 0 and h1[0].errors == 0 and h1[0].output_tokens_per_s > 50, h1
     # the window judgement: that window is invalid, its reason says which worker restarted
-    windows = C.assess_windows(_plan(workers), got, C.CANARY)
+    windows = canary.assess_windows(_plan(workers), got, canary.CANARY)
     invalid = [w for w in windows if not w.valid]
     assert [w.reasons for w in invalid] == [["restarted: h1/decode (1x)"]], [w.reasons for w in windows]
-    assert C.restarts_of(_plan(workers), windows) == 1
+    assert canary.restarts_of(_plan(workers), windows) == 1
 
 
 def test_a_candidate_crash_seen_through_prometheus_is_worse_and_stops_the_windows(stack, tmp_path):
@@ -121,9 +121,9 @@ def test_a_candidate_crash_seen_through_prometheus_is_worse_and_stops_the_window
         calls.append("apply")
         threading.Timer(1.0, crash).start()
 
-    out = C.run(project, plan, M.PrometheusSource(prom.url, plan.targets, SCRAPE),
-                C.Switch(apply, lambda: calls.append(("restore", git(project.root, "log", "-1", "--format=%s")))),
-                C.Options(duration=40, interval=2, calibrate=4, settle=0))
+    out = canary.run(project, plan, metrics.PrometheusSource(prom.url, plan.targets, SCRAPE),
+                canary.Switch(apply, lambda: calls.append(("restore", git(project.root, "log", "-1", "--format=%s")))),
+                canary.Options(duration=40, interval=2, calibrate=4, settle=0))
     assert out.verdict == "worse" and out.action == "rolled back"
     assert calls[0] == "apply" and calls[1][0] == "restore" and len(calls) == 2, calls
     cause = "the candidate died: h1/decode: its process was replaced between "
@@ -149,9 +149,9 @@ def test_prometheus_dying_mid_canary_stops_it_within_a_poll_and_puts_the_hosts_b
 
     began = time.monotonic()
     with pytest.raises(UserError) as caught:
-        C.run(project, plan, M.PrometheusSource(prom.url, plan.targets, SCRAPE),
-              C.Switch(apply, lambda: calls.append("restore")),
-              C.Options(duration=600, interval=120, calibrate=0, settle=0))
+        canary.run(project, plan, metrics.PrometheusSource(prom.url, plan.targets, SCRAPE),
+              canary.Switch(apply, lambda: calls.append("restore")),
+              canary.Options(duration=600, interval=120, calibrate=0, settle=0))
     took = time.monotonic() - began
     prom.proc.wait(10)
     line = str(caught.value)

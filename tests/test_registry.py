@@ -335,7 +335,7 @@ def test_catalog_type_that_disagrees_with_the_engine(project, bare):
 
 def test_a_role_pinned_to_a_version_without_registry(project):
     inventory = project.inventory_dir / "example_prod.py"
-    inventory.write_text(inventory.read_text().replace('"sglang_version": "0.5.23"', '"sglang_version": "0.5.6"'))
+    inventory.write_text(inventory.read_text().replace('"sglang==0.5.23"', '"sglang==0.5.6"'))
     git(project.root, "commit", "-q", "-am", "back to 0.5.6")
     before = snapshot(project)
     refused(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=8", "--role", "prefill", "--reason", "x"),
@@ -357,7 +357,7 @@ def test_pins_come_from_host_and_group_data(project):
               if p.inventory == "inventory/example_prod.py"]
     assert pin.hosts == ("decode-1", "decode-2")
     group = project.inventory_dir / "group_data" / "decode.py"
-    group.write_text(group.read_text() + '\nengines = {"decode": "sglang"}\nsglang_version = "0.5.6"\n')
+    group.write_text(group.read_text() + '\nengines = {"decode": "sglang==0.5.6"}\n')
     # Host data wins over group data (every inventory here sets engines in host data).
     assert of("decode") == [("inventory/example_prod.py", "sglang", "0.5.23"), ("inventory/example_slurm.py", "sglang", "0.5.23"),
                             ("inventory/local.py", "sim", None), ("inventory/local_slurm.py", "sim", None)]

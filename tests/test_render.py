@@ -116,6 +116,25 @@ def test_local_ports_come_from_the_environment(shared, monkeypatch):
         load_stack(shared.root, LOCAL)
 
 
+@pytest.mark.parametrize("inventory, variable, name, datum", [
+    ("inventory/local.py", "KNOBKEEPER_LOCAL_PORTS", "decode", "decode_port"),
+    ("inventory/local_vllm.py", "KNOBKEEPER_LOCAL_VLLM_PORTS", "decode_side_channel", "decode_side_channel_port"),
+    ("inventory/local_slurm.py", "KNOBKEEPER_LOCAL_PORTS", "router_metrics", "router_metrics_port"),
+])
+def test_the_local_inventories_read_the_environment_with_one_parser(shared, monkeypatch, inventory, variable, name,
+                                                                    datum):
+    """NAME=N lists are parsed once, by knobkeeper.inventory_env (the inventories held three copies)."""
+    from knobkeeper.deploy.stack import load_inventory
+
+    text = (shared.root / inventory).read_text()
+    assert "from knobkeeper.inventory_env import numbers" in text and ".split(\",\")" not in text
+    monkeypatch.setenv(variable, f" {name}:41234 ")
+    assert load_inventory(shared.root, inventory).get_host("@local").data.get(datum) == 41234
+    monkeypatch.setenv(variable, f"{name}=x")
+    with pytest.raises(UserError, match=re.escape(f"{variable}: '{name}=x': expected NAME=PORT with NAME one of ")):
+        load_inventory(shared.root, inventory)
+
+
 def test_decode_workers_datum_makes_more_services_each_with_its_port_behind_the_router(shared, monkeypatch):
     """decode_workers=N (--data, or KNOBKEEPER_LOCAL_WORKERS for every command)
     runs N decode services, named after the role's one, ports base+n, every one behind the router."""

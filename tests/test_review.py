@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from knobkeeper import fmt
-from knobkeeper import review as R
+from knobkeeper import review
 from tests.infra import git, kk, make_infra_repo
 from tests.review_fixtures import KNOB, commit_all, pin_git_dates, write_entry, write_evidence, write_incident
 
@@ -57,7 +57,7 @@ def branch_with_evidence(short_tmp, monkeypatch):
 
 def test_review_of_a_set_with_evidence_matches_the_golden_file(branch_with_evidence):
     project = branch_with_evidence
-    body = normalise(R.review_body(project, base="main"), project)
+    body = normalise(review.review_body(project, base="main"), project)
     for section in ("**Summary:**", "### Knob changes", "### Evidence", "### Reverts", "### Rendered files",
                     "### Restart plan", "### Warnings"):
         assert section in body
@@ -115,7 +115,7 @@ def test_the_body_names_no_absolute_path_of_this_machine(short_tmp, monkeypatch)
 
 def test_review_is_byte_identical_across_runs_and_cli_writes_the_same(branch_with_evidence, tmp_path):
     project = branch_with_evidence
-    first = R.review_body(project, base="main")
+    first = review.review_body(project, base="main")
     out = tmp_path / "pr.md"
     result = kk(project, "review", "--base", "main", "--output", str(out))
     assert result.exit_code == 0, result.output
@@ -152,7 +152,7 @@ def test_review_of_a_revert_shows_its_incident_and_status(short_tmp, monkeypatch
     write_entry(project, id="b2c3d4e5", time="2026-11-29T18:10:00.000000Z", action="revert", knob=KNOB, role="decode",
                 reason="last deploy delta before the hang", old=512, new=None, reverts="a1b2c3d4", incident="9f8e7d6c")
     commit_all(project, "revert CTAs")
-    body = R.review_body(project)
+    body = review.review_body(project)
     assert "### Reverts" in body
     row = next(line for line in body.splitlines() if line.startswith("| revert `b2c3d4e5`"))
     assert "`9f8e7d6c` multi-round harness hangs (open)" in row and "**suspected**" in row
@@ -163,7 +163,7 @@ def test_review_of_a_revert_shows_its_incident_and_status(short_tmp, monkeypatch
                    'author = "Test Operator <test.operator@example.com>"\ntext = "hang persisted after the revert"\n'
                    'refutes = "b2c3d4e5"\n')
     commit_all(project, "incident note")
-    body = R.review_body(project)
+    body = review.review_body(project)
     row = next(line for line in body.splitlines() if line.startswith("| revert `b2c3d4e5`"))
     assert "**refuted**" in row and "hang persisted after the revert" in row
 
@@ -179,7 +179,7 @@ def test_review_warns_about_a_revert_without_incident_and_a_set_without_evidence
                 reason="panic", old=256, new=None, reverts="a1b2c3d4")
     write_evidence(project, ident="c3c3c3c3", value=512)  # unrelated, unlinked
     commit_all(project, "revert")
-    body = R.review_body(project)
+    body = review.review_body(project)
     assert "revert without an incident" in body
     row = next(line for line in body.splitlines() if line.startswith("| revert `b2c3d4e5`"))
     assert "| none |" in row and "**unexplained**" in row
@@ -195,7 +195,7 @@ def test_review_warns_on_stale_and_insignificant_evidence(short_tmp, monkeypatch
     write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
                 reason="looks faster", new=512, evidence=["d4d4d4d4"])
     commit_all(project, "set")
-    body = R.review_body(project)
+    body = review.review_body(project)
     assert "stale evidence d4d4d4d4: it tested 256, the change sets 512" in body
     assert "stale evidence d4d4d4d4: 89 days older than the change" in body
     assert "evidence d4d4d4d4 is not significant at any level" in body
@@ -216,7 +216,7 @@ def test_review_against_a_base_that_moved_on_uses_the_merge_base_and_says_so(sho
     commit_all(project, "prefill: NCCL_DEBUG=INFO")
     git(project.root, "switch", "-q", "ctas")
 
-    body = R.review_body(project, base="main")
+    body = review.review_body(project, base="main")
     assert f"**Range:** --base main ({git(project.root, 'rev-parse', 'main')[:10]}) is not an ancestor of HEAD: " \
            f"compared from their merge-base {fork[:10]}" in body
     assert "a committed entry was deleted" not in body and "c9c9c9c9" not in body and "`NCCL_DEBUG`" not in body
@@ -224,15 +224,15 @@ def test_review_against_a_base_that_moved_on_uses_the_merge_base_and_says_so(sho
     assert kk(project, "review", "--base", "main").output == body
 
     # The same two branches the other way round: main's entry is the change, the branch's is not deleted.
-    other = R.review_body(project, base="ctas", head="main")
+    other = review.review_body(project, base="ctas", head="main")
     assert "is not an ancestor of main" in other and "| prefill | `NCCL_DEBUG` | (unset) -> INFO | set |" in other
     assert "a committed entry was deleted" not in other and "a1b2c3d4" not in other
 
     # A reversed range (the head is an ancestor of the base): nothing is a change, nothing is deleted.
-    reversed_ = R.review_body(project, base="ctas", head=fork)
+    reversed_ = review.review_body(project, base="ctas", head=fork)
     assert "a reversed range" in reversed_ and "No changelog entries were added in this range." in reversed_
     assert "a committed entry was deleted" not in reversed_
-    assert "--base ctas" not in R.review_body(project, base=fork)  # an ancestor: no note
+    assert "--base ctas" not in review.review_body(project, base=fork)  # an ancestor: no note
 
 
 def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tmp, monkeypatch):
@@ -252,7 +252,7 @@ def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tm
     write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
                 reason="faster", new=512)
     commit_all(project, "engine 0.5.7, bigger graphs, always restart, CTAs=512")
-    body = R.review_body(project)
+    body = review.review_body(project)
     plan = body.split("### Restart plan")[1].split("### Warnings")[0]
     prod = plan.split("#### inventory/local.py")[0]
     decode = next(line for line in prod.splitlines() if line.startswith("   - knobkeeper-decode on decode-1, decode-2: "))

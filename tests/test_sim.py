@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from knobkeeper.engine.routers import SMG
-from knobkeeper.sim import model as M
+from knobkeeper.sim import model
 from knobkeeper.sim.__main__ import build_parser, parse_config
 from knobkeeper.sim.server import Engine, Req, SimConfig, filler_text
 from tests.procs import free_port, start, stop, wait_http
@@ -87,21 +87,21 @@ def sse_json(events: list[str]) -> list[dict]:
 # ---------------------------------------------------------------- the model (analytic, in-process)
 
 def test_model_calibration_reproduces_field_numbers():
-    table = M.load_effects()
+    table = model.load_effects()
     unset, k512 = {KNOB: None}, {KNOB: "512"}
     for inp, out in ((1024, 512), (128, 128), (8, 48)):
-        thr = {(arm, c): M.expected_throughput(c, knobs, inp, out, table=table).output_tokens_per_s
+        thr = {(arm, c): model.expected_throughput(c, knobs, inp, out, table=table).output_tokens_per_s
                for arm, knobs in (("unset", unset), ("512", k512)) for c in (64, 80, 96)}
         assert thr["512", 64] / thr["unset", 64] == pytest.approx(1.128, abs=0.003)
         assert thr["512", 96] / thr["unset", 96] == pytest.approx(1.057, abs=0.003)
         assert thr["unset", 96] < thr["unset", 80] * 0.98  # the anomaly ...
         assert thr["512", 64] < thr["512", 80] < thr["512", 96]  # ... and 512 removes it
     # ratios do not depend on the time scale or the run factor
-    a = M.expected_throughput(64, k512, 128, 128, table=table, time_scale=0.1, run_factor=1.03)
-    b = M.expected_throughput(64, unset, 128, 128, table=table, time_scale=0.1, run_factor=1.03)
+    a = model.expected_throughput(64, k512, 128, 128, table=table, time_scale=0.1, run_factor=1.03)
+    b = model.expected_throughput(64, unset, 128, 128, table=table, time_scale=0.1, run_factor=1.03)
     assert a.output_tokens_per_s / b.output_tokens_per_s == pytest.approx(1.128, abs=0.003)
     # decode step ~20-40 ms at batch 64 at time scale 1
-    assert 20 < M.PerfModel(table, k512).decode_step_ms(64) < 40
+    assert 20 < model.PerfModel(table, k512).decode_step_ms(64) < 40
 
 
 def test_effects_table_is_data_and_overridable(tmp_path):
@@ -112,25 +112,25 @@ def test_effects_table_is_data_and_overridable(tmp_path):
         '[knobs.KNOBKEEPER_SPLITKV_TARGET_CTAS.values."256"]\ndecode_step = 0.9\n'
         '[knobs.KNOBKEEPER_SPLITKV_TARGET_CTAS.other]\ndecode_step = [[1, 1.0], [100, 2.0]]\n'
         '[knobs.NCCL_ALGO.values.ring]\nprefill_step = 1.5\n')
-    table = M.load_effects([extra])
+    table = model.load_effects([extra])
     assert table.params.decode_base_ms == 5.0 and table.params.decode_per_seq_ms == 0.4
-    base = M.PerfModel(table, {KNOB: "512"})
+    base = model.PerfModel(table, {KNOB: "512"})
     assert base.decode_step_ms(10) == pytest.approx(9.0)
-    m = M.PerfModel(table, {KNOB: "512", "KNOBKEEPER_SPLITKV_TARGET_CTAS": "256.0", "NCCL_ALGO": "Ring"})
+    m = model.PerfModel(table, {KNOB: "512", "KNOBKEEPER_SPLITKV_TARGET_CTAS": "256.0", "NCCL_ALGO": "Ring"})
     assert m.decode_step_ms(10) == pytest.approx(9.0 * 0.9)
     assert m.prefill_step_ms(100) == pytest.approx((4.0 + 5.0) * 1.5)
-    m = M.PerfModel(table, {KNOB: "512", "KNOBKEEPER_SPLITKV_TARGET_CTAS": "64"})
+    m = model.PerfModel(table, {KNOB: "512", "KNOBKEEPER_SPLITKV_TARGET_CTAS": "64"})
     assert m.decode_step_ms(50.5) == pytest.approx((5.0 + 0.4 * 50.5) * 1.5)
     assert ("SGLANG_SM120_MMA_TARGET_CTAS", "512", "values.512") in m.active
     # knobs come from the environment; secrets are redacted; the sim's own options are not knobs
     env = {"SGLANG_FOO": "1", "NCCL_ALGO": "ring", "SGLANG_API_KEY": "s3cret", "KNOBKEEPER_SIM_SEED": "3", "HOME": "/"}
-    knobs = M.knobs_from_env(env, table)
+    knobs = model.knobs_from_env(env, table)
     assert knobs["SGLANG_FOO"] == "1" and knobs["SGLANG_API_KEY"] == "<redacted>" and knobs[KNOB] is None
     assert "KNOBKEEPER_SIM_SEED" not in knobs and "HOME" not in knobs
     bad = tmp_path / "bad.toml"
     bad.write_text('[knobs.X.unset]\ndecode_stepp = 2\n')
-    with pytest.raises(M.EffectsError, match=r"bad.toml.*decode_stepp"):
-        M.load_effects([bad])
+    with pytest.raises(model.EffectsError, match=r"bad.toml.*decode_stepp"):
+        model.load_effects([bad])
 
 
 async def _closed_loop(table, arms: dict, levels, out_len: int, scale: float, warmup: float, window: float,
@@ -146,7 +146,7 @@ async def _closed_loop(table, arms: dict, levels, out_len: int, scale: float, wa
     for arm, knobs in arms.items():
         for conc in levels:
             cfg = SimConfig(time_scale=scale, step_jitter=0.05, max_running_requests=256)
-            eng = engines[arm, conc] = Engine(M.PerfModel(table, knobs), cfg, random.Random(7 + conc), 1.0)
+            eng = engines[arm, conc] = Engine(model.PerfModel(table, knobs), cfg, random.Random(7 + conc), 1.0)
             tasks.append(loop.create_task(eng.run()))
 
             async def client(eng=eng):
@@ -177,7 +177,7 @@ ARMS = {"unset": {KNOB: None}, "512": {KNOB: "512"}}
 
 def test_engine_loop_reproduces_calibration_within_noise():
     """The real scheduler loop (no HTTP), closed loop, decode-bound: measured ratios match the field."""
-    thr = asyncio.run(_closed_loop(M.load_effects(), ARMS, (64, 80, 96), out_len=64, scale=0.25, warmup=0.3,
+    thr = asyncio.run(_closed_loop(model.load_effects(), ARMS, (64, 80, 96), out_len=64, scale=0.25, warmup=0.3,
                                    window=1.6))
     r64, r96 = thr["512", 64] / thr["unset", 64], thr["512", 96] / thr["unset", 96]
     print({k: round(v) for k, v in thr.items()}, "ratios", round(r64, 4), round(r96, 4))
@@ -195,7 +195,7 @@ def test_engine_time_model_is_immune_to_scheduler_delay():
     when every engine has caught up (just before a stall), so the only errors are the step jitter and
     one step at each end (~1% at ~100 steps); the tolerance is 4% per engine. A loop that forgave
     lateness (restarting its clock when more than 50 ms late, as it did) loses each stall, ~30%."""
-    table = M.load_effects()
+    table = model.load_effects()
     scale, out_len, stall_s, period_s = 0.5, 64, 0.06, 0.2
     marks: list = []
 
@@ -218,7 +218,7 @@ def test_engine_time_model_is_immune_to_scheduler_delay():
 
     thr = asyncio.run(main())
     for (arm, conc), measured in thr.items():
-        step_s = M.PerfModel(table, ARMS[arm]).decode_step_ms(conc) * scale / 1000
+        step_s = model.PerfModel(table, ARMS[arm]).decode_step_ms(conc) * scale / 1000
         modelled = conc / step_s * out_len / (out_len - 1)  # the first token comes with the KV, not a step
         assert measured == pytest.approx(modelled, rel=0.04), (arm, conc, measured, modelled)
     assert thr["512", 64] / thr["unset", 64] == pytest.approx(1.128, abs=0.03)
@@ -637,16 +637,16 @@ FAILING = ('[knobs.KNOBKEEPER_SPLITKV_TARGET_CTAS.values."7"]\nfail_fraction = 0
 def test_fail_fraction_is_data_checked_and_combined(tmp_path):
     extra = tmp_path / "failing.toml"
     extra.write_text(FAILING + '[knobs.NCCL_ALGO.values.ring]\nfail_fraction = 0.5\n')
-    table = M.load_effects([extra])
-    assert M.PerfModel(table, {"KNOBKEEPER_SPLITKV_TARGET_CTAS": "7"}).fail_fraction == pytest.approx(0.3)
-    both = M.PerfModel(table, {KNOB: "512", "KNOBKEEPER_SPLITKV_TARGET_CTAS": "9", "NCCL_ALGO": "ring"})
+    table = model.load_effects([extra])
+    assert model.PerfModel(table, {"KNOBKEEPER_SPLITKV_TARGET_CTAS": "7"}).fail_fraction == pytest.approx(0.3)
+    both = model.PerfModel(table, {KNOB: "512", "KNOBKEEPER_SPLITKV_TARGET_CTAS": "9", "NCCL_ALGO": "ring"})
     assert both.fail_fraction == pytest.approx(0.75) and both.decode_step_ms(10) == pytest.approx(8.0 * 0.9)
-    assert M.PerfModel(table, {"KNOBKEEPER_SPLITKV_TARGET_CTAS": "8"}).fail_fraction == 0.0
-    assert M.PerfModel(M.load_effects(), {KNOB: "512"}).fail_fraction == 0.0
+    assert model.PerfModel(table, {"KNOBKEEPER_SPLITKV_TARGET_CTAS": "8"}).fail_fraction == 0.0
+    assert model.PerfModel(model.load_effects(), {KNOB: "512"}).fail_fraction == 0.0
     for bad in ("1.5", "-0.1", "true", '"half"'):
         extra.write_text(f'[knobs.NCCL_ALGO.other]\nfail_fraction = {bad}\n')
-        with pytest.raises(M.EffectsError, match=r"\[knobs.NCCL_ALGO\].other.fail_fraction: expected a number from 0 to 1"):
-            M.load_effects([extra])
+        with pytest.raises(model.EffectsError, match=r"\[knobs.NCCL_ALGO\].other.fail_fraction: expected a number from 0 to 1"):
+            model.load_effects([extra])
 
 
 def test_a_knob_value_that_fails_requests_is_deterministic_and_counted_as_aborted(tmp_path):

@@ -278,6 +278,10 @@ def test_srtctl_recipe_imports_as_an_inventory_and_knobs_in_one_commit(project):
     rendered = render_stack(project, stack)
     host = stack.hosts["@local"]
     assert host.data["slurm_partition"] == "h200" and host.data["slurm_account"] == "llm-serving"
+    # engine and version per role in one place, the form every inventory uses (no sglang_version beside it)
+    assert host.data["engines"] == {"prefill": "sglang==0.5.23", "decode": "sglang==0.5.23",
+                                    "router": "sglang-router==0.3.2"}
+    assert not {"sglang_version", "sglang_router_version"} & set(host.data)
     assert host.data["decode_slurm"]["gpus"] == 8 and host.data["environment"] == {
         "PYTHONUNBUFFERED": "1", "TORCH_DISTRIBUTED_DEFAULT_TIMEOUT": "1800"}
     decode = rendered[("@local", "knobkeeper-decode")].launch

@@ -540,7 +540,7 @@ def test_ab_and_canary_evidence_record_the_pinned_engine_and_reclaim_flags_a_cha
     # The inventory moves to vllm 0.33.0: the evidence was measured on another engine version.
     _edit_prod(project, '"vllm==0.32.0", "decode": "vllm==0.32.0"', '"vllm==0.33.0", "decode": "vllm==0.33.0"')
     (item,) = audit.reclaimable(project).reclaimable
-    assert item.evidence[0].stale_why == ["measured on engine 0.32.0, current is 0.33.0"]
+    assert item.evidence[0].stale_why == ["measured on vllm 0.32.0, current is vllm 0.33.0"]
     assert "STALE" in kk(project, "reclaimable").output
 
 
@@ -592,16 +592,16 @@ vllm:request_success_total{{engine="0",finished_reason="error",model_name="m"}} 
 
 
 def test_the_scrape_path_reads_vllms_own_names():
-    from knobkeeper.evidence import metrics as M
+    from knobkeeper.evidence import metrics
 
-    before = M.parse(VLLM_EXPOSITION.format(tokens=100.0, stop=4.0, abort=1.0))
-    after = M.parse(VLLM_EXPOSITION.format(tokens=300.0, stop=9.0, abort=3.0))
-    stats = M.ScrapeSource._window([M._Sample(10.0, before), M._Sample(12.0, after)], 10.0, 12.0, VLLM.metrics)
+    before = metrics.parse(VLLM_EXPOSITION.format(tokens=100.0, stop=4.0, abort=1.0))
+    after = metrics.parse(VLLM_EXPOSITION.format(tokens=300.0, stop=9.0, abort=3.0))
+    stats = metrics.ScrapeSource._window([metrics._Sample(10.0, before), metrics._Sample(12.0, after)], 10.0, 12.0, VLLM.metrics)
     assert stats.output_tokens_per_s == 100.0 and stats.running == 3.0
     assert (stats.requests, stats.errors) == (7, 2)  # finished: 5 stop + 2 abort; aborted/failed: 2
-    promql = M.queries(2.0, VLLM.metrics)
+    promql = metrics.queries(2.0, VLLM.metrics)
     assert promql["errors"] == ('sum by (kk_target) (increase(vllm:request_success_total{finished_reason=~"abort|error"}'
                                 '[2000ms]))')
     assert "vllm:generation_tokens_total" in promql["output_tokens_per_s"]
     stack = load_stack(Path(__file__).resolve().parent.parent, PROD)
-    assert {t.metrics for t in M.targets_of(stack)} == {VLLM.metrics}  # the router is not an engine target
+    assert {t.metrics for t in metrics.targets_of(stack)} == {VLLM.metrics}  # the router is not an engine target

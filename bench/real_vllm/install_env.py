@@ -14,30 +14,31 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from knobkeeper.engine import vllm_install as VI  # noqa: E402
+from knobkeeper.engine import vllm_install  # noqa: E402
+from tests.real_vllm import pinned_data  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", default=None, help="default: the user's knobkeeper cache dir /engines")
-    ap.add_argument("--component", action="append", choices=VI.COMPONENTS)
+    ap.add_argument("--component", action="append", choices=vllm_install.COMPONENTS)
     args = ap.parse_args()
-    root = args.root or VI.default_root(local=True)
-    data = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17", "base_python": sys.executable}
+    root = args.root or vllm_install.default_root(local=True)
+    data = pinned_data()   # the versions inventory/local_vllm.py pins, and this interpreter as base_python
     out = {}
-    for component in args.component or VI.COMPONENTS:
-        env = VI.EngineEnv.from_data(component, "@local", [component], data, root)
-        VI.preflight(env)
+    for component in args.component or vllm_install.COMPONENTS:
+        env = vllm_install.EngineEnv.from_data(component, "@local", [component], data, root)
+        vllm_install.preflight(env)
         t0 = time.monotonic()
-        done = subprocess.run(["sh", "-c", VI.install_command(env)], capture_output=True, text=True)
+        done = subprocess.run(["sh", "-c", vllm_install.install_command(env)], capture_output=True, text=True)
         wall = time.monotonic() - t0
         lines = (done.stdout + done.stderr).splitlines()
-        state, versions, error = VI.parse_install(lines)
-        probe = subprocess.run(["sh", "-c", VI.probe_command(env)], capture_output=True, text=True)
-        installed = VI.parse_probe(probe.stdout.splitlines())
+        state, versions, error = vllm_install.parse_install(lines)
+        probe = subprocess.run(["sh", "-c", vllm_install.probe_command(env)], capture_output=True, text=True)
+        installed = vllm_install.parse_probe(probe.stdout.splitlines())
         out[component] = {"path": env.path, "rc": done.returncode, "state": state, "wall_s": round(wall, 1),
-                          "versions": versions, "drift": VI.drift(env, installed),
-                          "error": None if done.returncode == 0 else VI.failure_line(env, lines)}
+                          "versions": versions, "drift": vllm_install.drift(env, installed),
+                          "error": None if done.returncode == 0 else vllm_install.failure_line(env, lines)}
         print(json.dumps({component: out[component]}), flush=True)
     return 0 if all(v["rc"] == 0 for v in out.values()) else 1
 

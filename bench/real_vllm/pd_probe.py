@@ -1,4 +1,4 @@
-"""Measure the real PD stack by hand and write what was seen to bench/real_vllm/results/pd_probe.json.
+"""Measure the real PD stack by hand and write what was seen to a JSON file in bench/real_vllm/results/ (--out).
 
     flock /tmp/kk-heavy.lock .venv/bin/python bench/real_vllm/pd_probe.py --model /tmp/tiny [--out FILE]
 

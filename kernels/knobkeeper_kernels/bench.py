@@ -48,6 +48,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -229,13 +230,20 @@ def evidence_name(doc: dict) -> str:
 
 
 def write_atomic(path: Path, data: bytes | str) -> Path:
-    """Write `path` through a temporary file and a rename: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    if isinstance(data, str):
-        tmp.write_text(data)
-    else:
-        tmp.write_bytes(data)
-    tmp.replace(path)
+    """Write `path` through a uniquely named temp file in its folder, fsynced, and a rename: a reader
+    never sees half a file, and two writers never share a temp file. knobkeeper.fsio's atomic_write
+    does the same for the controller; the kernels import nothing of it (a lent GPU runs them bare)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+            handle.flush()
+            os.fchmod(handle.fileno(), 0o644)
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

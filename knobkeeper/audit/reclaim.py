@@ -6,11 +6,15 @@ that value, and whose revert is refuted, suspected or unexplained. Confirmed rev
 listed apart as not reclaimable. Sorted by what it gives back: the largest lower 95% CI bound
 of a "better" level (the gain we are confident of), then the largest effect.
 
-Evidence is stale when it is older than `stale_days` (default 30) or when its
-setup.engine_version differs from the current engine version. The current engine version is
-the `engine_version` argument (CLI --engine-version) or, when not given, the version the evidence's
-inventory pins today for the evidence's role (knobkeeper.engine.role_engine, read through the
-inventories); where nothing is pinned, only age counts.
+Evidence is stale when it is older than `stale_days` (default 30) or when the engine it was
+measured on (setup.engine, setup.engine_version) is not the one its role runs today: the
+`engine_version` argument (CLI --engine-version: a version, whatever the engine) or, when not given,
+the (engine, version) the evidence's inventory pins today for its role and stack
+(knobkeeper.engine.role_engine, read through the inventories; the inventory as `ab run` was given it,
+in any spelling: `inventory/<name>.py`, `./inventory/<name>.py`, an absolute path). Evidence without an
+inventory (imported) is compared with what every inventory pins for the role, when they agree.
+Where the two cannot be compared (no such inventory, no version pinned, the inventories disagree,
+the evidence records none), the view says "version not checked: WHY" and only age counts.
 
 Evidence is read only through knobkeeper.evidence.store (importing it costs ~40 ms: the judge
 imports scipy only inside the functions that compute).
@@ -32,7 +36,6 @@ from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 from knobkeeper.timeutil import parse_time, utcnow
 
-RECLAIMABLE_STATUSES = ("refuted", "suspected", "unexplained")
 STALE_DAYS = 30
 
 
@@ -65,6 +68,7 @@ class EvidenceView:
     engine_version: str | None = None
     stale: bool = False
     stale_why: list[str] = field(default_factory=list)
+    version_note: str | None = None       # "version not checked: WHY" where the engine could not be compared
     levels: list[Any] = field(default_factory=list)      # evidence.model.Gain: every valid level
     gains: list[Any] = field(default_factory=list)       # the "better" ones with a positive effect
     anomalies: list[Any] = field(default_factory=list)   # evidence.model.Anomaly
@@ -88,22 +92,76 @@ def view_evidence(project: Project, ident: str, now: datetime, stale_days: float
         view.stale_why.append(f"created {doc.created!r} is not a time")
     if view.age_days is not None and view.age_days > stale_days:
         view.stale_why.append(f"{view.age_days:.0f} days old (older than {stale_days:g})")
-    engine_version = engine_version or current_engine_version(project, doc.setup.inventory, doc.role)
-    if engine_version and view.engine_version and view.engine_version != engine_version:
-        view.stale_why.append(f"measured on engine {view.engine_version}, current is {engine_version}")
+    if engine_version:   # given by the caller: the version deployed now, whatever the engine
+        current, note = (None, engine_version), None
+    else:
+        current, note = pinned_engine(project, doc.setup, doc.role)
+    if current is None:
+        note = note if view.engine_version else "the evidence records no engine version"
+    elif current[1] is None:   # the role runs an engine without a version (the sim)
+        note = f"its role runs {current[0]} without a pinned version" if view.engine_version else None
+    elif not view.engine_version:
+        note = f"the evidence records no engine version (its role runs {_engine_label(*current)} today)"
+    elif not _same_engine((view.engine, view.engine_version), current):
+        view.stale_why.append(f"measured on {_engine_label(view.engine, view.engine_version)}, "
+                              f"current is {_engine_label(*current)}")
+    view.version_note = f"version not checked: {note}" if note else None
     view.stale = bool(view.stale_why)
     return view
 
 
-def current_engine_version(project: Project, inventory: str | None = None, role: str | None = None) -> str | None:
-    """The engine version pinned today (knobkeeper.engine.role_engine, through the inventories): of
-    `role` in `inventory` (e.g. "inventory/example_prod.py") when given, else the one version every
-    pinned worker role agrees on; None where none is pinned or they differ."""
+def _engine_label(engine: str | None, version: str | None) -> str:
+    return " ".join(x for x in (engine if engine != "unknown" else None, version) if x) or "an unknown engine"
+
+
+def _same_engine(measured: tuple[str | None, str | None], current: tuple[str | None, str]) -> bool:
+    """Same version, and the same engine where both name one (an imported file often names none:
+    "unknown"; --engine-version names a version only)."""
+    engine, version = measured
+    named = engine not in (None, "unknown") and current[0] is not None
+    return version == current[1] and (not named or engine == current[0])
+
+
+def pinned_engine(project: Project, setup: Any, role: str) -> tuple[tuple[str, str | None] | None, str | None]:
+    """((engine, version) the evidence's role runs today, None), or (None, why that cannot be said).
+
+    The pins (knobkeeper.engine.role_engine, through engine_pins) of the evidence's inventory, in
+    whatever spelling `ab run` was given it, for its role and stack. Evidence that names no inventory
+    (an import) is compared with the version every inventory pins for its role and engine, when they
+    agree on one."""
+    from knobkeeper.engine.pins import engine_pins, inventory_key
+
+    scope = f"role {role}" + (f" of stack {setup.stack}" if setup.stack else "")
+    pins = [p for p in engine_pins(project.inventory_dir) if p.role == role and p.stack == (setup.stack or "")]
+    if setup.inventory:
+        key = inventory_key(project.inventory_dir, setup.inventory)
+        if key is None:
+            return None, (f"its inventory {setup.inventory} is not one of "
+                          f"{project.rel(project.inventory_dir)}/*.py, whose pins are read")
+        pins = [p for p in pins if p.inventory == key]
+        if not pins:
+            return None, f"{key} runs no {scope}"
+    else:
+        if setup.engine not in (None, "unknown"):
+            pins = [p for p in pins if p.engine == setup.engine]
+        pins = [p for p in pins if p.version]
+        if not pins:
+            engine = f"{setup.engine} " if setup.engine not in (None, "unknown") else ""
+            return None, f"it names no inventory, and none pins a version of {engine}{scope}"
+    engines = {(p.engine, p.version) for p in pins}
+    if len(engines) > 1:
+        return None, f"{scope} runs {', '.join(sorted({f'{p.label()} ({p.inventory})' for p in pins}))}"
+    return engines.pop(), None
+
+
+def current_engine_version(project: Project) -> str | None:
+    """The one engine version every pinned worker role of every inventory agrees on (the report's
+    `engine_version`; each evidence is checked against its own role's pin, pinned_engine); None
+    where none is pinned or they differ."""
     from knobkeeper.engine import family
     from knobkeeper.engine.pins import engine_pins
 
-    pins = [p for p in engine_pins(project.inventory_dir) if p.version and family(p.engine).kind == "worker"
-            and (inventory is None or p.inventory == inventory) and (role is None or p.role == role)]
+    pins = [p for p in engine_pins(project.inventory_dir) if p.version and family(p.engine).kind == "worker"]
     versions = {p.version for p in pins}
     return versions.pop() if len(versions) == 1 else None
 
@@ -262,7 +320,8 @@ def _format_item(item: Reclaim, mark: str, confirmed: bool = False) -> list[str]
         age = (f"{ev.age_days:.0f} day{'' if round(ev.age_days) == 1 else 's'} old" if ev.age_days is not None
                else "age unknown")
         stale = f"  STALE: {'; '.join(ev.stale_why)}" if ev.stale else ""
-        lines.append(f"{pad}evidence    {ev.id}: created {(ev.created or '?')[:10]} ({age}), {engine}{stale}")
+        unchecked = f"  ({ev.version_note})" if ev.version_note else ""
+        lines.append(f"{pad}evidence    {ev.id}: created {(ev.created or '?')[:10]} ({age}), {engine}{stale}{unchecked}")
         lines.append(f"{pad}              {'concurrency':>11}  {'effect':>7}  {'95% CI':<17}  {'p':>7}  verdict")
         for g in ev.levels:
             lines.append(f"{pad}              {g.concurrency!s:>11}  {fmt.pct(g.effect):>7}  {g.ci_text():<17}  "

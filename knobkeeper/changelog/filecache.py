@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 from knobkeeper.errors import UserError
+from knobkeeper.fsio import atomic_write
 
 T = TypeVar("T")
 
@@ -101,10 +102,7 @@ def load_folder(folder: Path, cache_path: Path, parse: Callable[[Path], dict[str
         parsed.append(data)
     if dirty or len(fresh) != len(cache):
         try:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"version": CACHE_VERSION, "files": fresh}))
-            os.replace(tmp, cache_path)
+            atomic_write(cache_path, json.dumps({"version": CACHE_VERSION, "files": fresh}))
         except OSError:
             pass  # a read-only checkout still works, only slower
     return parsed

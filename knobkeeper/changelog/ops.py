@@ -16,8 +16,9 @@ from knobkeeper import gitio
 from knobkeeper.changelog.entries import Entry, entry_path, history, load_entries, new_entry_time, replay, shown_old
 from knobkeeper.changelog.filecache import files_with_id_prefix
 from knobkeeper.changelog.secrets import secret_path, secret_value, value_files
-from knobkeeper.changelog.store import Message, atomic_write, commit_change, git_author, repo_lock
+from knobkeeper.changelog.store import Message, commit_change, git_author, repo_lock
 from knobkeeper.engine.pins import pins_for
+from knobkeeper.fsio import atomic_write
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Knob, Value, fingerprint, load_catalog
 from knobkeeper.knobs.pinned import settable

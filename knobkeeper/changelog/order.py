@@ -14,10 +14,10 @@ in .git/knobkeeper/entry-order.json and never recomputed: after a new commit, a 
 from __future__ import annotations
 
 import json
-import os
 from typing import Iterable
 
 from knobkeeper import gitio
+from knobkeeper.fsio import atomic_write
 from knobkeeper.project import Project
 from knobkeeper.timeutil import id_from_stem
 
@@ -98,10 +98,8 @@ def commit_order(project: Project) -> dict[str, int]:
         contrib = {}
     order = {ident: rank for rank, ident in enumerate(_Graph(project, contrib).order(head))}
     try:
-        project.private_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": CACHE_VERSION, "head": head, "order": order, "contrib": contrib}))
-        os.replace(tmp, cache_path)
+        atomic_write(cache_path, json.dumps({"version": CACHE_VERSION, "head": head, "order": order,
+                                             "contrib": contrib}))
     except OSError:
         pass  # a read-only checkout still works, only slower
     return order

@@ -9,18 +9,14 @@ write) finds the journal and rolls the files back before doing anything.
 
 The lock is an flock on .git/knobkeeper/lock. Every git child started under it inherits the
 locked descriptor, so a `git commit` whose parent was killed keeps the lock until it exits: the
-next command's recovery never runs beside a commit still landing. `lock_file`/`unlock_file` are the
-one flock helper (the deploy's lock on .knobkeeper-state/deploy.lock is taken with them too).
+next command's recovery never runs beside a commit still landing. The lock and every file write
+are knobkeeper.fsio's (the deploy's lock and records use them too).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import random
-import tempfile
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +24,7 @@ from typing import Iterator
 
 from knobkeeper import gitio
 from knobkeeper.errors import UserError
+from knobkeeper.fsio import atomic_write, lock_file, unlock_file
 from knobkeeper.project import Project
 
 # Tests set this to prove that a crash between writing and committing leaves no mix.
@@ -95,45 +92,6 @@ def git_author(project: Project) -> str:
     if not name or not email:
         raise UserError("git user.name and user.email are not set (git config user.name 'You'; git config user.email you@example.com)")
     return f"{name} <{email}>"
-
-
-# A lock taken only to look (is its holder alive? is the deploy lock free?) is held for
-# microseconds; a command that fails on a held lock instead of waiting (a deploy, a canary's start)
-# waits this long first, so another process's look never fails it. A real holder (a running deploy,
-# a running canary) holds it for minutes: the command still fails, this much later.
-LOOK_GRACE_S = 2.0
-
-
-def lock_file(path: Path, *, wait: bool | float = True, busy: str | None = None):
-    """An exclusive flock on `path` (created if missing); returns the open handle holding it.
-
-    wait=False: a lock held elsewhere raises UserError(`busy`) at once instead of waiting; a number:
-    after trying for that many seconds (LOOK_GRACE_S: past another process's look at the lock)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a")
-    except OSError as exc:
-        raise UserError(f"{path}: cannot open the lock ({exc.strerror})") from None
-    deadline = time.monotonic() + (wait if not isinstance(wait, bool) else 0.0)
-    while True:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait is True else fcntl.LOCK_NB))
-            return handle
-        except OSError:
-            if time.monotonic() < deadline:
-                time.sleep(random.uniform(0.001, 0.01))   # jittered: never in step with a looker's rhythm
-                continue
-            handle.close()
-            raise UserError(busy or f"{path}: locked by another process") from None
-
-
-def unlock_file(handle) -> None:
-    """Release a lock_file lock (a second release is harmless)."""
-    try:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
-    except (OSError, ValueError):
-        pass
 
 
 @contextmanager
@@ -270,30 +228,6 @@ def _restore(path: Path, old: str | None, private: bool = False) -> None:
         path.unlink(missing_ok=True)
     else:
         atomic_write(path, old, mode=0o600 if private else None)
-
-
-def atomic_write(path: Path, content: str | bytes, mode: int | None = None) -> None:
-    """Write via a temp file in the same folder and rename: readers see old or new, never half.
-
-    `mode`: the file's permissions (default: those of the file replaced, else 0644)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = content.encode() if isinstance(content, str) else content
-    if mode is None:
-        try:
-            mode = path.stat().st_mode & 0o777
-        except FileNotFoundError:
-            mode = 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _fault(point: str) -> None:

@@ -6,6 +6,7 @@ import click
 
 from knobkeeper import fmt
 from knobkeeper.cli.common import KKGroup, emit_json, example, json_option, repo_option, warn
+from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
 
@@ -182,7 +183,7 @@ def show_cmd(incident_id: str, repo, as_json: bool) -> None:
               help="Evidence older than N days is flagged stale.")
 @click.option("--engine-version", default=None, metavar="V",
               help="The engine version now deployed; evidence measured on another is flagged stale "
-                   "(default: engine_version in inventory/group_data/all.py, if any).")
+                   "(default: the engine and version each evidence's inventory pins for its role today).")
 @repo_option
 @json_option
 @example("knobkeeper reclaimable --stale-days 14")

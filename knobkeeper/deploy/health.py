@@ -40,7 +40,7 @@ from typing import Callable, Iterable
 
 from knobkeeper import fmt
 from knobkeeper.deploy.model import Service, Stack
-from knobkeeper.deploy.routers import workers_healthy
+from knobkeeper.engine.routers import workers_healthy
 from knobkeeper.deploy.topology import downstream
 from knobkeeper.errors import UserError
 

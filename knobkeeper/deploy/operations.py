@@ -70,7 +70,7 @@ import gevent
 import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
-from knobkeeper.changelog.store import unlock_file
+from knobkeeper.fsio import unlock_file
 from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, managed_envs, parse_versions,
                                       pinned_versions, version_drift, versions_command)

@@ -44,12 +44,12 @@ from typing import Any
 
 from knobkeeper import fmt
 from knobkeeper.changelog.filecache import plain_file, refusal
-from knobkeeper.changelog.store import Message, atomic_write, commit_change
+from knobkeeper.changelog.store import Message, commit_change
+from knobkeeper.fsio import atomic_write
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, parse_time
 
 ACTIONS = ("restarted", "started", "unchanged")
-RESULTS = ("running", "ok", "failed", "interrupted")
 JOURNAL = "deploys-running"
 GATES = ("passed", "failed", "skipped", "not-run")
 
@@ -287,8 +287,8 @@ def take_deploy_lock(project: Project):
     """The deploy lock for a run (an open handle), or UserError(DEPLOY_BUSY ...) while another deploy
     holds it. Others take it for an instant only to look (a canary waiting for it to be free,
     `recover_interrupted` asking whether a journal's run is alive): the run waits out such a look
-    (store.LOOK_GRACE_S) instead of failing "another deploy of this repo is running" on it."""
-    from knobkeeper.changelog.store import LOOK_GRACE_S, lock_file
+    (fsio.LOOK_GRACE_S) instead of failing "another deploy of this repo is running" on it."""
+    from knobkeeper.fsio import LOOK_GRACE_S, lock_file
 
     lock = deploy_lock(project)
     return lock_file(lock, wait=LOOK_GRACE_S, busy=f"{DEPLOY_BUSY} (lock {lock})")
@@ -326,7 +326,7 @@ def recover_interrupted(project: Project, locked: bool = False) -> list[DeployRe
     """Complete and save the record of every deploy whose process died (see the module doc); the
     records it saved. `locked`: the caller holds the deploy lock; otherwise it is tried without
     waiting, and nothing is done while a deploy is running."""
-    from knobkeeper.changelog.store import lock_file, unlock_file
+    from knobkeeper.fsio import lock_file, unlock_file
     from knobkeeper.errors import UserError
     from knobkeeper.timeutil import iso, utcnow
 

@@ -16,17 +16,20 @@ and ports, health/readiness/workers endpoints, metric names (throughput counter,
 gauges, TTFT/ITL/TPOT histograms, finished/aborted requests), bench file format, registry reader
 (ast only), flag parser (side environment), PD pairing rules.
 
-Two entry points for the rest of the tool, which never compares engine names:
+Entry points for the rest of the tool, which never compares engine names:
 
     family(name)             the Family for an inventory's engines[role] name (UserError: unknown)
     role_engine(data, role)  THE answer to "which engine and version does `role` run" on a host
                              with `data`: engines[role] = "vllm==0.32.0" (engine and version in one
                              place), or "sglang" with the version in the family's own key
-                             (`sglang_version`, as every inventory before had it); both given and
-                             different is an error. The deploy (stack.py: Service.engine,
+                             (`sglang_version`, as inventories before had it; still read); both given
+                             and different is an error. The deploy (stack.py: Service.engine,
                              engine_version), `set`/`check`/`review` (pins.engine_pins), the deploy
-                             record, `ab run` and `canary` evidence (setup.engine, engine_version)
-                             and reclaim's staleness check all read it through this function.
+                             record, `ab run` and `canary` evidence (setup.engine, engine_version),
+                             reclaim's staleness check and the vLLM engine step (vllm_install) all
+                             read it through this function.
+    engine_version(data, engine)   the version a host's roles pin for `engine` (role_engine over them)
+    engine_spec(engine, version)   the engines[role] text that pins it ("vllm==0.32.0"), for writers
 
 Layering: families import only knobkeeper.errors and this package; knobs (registries, catalog) and
 deploy import them. contract.py is the one module here that works on a deploy Stack, which its
@@ -86,8 +89,7 @@ def role_engine(data: Mapping[str, Any], role: str, where: str = "") -> EnginePi
         raise UserError(f"{label} = {spec!r}: expected an engine name, optionally with ==VERSION (e.g. 'vllm==0.32.0')")
     name, _, version = (part.strip() for part in spec.partition("=="))
     fam = family(name, label + " =")
-    legacy = data.get(fam.version_key) if fam.version_key else None
-    legacy = None if legacy is None else str(legacy)
+    legacy = _legacy_version(fam, data)
     if version and legacy and version != legacy:
         raise UserError(f"{label} = {spec!r} but data {fam.version_key} = {legacy!r}: the pins disagree; keep one "
                         f"(engines[{role!r}] = '{fam.name}=={legacy}', or drop {fam.version_key})")
@@ -98,3 +100,32 @@ def role_engine(data: Mapping[str, Any], role: str, where: str = "") -> EnginePi
         except UserError:
             raise UserError(f"{label} = {spec!r}: version {version!r}: expected a release like 0.32.0") from None
     return EnginePin(fam, version or None)
+
+
+def _legacy_version(fam: Family, data: Mapping[str, Any]) -> str | None:
+    """The version in the family's own datum (`vllm_version`), the form inventories had before engines[role]."""
+    legacy = data.get(fam.version_key) if fam.version_key else None
+    return None if legacy is None else str(legacy)
+
+
+def engine_version(data: Mapping[str, Any], engine: str, where: str = "") -> str | None:
+    """The version a host with `data` pins for `engine`: role_engine over every role its engines name
+    that runs it; a host none of whose roles names it (data without `engines`, as older callers
+    pass) falls back to the family's own datum. Roles that pin different versions are an error:
+    one host installs one environment per engine version."""
+    fam = family(engine)
+    engines = data.get("engines") or {}
+    pins = [pin for role in (engines if isinstance(engines, Mapping) else ())
+            for pin in [role_engine(data, role, where)] if pin is not None and pin.family is fam]
+    if not pins:
+        return _legacy_version(fam, data)
+    versions = sorted({pin.version for pin in pins if pin.version})
+    if len(versions) > 1:
+        raise UserError(f"{where or 'host'}: data engines: {fam.name} {' and '.join(versions)} on one host; "
+                        f"pin one version per host")
+    return versions[0] if versions else None
+
+
+def engine_spec(engine: str, version: str | None) -> str:
+    """What engines[role] says to pin `engine` at `version` ("vllm==0.32.0"; the name alone without one)."""
+    return f"{family(engine).name}=={version}" if version else family(engine).name

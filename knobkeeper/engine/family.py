@@ -179,9 +179,6 @@ class Family:
         """The arguments of a rendered command that its parser takes."""
         raise UserError(f"{self.name}: no flag parser")
 
-    def parsed_fields(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(args)
-
     def pairing_problems(self, label: str, parsed: list[Parsed], routers: Mapping[str, tuple["Family", list[str]]],
                          unparsed: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
         """(problems, warnings) of the PD invariants between this family's parsed workers."""

@@ -58,8 +58,7 @@ def _module_data(path: Path, rel: str) -> dict[str, Any]:
 
 
 def engine_pins(inventory_dir: Path) -> list[Pin]:
-    """Every (stack, role, engine, version) some inventory that loads runs (see _read_pins); re-read
-    only when an inventory file changed."""
+    """Every (stack, role, engine, version) some inventory that loads runs (see _read_pins)."""
     return _pins_and_errors(inventory_dir)[0]
 
 
@@ -70,12 +69,14 @@ def unloadable_inventories(inventory_dir: Path) -> list[str]:
 
 
 def _pins_and_errors(inventory_dir: Path) -> tuple[list[Pin], tuple[str, ...]]:
+    """Re-read only when an inventory file or a KNOBKEEPER_* variable changed (the local inventories
+    read theirs: knobkeeper.inventory_env)."""
     if not inventory_dir.is_dir():
         return [], ()
     files = sorted([*inventory_dir.glob("*.py"), *inventory_dir.glob("group_data/*.py")])
     signature = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
-    return _read_pins(inventory_dir, signature, os.environ.get("KNOBKEEPER_LOCAL_PORTS", ""),
-                      os.environ.get("KNOBKEEPER_LOCAL_WORKERS", ""))
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("KNOBKEEPER_")))
+    return _read_pins(inventory_dir, signature, environment)
 
 
 def _defaults_of(data: dict[str, Any], role: str) -> tuple[tuple[str, Any], ...]:
@@ -89,7 +90,7 @@ def _defaults_of(data: dict[str, Any], role: str) -> tuple[tuple[str, Any], ...]
 
 
 @lru_cache(maxsize=8)
-def _read_pins(inventory_dir: Path, signature: tuple, *_environment: str) -> tuple[list[Pin], tuple[str, ...]]:
+def _read_pins(inventory_dir: Path, signature: tuple, _environment: tuple) -> tuple[list[Pin], tuple[str, ...]]:
     group_dir = inventory_dir / "group_data"
     groups_data: dict[str, dict[str, Any]] = {}
     try:
@@ -132,6 +133,22 @@ def _inventory_pins(rel: str, groups: dict[str, Any], groups_data: dict[str, dic
     return out
 
 
+def inventory_key(inventory_dir: Path, inventory: str | os.PathLike) -> str | None:
+    """How a Pin names `inventory` ("inventory/<name>.py") in whatever spelling a command was given it:
+    relative to the repo root as `inventory/<name>.py` or `./inventory/<name>.py`, or absolute. None when it is
+    not one of the inventory folder's own files (the only ones read for pins)."""
+    path = Path(inventory)
+    if not path.is_absolute():
+        path = inventory_dir.parent / path   # commands resolve an inventory against the repo root
+    try:
+        path, folder = path.resolve(), inventory_dir.resolve()
+    except (OSError, RuntimeError):   # a symlink loop
+        return None
+    if path.parent != folder or path.suffix != ".py":
+        return None
+    return f"{inventory_dir.name}/{path.name}"
+
+
 def stacks(inventory_dir: Path) -> list[str]:
     """The stack names the inventories use ("" for those that name none), in first-seen order."""
     return list(dict.fromkeys(p.stack for p in engine_pins(inventory_dir)))
@@ -144,6 +161,17 @@ def pins_for(inventory_dir: Path, stack: str, role: str) -> list[Pin]:
 def engine_roles(inventory_dir: Path, engine: str) -> tuple[str, ...]:
     """The roles (of any stack) some inventory runs `engine` for."""
     return tuple(dict.fromkeys(p.role for p in engine_pins(inventory_dir) if p.engine == engine))
+
+
+def engine_versions(inventory_dir: Path, engine: str, *, host: str | None = None,
+                    inventory: str | None = None) -> list[str]:
+    """The versions of `engine` the inventories pin, in release order: only for the roles `host` plays
+    (e.g. "@local", this machine) and only in `inventory` ("inventory/local_vllm.py"), when given."""
+    from knobkeeper.engine.versions import version_key
+
+    return sorted({p.version for p in engine_pins(inventory_dir) if p.engine == engine and p.version
+                   and (host is None or host in p.hosts) and (inventory is None or p.inventory == inventory)},
+                  key=version_key)
 
 
 def stack_engine(stack: Any, role: str) -> tuple[str, str | None]:

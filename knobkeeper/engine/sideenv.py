@@ -6,9 +6,9 @@ the packages its parser imports (the family's ParserSpec: sglang's `server_args`
 subcommand), at the versions the wheel's own METADATA pins where it pins them. It is built once,
 under a file lock (two `check`s at once build it once), and reused. It is run by this interpreter
 with the folder first on PYTHONPATH, so the torch of the project's own environment (the Makefile
-installs torch 2.13.0 CPU for the kernels) is reused; only where this interpreter has no torch is
-torch==2.13.0 installed into the side environment too. Nothing of it is imported into this process:
-knobkeeper itself never imports torch or an engine.
+installs the CPU torch of versions.TORCH_VERSION for the kernels) is reused; only where this
+interpreter has no torch is that torch installed into the side environment too. Nothing of it is
+imported into this process: knobkeeper itself never imports torch or an engine.
 
 Cold, on this kind of machine (2 cores, PyPI over the network): sglang 0.5.23 ~40 s; vllm 0.32.0
 (the 133 MB CPU wheel and ~23 packages, 0.7 GB) ~1-2 min, and its first parse ~15 s (vllm imports
@@ -26,7 +26,6 @@ the next time the environment is used (under the build lock, where no build can 
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
@@ -40,10 +39,11 @@ from pathlib import Path
 
 from knobkeeper.engine import family
 from knobkeeper.engine.source import cached_wheel, normal_name, open_wheel
-from knobkeeper.engine.versions import cache_dir
+from knobkeeper.engine.versions import TORCH_VERSION, cache_dir
 from knobkeeper.errors import UserError
+from knobkeeper.fsio import atomic_write, lock_file, replace_dir, unlock_file
 
-TORCH = "torch==2.13.0"
+TORCH = f"torch=={TORCH_VERSION}"
 READY = "ready.json"
 BROKEN = "broken.txt"   # a rebuild did not make the parser import: reported, never rebuilt again
 
@@ -86,8 +86,8 @@ def ensure_side_env(engine: str, version: str, wheel: Path | None = None, wheelh
     if _ready(home, spec.deps) and not _stale_builds(home):
         return site
     home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait, then use its build
+    lock = lock_file(home / ".lock")  # another process may be building it: wait, then use its build
+    try:
         for stale in _stale_builds(home):  # under the lock no build runs: these are a killed one's
             shutil.rmtree(stale, ignore_errors=True)
         if _ready(home, spec.deps):
@@ -111,10 +111,12 @@ def ensure_side_env(engine: str, version: str, wheel: Path | None = None, wheelh
             shutil.rmtree(build, ignore_errors=True)
             raise UserError(f"side environment for {engine} {version}: pip install failed: {_pip_failure(done)}")
         shutil.rmtree(site, ignore_errors=True)
-        os.replace(build, site)
+        replace_dir(build, site)
         (home / BROKEN).unlink(missing_ok=True)
-        (home / READY).write_text(json.dumps({"engine": engine, "version": version, "wheel": Path(wheel).name,
-                                              "deps": list(spec.deps), "packages": wanted[1:]}) + "\n")
+        atomic_write(home / READY, json.dumps({"engine": engine, "version": version, "wheel": Path(wheel).name,
+                                               "deps": list(spec.deps), "packages": wanted[1:]}) + "\n")
+    finally:
+        unlock_file(lock)
     return site
 
 
@@ -209,9 +211,7 @@ def parse_launch_args(engine: str, version: str, argvs: list[list[str]], wheel: 
             raise UserError(f"{engine} {version}'s parser did not run in {site}: {error}")
         for argv, result in zip(missing, results):
             verdicts[json.dumps(argv)] = result
-        tmp_path = verdicts_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp_path.write_text(json.dumps(verdicts))
-        os.replace(tmp_path, verdicts_path)
+        atomic_write(verdicts_path, json.dumps(verdicts))
     return [verdicts[k] for k in keys]
 
 

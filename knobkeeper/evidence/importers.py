@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from knobkeeper.errors import UserError
+from knobkeeper.evidence.model import METRIC
 
 FORMATS = ("sglang", "vllm", "guidellm", "aiperf", "kernels")
-METRIC = "output_tokens_per_s"
 
 
 @dataclass

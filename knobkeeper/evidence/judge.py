@@ -364,11 +364,6 @@ def _drop_outliers(runs: list[Run], metric: str) -> tuple[list[Run], list[Droppe
     return kept, dropped
 
 
-def metric_value(run: Run | Mapping[str, Any], metric: str) -> float | None:
-    """The run's value of `metric`: a top-level number, or a guard (a percentile of ttft/tpot)."""
-    return Run.of(run).value(metric)
-
-
 def _values(runs: list[Run], metric: str) -> list[float]:
     return [v for v in (r.value(metric) for r in runs) if v is not None]
 
@@ -399,14 +394,6 @@ def _judge_level(runs_a: list[Run], runs_b: list[Run], metric: str, mde: float, 
                       "B": sum(1 for d in drop_b if d.reason == "errors")},
         outliers_dropped=drop_a + drop_b)
     return _LevelLook(level, kept_a, kept_b, c)
-
-
-def judge_level(runs_a: Runs, runs_b: Runs, metric: str = METRIC, mde: float = MDE, alpha: float = ALPHA,
-                unit_noise: float = 0.0) -> Level:
-    """One level's throughput comparison from its runs, before any family adjustment (verdict at
-    `alpha` on the raw p)."""
-    return _judge_level([Run.of(r) for r in runs_a], [Run.of(r) for r in runs_b], metric, mde, alpha,
-                        unit_noise).level
 
 
 def verdict_for(c: Comparison, p: float | None, mde: float = MDE, alpha: float = ALPHA,

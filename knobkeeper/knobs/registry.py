@@ -21,7 +21,6 @@ variable (knobs.catalog). Import order inside knobs/: values <- registry <- cata
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 from knobkeeper.engine import family, with_registry
 from knobkeeper.engine.versions import cache_dir, check_version, version_key
 from knobkeeper.errors import UserError
+from knobkeeper.fsio import atomic_write
 from knobkeeper.knobs.values import ENV_NAME, TYPES
 
 SCHEMA = "knobkeeper.engine-registry/1"
@@ -224,10 +224,7 @@ def registry_for(engine: str, version: str, inventory_dir: Path | None = None, w
         except (ValueError, UserError):
             pass  # a broken cache entry is regenerated
     doc = generate(engine, version=version, wheelhouse=wheelhouse)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(dump(doc))
-    os.replace(tmp, cached)
+    atomic_write(cached, dump(doc))
     registry = parse_registry(doc, str(cached), engine, version)
     registry.path = cached
     return registry

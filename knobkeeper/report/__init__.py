@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from knobkeeper.errors import UserError
+from knobkeeper.fsio import atomic_write
 from knobkeeper.project import Project
 from knobkeeper.timeutil import iso, parse_time, utcnow
 
@@ -81,14 +81,8 @@ def write_report(project: Project, output: str | os.PathLike | None = None, sinc
                   since=iso(lo) if since is not None else None, role=role, status_rows=status_rows)
     text = render(src, opt)
     data = text.encode()
-    target.parent.mkdir(parents=True, exist_ok=True)   # only the default's state folder can be missing
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        atomic_write(target, data, mode=0o644)   # creates only the default's state folder (the only one missing)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         raise UserError(f"-o {target}: cannot write ({exc.strerror or exc})") from None
     return Written(target.resolve(), len(data), len(src.events))

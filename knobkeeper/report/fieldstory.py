@@ -1,6 +1,6 @@
-"""The field story (DESIGN.md) built in an infra repo through the library, on a clock that moves
-minutes and hours between the steps as it did in the field; the report's tests and the README
-screenshot (`make docs-screenshot`) use it.
+"""The field story (docs/design.md, "The story it serves") built in an infra repo through the
+library, on a clock that moves minutes and hours between the steps as it did in the field; the
+report's tests and the README screenshot (`make docs-screenshot`) use it.
 
     python -m knobkeeper.report.fieldstory --screenshot docs/report.png
 

@@ -266,6 +266,7 @@ def _reclaim_item(item, confirmed: bool) -> str:
         inc_text = f'<br>incident <a href="#inc-{esc(inc.id)}"><code>{esc(inc.id)}</code></a> {esc(inc.title)} ({esc(res)})'
     ev = " ".join(f'<a href="#ev-{esc(v.id)}"><code>{esc(v.id)}</code></a>'
                   + (f' <span class="warn">stale: {esc("; ".join(v.stale_why))}</span>' if v.stale else "")
+                  + (f' <span class="who">{esc(v.version_note)}</span>' if v.version_note else "")
                   for v in item.evidence)
     command = item.command + (" --force" if confirmed else "")
     return (f'<div class="reclaim{" confirmed" if confirmed else ""}"><div><b>{esc(item.role)}</b>: '

@@ -80,10 +80,6 @@ class Engine:
         self.waiting_prefill.append(req)
         self._wake.set()
 
-    def submit_decode(self, req: Req) -> None:
-        self.waiting_decode.append(req)
-        self._wake.set()
-
     def join_decode(self, req: Req) -> None:
         """Decode side of PD: the KV cache arrived with the first token; decode the rest."""
         self._first_token(req)

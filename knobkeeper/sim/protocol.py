@@ -21,8 +21,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("chat", "completions", "generate")
-
 # Deterministic filler output: token i is WORDS[i % len(WORDS)] with a leading space. Plain ASCII
 # letters, so they go into JSON strings without escaping.
 WORDS = (

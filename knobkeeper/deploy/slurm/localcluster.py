@@ -6,7 +6,7 @@ everything under one folder (key, state, spool, logs, pid files), loopback only,
     stop_cluster(root)                 # cancel every job, wait for its steps, stop daemons by PID
 
 Used by the tests (tests/slurm.py), `make demo TARGET=slurm` / `make stop`, and bench/bench_slurm.py.
-The facts it rests on are in shared/notes/slurm.md:
+The facts it rests on (docs/platform-notes.md, "A real Slurm on one machine"):
 
 - Several slurmd on one host (`NodeName=n1..nN`, each with its own `Port=`, all `NodeAddr=127.0.0.1`),
   because a heterogeneous job never starts on ONE node (the scheduler serialises its components).
@@ -87,7 +87,8 @@ class LocalCluster:
 
 
 def slurm_conf(c: LocalCluster, extra: str = "") -> str:
-    """slurm.conf of the local cluster (the settings shared/notes/slurm.md found to work)."""
+    """slurm.conf of the local cluster (the settings that work: docs/platform-notes.md, "A real Slurm on
+    one machine")."""
     root = c.root
     nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={c.node_ports[n]} "
                       f"CPUs={c.cpus} RealMemory={c.memory_mb} State=UNKNOWN" for n in c.nodes)

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from knobkeeper.engine import engine_spec
+from knobkeeper.engine.routers import SGLANG_ROUTER
 from knobkeeper.errors import UserError
 
 ROUTERS = ("sglang-router", "smg")
@@ -177,7 +179,9 @@ def map_recipe(recipe: Mapping[str, Any], source: str, *, cluster: Mapping[str, 
     slurm = recipe.get("slurm") or {}
     data: dict[str, Any] = {
         "prefix": prefix, "service_manager": "slurm", "slurm_job_name": name,
-        "engines": {"prefill": "sglang", "decode": "sglang", "router": router},
+        # engine and version per role, in one place (knobkeeper.engine.role_engine reads it)
+        "engines": {"prefill": engine_spec("sglang", sglang_version), "decode": engine_spec("sglang", sglang_version),
+                    "router": engine_spec(router, SGLANG_ROUTER.version if router == SGLANG_ROUTER.name else None)},
         "listen_host": "0.0.0.0",
     }
     for key, target, fallback in (("partition", "slurm_partition", "default_partition"),
@@ -248,12 +252,6 @@ def map_recipe(recipe: Mapping[str, Any], source: str, *, cluster: Mapping[str, 
     health = recipe.get("health_check") or {}
     if health:
         data["health_timeout"] = int(health.get("max_attempts", 180)) * int(health.get("interval_seconds", 10))
-    if sglang_version:
-        data["sglang_version"] = sglang_version
-    if router == "sglang-router":
-        from knobkeeper.deploy.routers import SGLANG_ROUTER
-
-        data["sglang_router_version"] = SGLANG_ROUTER.version
 
     # Flags: per role, the inventory's own keys out, the rest engine_args.
     unknown_modes = sorted(set(config) - set(WORKER_ROLES))
