@@ -57,7 +57,7 @@ def test_a_restart_of_the_candidate_is_its_death_and_no_window_from_it_on_is_jud
     scraped = _with_requests(_noisy(31))
     scraped["h1/decode"][1].restarts = 1            # the candidate crashes in the second canary window
     calls = []
-    out = canary.run(project, plan, FakeSource(_with_requests(_noisy(30)), windows),
+    out = canary.run(project, plan, FakeSource(_with_requests(_noisy(30)), scraped),
                 canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
                 canary.Options(duration=0.04, interval=0.01, settle=0))
     assert out.verdict == "worse" and out.action == "rolled back" and calls == ["apply", "restore"]
@@ -77,7 +77,7 @@ def test_a_baseline_restart_is_an_invalid_window_not_a_failure():
     plan = _plan()
     scraped = _with_requests(_noisy(41, n=6))
     scraped["h2/decode"][2].restarts = 1
-    runs, windows = canary.window_runs(plan, canary, calibration=_with_requests(_noisy(40, n=6)))
+    runs, windows = canary.window_runs(plan, scraped, calibration=_with_requests(_noisy(40, n=6)))
     invalid = [w for w in windows if not w.valid]
     assert [w.reasons for w in invalid] == [["restarted: h2/decode (1x)"]]
     assert canary.candidate_death(plan, windows) is None and canary.restarts_of(plan, windows) == 0
