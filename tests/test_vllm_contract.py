@@ -442,6 +442,24 @@ def test_a_side_channel_port_in_the_ephemeral_range_is_a_warning():
     assert _pairing(_pair(decode_env={"VLLM_NIXL_SIDE_CHANNEL_PORT": "32767"})) == ([], [])
 
 
+def test_the_stuck_start_hint_names_the_ephemeral_range_only_for_a_port_in_it():
+    """Issue 38 item 15: a side channel on 5720, below the ephemeral range, was told to "move it out
+    of the ephemeral range". Only a port in that range can have been handed to some connection."""
+    from dataclasses import replace
+
+    from tests.test_health import _fake_service
+
+    line = ("(EngineCore pid=8) zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:{port}')")
+    svc = replace(_fake_service(30201), engine="vllm", ports=(("side_channel", 5720),))
+    outside = VLLM.stuck_start([line.format(port=5720)], svc)
+    assert outside == ("port 5720 (its NIXL side channel) was taken by another socket while it started (ZMQError: "
+                       "Address already in use (addr='tcp://127.0.0.1:5720')); vLLM waits for that listener forever: "
+                       "stop the process that holds it (the port is outside the ephemeral range 32768-60999, so a "
+                       "process bound it itself), or move it (data decode_side_channel_port)")
+    inside = VLLM.stuck_start([line.format(port=45243)], replace(svc, ports=(("side_channel", 45243),)))
+    assert inside.endswith("vLLM waits for that listener forever: free the port, or move it out of the ephemeral range")
+
+
 def test_the_router_names_every_prefill_and_decode_url():
     missing = [a for a in ROUTER_CMD if a not in ("--decode", "http://10.0.1.21:30001")]
     assert _pairing(_pair(), missing)[0] == [

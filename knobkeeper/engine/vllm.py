@@ -402,11 +402,18 @@ class VLLM(Family):
         for line in lines:
             found = _BIND_FAILED.search(line)
             if found:
-                port = found.group("port")
-                named = {str(number): name for name, number in getattr(svc, "ports", ())}.get(port)
+                port = int(found.group("port"))
+                named = {number: name for name, number in getattr(svc, "ports", ())}.get(port)
                 what = f"port {port}" + (f" (its NIXL {named.replace('_', ' ')})" if named else "")
+                if in_ephemeral_range(port):   # any outgoing connection may have been handed it (ports.py)
+                    fix = "free the port, or move it out of the ephemeral range"
+                else:   # the kernel hands no connection a port outside that range: a process bound it
+                    first, last = DEFAULT_EPHEMERAL
+                    fix = (f"stop the process that holds it (the port is outside the ephemeral range "
+                           f"{first}-{last}, so a process bound it itself)"
+                           + (f", or move it (data {svc.role}_{named}_port)" if named else ""))
                 return (f"{what} was taken by another socket while it started ({found.group(0)}); vLLM waits for "
-                        f"that listener forever: free the port, or move it out of the ephemeral range")
+                        f"that listener forever: {fix}")
         return None
 
     def managed_env(self, host: str, services: list[str], data: Mapping[str, Any], prefix: str):
