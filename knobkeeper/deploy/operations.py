@@ -9,8 +9,9 @@
       for batch in host.loop(run.batch_numbers(role)):   --data batch=N: N hosts of the role at a time
         restart(run, plan, role, batch) per service: restart | start | leave it (decided at run time)
         gate(run, plan, role, batch)    every host runs it: the health gate AND the batch's barrier
-    pd_proof(run)                       once: a request through the router proves the PD path (when
-                                        this run restarted a worker whose family can prove it)
+    pd_proof(run)                       once: every decode instance's prompt tokens came over the
+                                        connector (when this run restarted a worker whose family can
+                                        prove it)
     finish(run)                         once, after the last role: write and commit the record
 
 Batches: a role's hosts in inventory order, N at a time (default: all at once). Each batch is
@@ -406,16 +407,21 @@ class Run:
         return f"rolled back {svc.key} to {row.previous_digest} (healthy again)"
 
     def prove_pd(self) -> None:
-        """One request through the router proves the PD path (Family.prove_pd); the record's
-        `pd_proof` says what it saw. Only after a run that (re)started a worker: cheap, not free."""
+        """Every decode instance's prompt tokens came over the connector (Family.prove_pd: one
+        request through the router, one from a prefill to each other decode instance; the prefills
+        this run restarted are used first); the record's `pd_proof` says per instance what it saw.
+        Only after a run that (re)started a worker: cheap, not free."""
         self.settle_pending()
         workers = [s for s in self.stack.services if s.family.kind == "worker" and hasattr(s.family, "prove_pd")]
         routers = [s for s in self.stack.services if s.family.kind == "router"]
-        if not workers or not routers or not any(self.row(s).acted for s in workers):
+        prefills = sorted((s for s in workers if s.role == "prefill"), key=lambda s: not self.row(s).acted)
+        decodes = [s for s in workers if s.role == "decode"]
+        if not prefills or not decodes or not routers or not any(self.row(s).acted for s in workers):
             return
-        decode = [s.url for s in workers if s.role == "decode"]
         data = self.stack.hosts[routers[0].host].data
-        ok, words = workers[0].family.prove_pd(routers[0].url, decode, str(data.get("served_model_name") or ""))
+        ok, words = workers[0].family.prove_pd(routers[0].url, [(s.key, s.url) for s in prefills],
+                                               [(s.key, s.url) for s in decodes],
+                                               str(data.get("served_model_name") or ""))
         self.record.pd_proof = words
         _say(words)
         if not ok:

@@ -19,6 +19,8 @@ lookup in knobkeeper.engine returns. The rest of the tool asks it:
     pairing_problems   the PD invariants between its parsed prefill and decode arguments
     stuck_start(...)   words for a start-up its own log says can never finish (the gate stops
                        waiting at once), with start_marker: how its process's own log lines begin
+    prove_pd(...)      (where a family has it: vLLM) that every decode instance's prompt tokens come
+                       over the connector, after a deploy that restarted a worker
 
 Families import nothing of knobkeeper but errors, fmt, ports and this package: they sit below knobs and
 deploy, which ask them.
