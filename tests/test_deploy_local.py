@@ -255,8 +255,15 @@ def test_uncommitted_changes_are_refused_unless_allowed(stack):
 
 
 def test_decode_that_never_gets_healthy_stops_the_run_before_the_router(stack):
+    """A failed gate stops the run before the router. Issue 38 item 9: the run also changes the
+    router's flags, but stops before the router: its files on the host stay as they were (no new
+    launch script beside a process started from the old one, which `status` took for a hand edit and
+    the next deploy restarted the router for)."""
     before = stack.pids()
-    broken = {"engine_args": {**FAST["engine_args"], "decode": ["--time-scale", "0.05", "--never-healthy"]},
+    router_files = {name: (stack.prefix / "services/knobkeeper-router" / name).read_text()
+                    for name in ("launch.sh", "started.sh")}
+    broken = {"engine_args": {**FAST["engine_args"], "decode": ["--time-scale", "0.05", "--never-healthy"],
+                              "router": [*FAST["engine_args"]["router"], "--request-timeout-secs", "300"]},
               "health_timeout": 4}
     result = stack.deploy(extra_data=broken)
     assert not result.ok and result.returncode != 0
@@ -269,10 +276,16 @@ def test_decode_that_never_gets_healthy_stops_the_run_before_the_router(stack):
     url = f"http://127.0.0.1:{stack.ports['decode']}/health"
     assert result.error.startswith(f"gate failed: host @local, service knobkeeper-decode, {url}: last status HTTP 503")
     assert stack.pids()["knobkeeper-router"] == before["knobkeeper-router"]
-    # Recovery: the next good deploy restarts decode and gates the router.
+    # The router's files are as they were, and status calls it in sync (the declared flags are FAST's).
+    assert {name: (stack.prefix / "services/knobkeeper-router" / name).read_text() for name in router_files} \
+        == router_files
+    states = {s.service: s for s in stack_status(stack.project, "inventory/local.py", FAST)}
+    assert states["knobkeeper-router"].state == "in sync", states["knobkeeper-router"]
+    # Recovery: the next good deploy restarts decode and gates the router, which it leaves running.
     record = _ok(stack.deploy())
     assert _row(record, "knobkeeper-decode")["action"] == "restarted"
     assert _row(record, "knobkeeper-router")["gate"]["result"] == "passed"
+    assert _row(record, "knobkeeper-router")["action"] == "unchanged", _row(record, "knobkeeper-router")
     assert supervisord_pid(stack.prefix)
 
 

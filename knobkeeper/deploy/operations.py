@@ -4,10 +4,11 @@
                                         dirty check, the topology, every rendered file, the record
     engine(run, plan)                   production: venv with pinned sglang + this repo's kernels
     supervisord(run, plan)              local stack: the host's own supervisord, started if down
-    upload(run, plan)                   launch scripts, program sections / units, secrets (0600)
+    upload(run, plan)                   restart=none only (upload only): every rendered file in scope
     for role in host.loop(run.order):   one operation per role (pyinfra matches ops by source line)
       for batch in host.loop(run.batch_numbers(role)):   --data batch=N: N hosts of the role at a time
-        restart(run, plan, role, batch) per service: restart | start | leave it (decided at run time)
+        restart(run, plan, role, batch) per service: restart | start | leave it (decided at run time);
+                                        a service restarted gets its files uploaded in that same step
         gate(run, plan, role, batch)    every host runs it: the health gate AND the batch's barrier
     pd_proof(run)                       once: every decode instance's prompt tokens came over the
                                         connector (when this run restarted a worker whose family can
@@ -16,6 +17,11 @@
 
 Batches: a role's hosts in inventory order, N at a time (default: all at once). Each batch is
 restarted and gated before the next one starts, so a rolling restart never has the whole role down.
+
+Upload and restart are one step per service (`service_state`): its launch script, program/unit and
+secrets are uploaded only when it is (re)started, right before. A run that stops before a service
+(a gate upstream failed, a port was taken) leaves that service's files on the host as they were:
+what runs is what is there, never a new launch script beside a process started from the old one.
 
 Rollback (--data rollback=true): when a service's gate fails after this run restarted it, the launch
 script and program/unit it ran before (kept as previous.sh / previous.<conf|service> at the restart)
@@ -64,7 +70,6 @@ from pyinfra import state as current_state
 from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.context import ctx_host, ctx_state
-from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, pip, python, server, systemd
 
 import gevent
@@ -105,10 +110,11 @@ class GateFailed(Exception):
 
 
 class ServiceState(FactBase):
-    """parse_service_state's dict: the process state, started.sh and the started program/unit."""
+    """parse_service_state's dict: the process state, started.sh, the started program/unit and the
+    launch script on the host (a hand edit of it restarts the service)."""
 
     def command(self, svc: Service, ctl: str) -> str:
-        return state_command(svc, ctl)
+        return state_command(svc, ctl, with_launch=True)
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_service_state(output)
@@ -184,7 +190,6 @@ class Run:
             ))
         self.engine_states: dict[tuple[str, str], str] = {}   # (host, environment) -> cached | installed
         self.preflight()
-        self.host_launch: dict[tuple[str, str], str | None] = {}
         # (re)started services healthy as their supervised PID whose settle is not over yet
         self.settling: dict[str, tuple[Any, HostPlan, Service, Settling, float, str]] = {}
         self._settle_lock = gevent.lock.Semaphore()
@@ -249,7 +254,7 @@ class Run:
 
     def decide(self, svc: Service, observed: dict[str, Any]) -> tuple[str, str, list[str]]:
         return decide(self.options, self.in_scope(svc), self.rendered[(svc.host, svc.name)], observed,
-                      self.host_launch.get((svc.host, svc.name)))
+                      observed.get("launch"))
 
     def note_decision(self, svc: Service, observed: dict[str, Any], action: str, reason: str,
                       changes: list[str]) -> None:
@@ -305,7 +310,7 @@ class Run:
 
     def mark_issued(self, svc: Service) -> None:
         self.row(svc).restart_issued_at = iso(utcnow())
-        self.journal()   # before the restart: a kill from here on leaves a record to complete
+        self.journal()   # before the upload and restart: a kill from here on leaves a record to complete
 
     def journal(self) -> None:
         if self.state.current_stage >= StateStage.Execute:
@@ -701,28 +706,34 @@ def supervisord_running(plan: HostPlan):
 
 
 def upload(run: Run, plan: HostPlan) -> None:
-    """b. Upload every rendered file of this host's services in scope (and their secrets, 0600)."""
+    """b. restart=none (upload only): every rendered file of this host's services in scope (and their
+    secrets, 0600). Otherwise nothing here: a service's files are uploaded by the step that
+    restarts it (service_state), so that no run leaves a launch script beside a process that was
+    not started from it."""
+    if run.options.restart != "none":
+        return
     services = [s for s in plan.services if run.in_scope(s)]
     unit_ops = []
-    for svc in services:
-        # Read now, while the deploy file loads (before any upload): a hand edit is seen by decide().
-        lines = current_host.get_fact(FileContents, path=svc.launch_path)
-        run.host_launch[(svc.host, svc.name)] = "\n".join(lines) + "\n" if lines is not None else None
     for svc in current_host.loop(services):
-        rendered = run.rendered[(svc.host, svc.name)]
-        for path in current_host.loop(list(rendered.files)):
-            op = files.put(name=f"knobkeeper: {path}", src=io.StringIO(rendered.files[path]), dest=path,
-                           mode=rendered.modes[path][1:], create_remote_dir=True)
+        for path, src, mode in current_host.loop(service_files(run, svc)):
+            op = files.put(name=f"knobkeeper: {path}", src=src, dest=path, mode=mode, create_remote_dir=True)
             if path == svc.unit_path and svc.manager == "systemd":
                 unit_ops.append(op)
-        for path in current_host.loop(sorted(rendered.secrets)):
-            role, knob = rendered.secrets[path]
-            value_file = secret_path(run.project, role, knob, rendered.knobs[knob])  # checked before the run
-            files.put(name=f"knobkeeper: secret {knob} of {role}", src=str(value_file),
-                      dest=path, mode="600", create_remote_dir=True)
     if plan.manager == "systemd" and services:
         systemd.daemon_reload(name="knobkeeper: systemd daemon-reload",
                               _if=lambda: any(op.did_change() for op in unit_ops))
+
+
+def service_files(run: Run, svc: Service) -> list[tuple[str, Any, str]]:
+    """(remote path, source, mode) of every file a service's restart uploads: its rendered files and
+    its secrets (0600, from the repo's secret store: checked before the run)."""
+    rendered = run.rendered[(svc.host, svc.name)]
+    out: list[tuple[str, Any, str]] = [(path, io.StringIO(rendered.files[path]), rendered.modes[path][1:])
+                                       for path in rendered.files]
+    for path in sorted(rendered.secrets):
+        role, knob = rendered.secrets[path]
+        out.append((path, str(secret_path(run.project, role, knob, rendered.knobs[knob])), "600"))
+    return out
 
 
 def restart(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
@@ -737,16 +748,23 @@ def restart(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
 @operation(is_idempotent=False)
 def service_state(run: Run, plan: HostPlan, svc: Service):
     """Bring one service to its rendered state: start it if down, restart it if its files changed
-    (or on a co-restart), else nothing. Records the decision and when the restart was issued."""
+    (or on a co-restart), else nothing; its files are uploaded in this step, right before its
+    restart, and only then. Records the decision and when the restart was issued."""
     observed = current_host.get_fact(ServiceState, svc=svc, ctl=plan.ctl)
     action, reason, changes = run.decide(svc, observed)
     if current_state.is_executing:
         run.note_decision(svc, observed, action, reason, changes)
     if action == "unchanged":
         return
+    # files.put's own steps, collected before anything is yielded: pyinfra's change check (--dry)
+    # runs an operation only up to its first command, and --diff prints each file's change as it
+    # collects them. Each compares with the host's file when collected: nothing writes them meanwhile.
+    uploads = [command for path, src, mode in service_files(run, svc)
+               for command in files.put._inner(src=src, dest=path, mode=mode, create_remote_dir=True)]
     yield FunctionCommand(run.settle_pending, (), {})   # nothing restarts before every new process stayed up
     yield FunctionCommand(run.port_free, (ctx_host.get(), plan, svc), {})
     yield FunctionCommand(run.mark_issued, (svc,), {})
+    yield from uploads
     yield rotate_shell(svc)
     yield restart_shell(plan, svc)
 

@@ -215,7 +215,8 @@ def decide(options: DeployOptions, in_scope: bool, rendered: Any, observed: Mapp
         the host's launch script was edited     -> restarted (what the edit changed)
         otherwise                               -> unchanged
     `rendered` is a RenderedService; `observed` parse_service_state's dict (with the started files'
-    texts); `host_launch` the host's launch script as it was before this deploy uploaded anything.
+    texts); `host_launch` the host's launch script before this deploy uploaded anything (a deploy
+    uploads a service's files in the step that restarts it).
     """
     started = observed.get("started") or {}
     before = started.get("digest")
