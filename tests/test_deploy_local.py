@@ -302,6 +302,18 @@ def test_stray_server_on_the_decode_port_fails_the_deploy_before_the_router(stac
         decode, router = _row(result.record, "knobkeeper-decode"), _row(result.record, "knobkeeper-router")
         assert decode.gate.result != "passed"
         assert router.restart_issued_at is None and router.action == "unchanged"
+        # Issue 38 item 19: nothing was started, and neither the record nor the summary says it was.
+        port = stack.ports["decode"]
+        assert decode.action == "unchanged" and decode.restart_issued_at is None
+        assert decode.reason == (f"not started: port {port} taken by another process; it was to be started: "
+                                 f"not running (stopped)")
+        from knobkeeper.cli.deploy import _summary
+
+        assert (f"  @local/knobkeeper-decode: unchanged (not started: port {port} taken by another process; it was "
+                f"to be started: not running (stopped)); gate failed") in _summary(result).splitlines()
+        trailers = git(stack.project.root, "log", "-1", "--format=%(trailers:key=Started,valueonly)", "--",
+                       "changelog/deploys")
+        assert "knobkeeper-decode" not in trailers
         assert stack.pids()["knobkeeper-router"] == before["knobkeeper-router"]
         states = {s.service: s for s in stack_status(stack.project, "inventory/local.py", FAST)}
         assert states["knobkeeper-decode"].state == "down", states["knobkeeper-decode"]

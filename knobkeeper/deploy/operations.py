@@ -27,6 +27,9 @@ Rollback (--data rollback=true): when a service's gate fails after this run rest
 script and program/unit it ran before (kept as previous.sh / previous.<conf|service> at the restart)
 are put back and the service is restarted and gated again; the run still fails, saying so.
 
+A restart that was decided but never issued (a gate before it failed, or its port is taken) is
+recorded as not done: the row says "unchanged" and why, never "restarted".
+
 Unreachable hosts: a host pyinfra could not connect to fails the run before any operation (config.py
 sets FAIL_PERCENT = 0; the Run checks too, naming the hosts).
 
@@ -307,6 +310,21 @@ class Run:
         except UserError as exc:
             self.error = self.error or f"host {plan.name}, service {', '.join(env.services)}: {exc}"
             raise UserError(self.error) from None
+
+    def before_restart(self, host: Any, plan: HostPlan, svc: Service) -> None:
+        """What must hold before `svc` is (re)started: every pending settle is over (nothing restarts
+        before every new process stayed up) and its ports are free. When either fails the restart is
+        not issued, and its row says so instead of the action it was to take."""
+        try:
+            self.settle_pending()
+            self.port_free(host, plan, svc)
+        except GateFailed:
+            row = self.row(svc)
+            verb = "restarted" if row.action == "restarted" else "started"
+            why = row.gate.status if row.gate.result == "failed" else "the run stopped before it (a gate failed)"
+            row.action, row.changes = "unchanged", []
+            row.reason = f"not {verb}: {why}; it was to be {verb}: {row.reason}"
+            raise
 
     def mark_issued(self, svc: Service) -> None:
         self.row(svc).restart_issued_at = iso(utcnow())
@@ -761,8 +779,7 @@ def service_state(run: Run, plan: HostPlan, svc: Service):
     # collects them. Each compares with the host's file when collected: nothing writes them meanwhile.
     uploads = [command for path, src, mode in service_files(run, svc)
                for command in files.put._inner(src=src, dest=path, mode=mode, create_remote_dir=True)]
-    yield FunctionCommand(run.settle_pending, (), {})   # nothing restarts before every new process stayed up
-    yield FunctionCommand(run.port_free, (ctx_host.get(), plan, svc), {})
+    yield FunctionCommand(run.before_restart, (ctx_host.get(), plan, svc), {})
     yield FunctionCommand(run.mark_issued, (svc,), {})
     yield from uploads
     yield rotate_shell(svc)
