@@ -23,9 +23,13 @@ secrets are uploaded only when it is (re)started, right before. A run that stops
 (a gate upstream failed, a port was taken) leaves that service's files on the host as they were:
 what runs is what is there, never a new launch script beside a process started from the old one.
 
-Rollback (--data rollback=true): when a service's gate fails after this run restarted it, the launch
-script and program/unit it ran before (kept as previous.sh / previous.<conf|service> at the restart)
-are put back and the service is restarted and gated again; the run still fails, saying so.
+A failed gate leaves no unproven process behind: when the gate of a service this run (re)started
+fails (a timeout, a crash, a start-up that can never finish), the service is stopped and marked
+(`failed_gate_path`: which deploy, when, the gate's last status), so that `status` calls it down
+and says why, and the next deploy starts it again (plan.decide: also when it was started since by
+hand). Rollback (--data rollback=true): the launch script and program/unit it ran before (kept as
+previous.sh / previous.<conf|service> at the restart) are put back and the service is restarted and
+gated again; only when that fails too is it stopped. The run fails either way, saying so.
 
 A restart that was decided but never issued (a gate before it failed, or its port is taken) is
 recorded as not done: the row says "unchanged" and why, never "restarted".
@@ -113,8 +117,8 @@ class GateFailed(Exception):
 
 
 class ServiceState(FactBase):
-    """parse_service_state's dict: the process state, started.sh, the started program/unit and the
-    launch script on the host (a hand edit of it restarts the service)."""
+    """parse_service_state's dict: the process state, started.sh, the started program/unit, the
+    failed gate's mark and the launch script on the host (a hand edit of it restarts the service)."""
 
     def command(self, svc: Service, ctl: str) -> str:
         return state_command(svc, ctl, with_launch=True)
@@ -374,8 +378,12 @@ class Run:
             url = svc.health_url if not outcome.status.startswith("workers") else svc.workers_url
             error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {outcome.status} "
                      f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
-            if self.options.rollback and row.acted:
-                error += "; " + self.roll_back(plan, svc, host)
+            if row.acted:   # a process this run started: rolled back (rollback=true) or stopped, never left
+                back = self.roll_back(plan, svc, host) if self.options.rollback else None
+                if back is not None:
+                    error += "; " + back
+                if row.rollback is None or row.rollback.result != "passed":
+                    error += "; " + self.stop_failed(plan, svc, outcome.status, host)
             self.error = self.error or error
             raise GateFailed(error)
         row.gate.result = "passed"
@@ -404,6 +412,22 @@ class Run:
                     self._settle_failure = self._settle_failure or exc
             if self._settle_failure is not None:
                 raise self._settle_failure
+
+    def stop_failed(self, plan: HostPlan, svc: Service, status: str, host: Any = None) -> str:
+        """Stop a service whose gate failed after this run (re)started it, and mark it
+        (`failed_gate_path`), on `host` (default the host whose operation runs): a process that never
+        passed its gate neither lingers as "in sync" (a stuck start-up lives on; one that came up
+        later would serve unproven) nor makes the next deploy say "unchanged" (plan.decide starts it
+        again). Returns the words for the run's error; the row gets `stopped_at`."""
+        row = self.row(svc)
+        ok, output = (host or current_host).run_shell_command(StringCommand(stop_shell(plan, svc, self.record.id,
+                                                                                        status)))
+        if not ok:
+            text = " ".join((list(output.stdout_lines) + list(output.stderr_lines))[-3:])
+            return f"stopping {svc.name} FAILED ({text}): stop it by hand"
+        row.stopped_at = iso(utcnow())
+        self.journal()
+        return f"stopped {svc.name} (marked failed: the next deploy starts it again)"
 
     def roll_back(self, plan: HostPlan, svc: Service, host: Any = None) -> str:
         """Put back the launch script and program/unit `svc` ran before this run restarted it, restart
@@ -829,16 +853,32 @@ except xmlrpc.client.Fault as exc:
 
 
 def restart_shell(plan: HostPlan, svc: Service) -> str:
-    """THE restart of one service (deploy and rollback): apply its program/unit file, stop it, start
-    it, in one command. supervisord: through supervisorctl's own controller in one process, run by
-    supervisorctl's interpreter (its shebang line), the start not waiting out startsecs (above)."""
+    """THE restart of one service (deploy and rollback): drop the mark of a failed gate (this start is
+    judged by its own gate), apply its program/unit file, stop it, start it, in one command.
+    supervisord: through supervisorctl's own controller in one process, run by supervisorctl's
+    interpreter (its shebang line), the start not waiting out startsecs (above)."""
     q = shlex.quote
+    unmark = f"rm -f {q(svc.failed_gate_path)}"
     if svc.manager == "supervisord":
         sup = plan.supervisor
-        return (f"$(sed -n '1s/^#!//p' {q(sup.supervisorctl)}) -c {q(_SUPERVISOR_RESTART)} {q(sup.conf)} "
+        return (f"{unmark} && $(sed -n '1s/^#!//p' {q(sup.supervisorctl)}) -c {q(_SUPERVISOR_RESTART)} {q(sup.conf)} "
                 f"{q(svc.name)} >/dev/null")
     unit = q(f"{svc.name}.service")
-    return f"systemctl daemon-reload && systemctl enable --quiet {unit} && systemctl restart {unit}"
+    return f"{unmark} && systemctl daemon-reload && systemctl enable --quiet {unit} && systemctl restart {unit}"
+
+
+def stop_shell(plan: HostPlan, svc: Service, deploy_id: str, status: str) -> str:
+    """Mark the service's failed gate (which deploy, when, the gate's last status) and stop it. A
+    program supervisord already gave up on is not running: that is no failure to stop it."""
+    q = shlex.quote
+    mark = json.dumps({"deploy": deploy_id, "at": iso(utcnow()), "status": " ".join(status.split())})
+    write = f"mkdir -p {q(svc.service_dir)} && printf '%s\\n' {q(mark)} > {q(svc.failed_gate_path)}"
+    if svc.manager == "supervisord":
+        stop = (f"out=$({plan.supervisor.ctl('stop', svc.name)} 2>&1) || "
+                f"case \"$out\" in *'not running'*) ;; *) echo \"$out\" >&2; exit 1;; esac")
+    else:
+        stop = f"systemctl stop {q(svc.name + '.service')}"
+    return f"{write} && {{ {stop}; }}"
 
 
 def gate(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:

@@ -11,7 +11,8 @@ reference point for later incidents:
                    "reason", "changes": [what changed, in words], "digest", "previous_digest",
                    "knobs", "restart_issued_at", "batch", "rollback": {...} | null,
                    "healthy_at", "pid", "gate": {"result": "passed" | "failed" | "skipped" | "not-run",
-                   "url", "status", "seconds", "checked_at"}, "job", "node"}],
+                   "url", "status", "seconds", "checked_at"}, "stopped_at" (when the run stopped it
+                   after the gate of the process it started failed, else null), "job", "node"}],
      "slurm": null | {"job_name", "script", "decision": "new job" | "kept" | "none", "why",
                       "job": {"id", "state", "digest", "submitted_at", "started_at", "cancelled_at",
                               "nodes": {service: node}, "reason"},
@@ -115,6 +116,7 @@ class ServiceRow(_ByField):
     batch: int = 1
     rollback: Rollback | None = None
     gate: Gate = field(default_factory=Gate)
+    stopped_at: str | None = None  # the run stopped it: the gate of the process it started failed
     job: str | None = None  # Slurm: the job the component ran in, and the node it got
     node: str | None = None
 
