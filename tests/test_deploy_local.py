@@ -255,8 +255,18 @@ def test_uncommitted_changes_are_refused_unless_allowed(stack):
 
 
 def test_decode_that_never_gets_healthy_stops_the_run_before_the_router(stack):
+    """A failed gate stops the run before the router, and (issue 38 item 6: a stuck start-up outlived
+    its failed gate, `status` called it in sync, the next deploy said "unchanged" and waited its
+    whole timeout) stops the decode it started and marks it: status says down and why, the next
+    deploy starts it, also when it was started again by hand in between. Issue 38 item 9: the run
+    also changes the router's flags, but stops before the router: its files on the host stay as they
+    were (no new launch script beside a process started from the old one, which `status` took for a
+    hand edit and the next deploy restarted the router for)."""
     before = stack.pids()
-    broken = {"engine_args": {**FAST["engine_args"], "decode": ["--time-scale", "0.05", "--never-healthy"]},
+    router_files = {name: (stack.prefix / "services/knobkeeper-router" / name).read_text()
+                    for name in ("launch.sh", "started.sh")}
+    broken = {"engine_args": {**FAST["engine_args"], "decode": ["--time-scale", "0.05", "--never-healthy"],
+                              "router": [*FAST["engine_args"]["router"], "--request-timeout-secs", "300"]},
               "health_timeout": 4}
     result = stack.deploy(extra_data=broken)
     assert not result.ok and result.returncode != 0
@@ -268,12 +278,45 @@ def test_decode_that_never_gets_healthy_stops_the_run_before_the_router(stack):
     assert router["action"] == "unchanged" and router["reason"] == "not run" and router["restart_issued_at"] is None
     url = f"http://127.0.0.1:{stack.ports['decode']}/health"
     assert result.error.startswith(f"gate failed: host @local, service knobkeeper-decode, {url}: last status HTTP 503")
+    assert result.error.endswith("; stopped knobkeeper-decode (marked failed: the next deploy starts it again)")
     assert stack.pids()["knobkeeper-router"] == before["knobkeeper-router"]
-    # Recovery: the next good deploy restarts decode and gates the router.
+    # The router's files are as they were, and status calls it in sync (the declared flags are FAST's).
+    # The decode it started is stopped, and status says why; a plan starts it.
+    assert {name: (stack.prefix / "services/knobkeeper-router" / name).read_text() for name in router_files} \
+        == router_files
+    assert stack.pids()["knobkeeper-decode"] is None and decode.stopped_at is not None
+    why = f"its gate failed in deploy {record.id} at "
+    states = {s.service: s for s in stack_status(stack.project, "inventory/local.py", FAST)}
+    assert states["knobkeeper-router"].state == "in sync", states["knobkeeper-router"]
+    seen = states["knobkeeper-decode"]
+    assert seen.state == "down" and seen.differences[0].startswith(f"stopped: {why}"), seen
+    assert "HTTP 503" in seen.differences[0]
+    planned = _planned(stack, {})["knobkeeper-decode"]
+    assert planned["action"] == "start" and why in planned["reason"], planned
+    # Started by hand (it runs, never healthy): still not "unchanged" for the next deploy.
+    subprocess.run([stack.ctl, "-c", str(stack.prefix / "supervisor/supervisord.conf"), "start", "knobkeeper-decode"],
+                   check=True, capture_output=True)
+    [seen] = [s for s in stack_status(stack.project, "inventory/local.py", {**FAST, **broken})
+              if s.service == "knobkeeper-decode"]
+    assert seen.state == "drifted" and len(seen.differences) == 1, seen   # running what is declared, but unproven
+    assert seen.differences[0].startswith(f"running without a passed gate ({why}"), seen
+    assert seen.differences[0].endswith("): a deploy restarts it"), seen
+    # Recovery: the next good deploy restarts decode and gates the router, which it leaves running.
     record = _ok(stack.deploy())
     assert _row(record, "knobkeeper-decode")["action"] == "restarted"
+    assert _row(record, "knobkeeper-decode")["reason"].startswith(f"running without a passed gate: {why}")
     assert _row(record, "knobkeeper-router")["gate"]["result"] == "passed"
+    assert _row(record, "knobkeeper-router")["action"] == "unchanged", _row(record, "knobkeeper-router")
+    assert not (stack.prefix / "services/knobkeeper-decode/failed-gate.json").exists()
     assert supervisord_pid(stack.prefix)
+
+
+def _planned(stack, data: dict) -> dict[str, dict]:
+    """{service: its row of `knobkeeper plan`} for the local stack with `data`."""
+    from knobkeeper.deploy.plan import restart_plan
+
+    plan = restart_plan(stack.project, "inventory/local.py", {**FAST, **data})
+    return {s["service"]: s for role in plan["roles"] for batch in role["batches"] for s in batch}
 
 
 def test_stray_server_on_the_decode_port_fails_the_deploy_before_the_router(stack):
@@ -289,6 +332,18 @@ def test_stray_server_on_the_decode_port_fails_the_deploy_before_the_router(stac
         decode, router = _row(result.record, "knobkeeper-decode"), _row(result.record, "knobkeeper-router")
         assert decode.gate.result != "passed"
         assert router.restart_issued_at is None and router.action == "unchanged"
+        # Issue 38 item 19: nothing was started, and neither the record nor the summary says it was.
+        port = stack.ports["decode"]
+        assert decode.action == "unchanged" and decode.restart_issued_at is None
+        assert decode.reason == (f"not started: port {port} taken by another process; it was to be started: "
+                                 f"not running (stopped)")
+        from knobkeeper.cli.deploy import _summary
+
+        assert (f"  @local/knobkeeper-decode: unchanged (not started: port {port} taken by another process; it was "
+                f"to be started: not running (stopped)); gate failed") in _summary(result).splitlines()
+        trailers = git(stack.project.root, "log", "-1", "--format=%(trailers:key=Started,valueonly)", "--",
+                       "changelog/deploys")
+        assert "knobkeeper-decode" not in trailers
         assert stack.pids()["knobkeeper-router"] == before["knobkeeper-router"]
         states = {s.service: s for s in stack_status(stack.project, "inventory/local.py", FAST)}
         assert states["knobkeeper-decode"].state == "down", states["knobkeeper-decode"]

@@ -344,6 +344,9 @@ def test_failed_gate_stops_the_run_before_the_router(fleet):
     assert router["gate"]["result"] == "not-run"
     assert fleet.pids()["router-1"] == before["router-1"]
     assert "rolled back" not in (record.error or "")
+    # The decode it started and that never passed its gate is stopped (issue 38 item 6).
+    assert fleet.pids()[BROKEN] is None and broken["stopped_at"] is not None
+    assert fleet.status()[BROKEN].state == "down"
 
 
 # --- a rerun repairs --------------------------------------------------------------------------------
@@ -359,7 +362,8 @@ def test_rerun_after_failure_repairs_down_services_even_with_unchanged_files(fle
     record = _ok(fleet.deploy())
     assert _row(record, "prefill-2")["action"] == "started"
     assert "not running" in _row(record, "prefill-2")["reason"]
-    assert _row(record, BROKEN)["action"] == "restarted"  # running the broken files; declared are the good ones
+    # stopped after its failed gate; declared are the good files again
+    assert _row(record, BROKEN)["action"] == "started" and "its gate failed in deploy " in _row(record, BROKEN)["reason"]
     assert _row(record, "prefill-1")["action"] == "unchanged" and _row(record, "decode-1")["action"] == "unchanged"
     assert _row(record, "router-1")["gate"]["result"] == "passed"
     _assert_role_order(record)

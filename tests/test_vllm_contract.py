@@ -468,6 +468,165 @@ def test_check_warns_of_an_engine_environment_without_the_amx_hook_on_a_cpu_with
     assert contract.environment_warnings(stack, "inventory/local_vllm.py") == []
 
 
+def test_the_stuck_start_hint_names_the_ephemeral_range_only_for_a_port_in_it():
+    """Issue 38 item 15: a side channel on 5720, below the ephemeral range, was told to "move it out
+    of the ephemeral range". Only a port in that range can have been handed to some connection."""
+    from dataclasses import replace
+
+    from tests.test_health import _fake_service
+
+    line = ("(EngineCore pid=8) zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:{port}')")
+    svc = replace(_fake_service(30201), engine="vllm", ports=(("side_channel", 5720),))
+    outside = VLLM.stuck_start([line.format(port=5720)], svc)
+    assert outside == ("port 5720 (its NIXL side channel) was taken by another socket while it started (ZMQError: "
+                       "Address already in use (addr='tcp://127.0.0.1:5720')); vLLM waits for that listener forever: "
+                       "stop the process that holds it (the port is outside the ephemeral range 32768-60999, so a "
+                       "process bound it itself), or move it (data decode_side_channel_port)")
+    inside = VLLM.stuck_start([line.format(port=45243)], replace(svc, ports=(("side_channel", 45243),)))
+    assert inside.endswith("vLLM waits for that listener forever: free the port, or move it out of the ephemeral range")
+
+
+# --- the PD proof, against fake workers that keep vLLM's prompt-token books --------------------------
+
+
+class _FakeWorker:
+    """The part of a vLLM worker the PD proof looks at. A prefill asked with kv_transfer_params
+    {"do_remote_decode": true} answers the kv_transfer_params a decode reads the KV with; a decode
+    counts each prompt's tokens in vllm:prompt_tokens_by_source_total by source, as vLLM does:
+    local_cache_hit for a prompt it served before (its prefix cache), external_kv_transfer for one
+    that came with a prefill's kv_transfer_params (when its connector works), else local_compute.
+    A token is a word of the prompt."""
+
+    def __init__(self, role: str, connector_works: bool = True):
+        self.role, self.works = role, connector_works
+        self.counts = dict.fromkeys(("local_compute", "local_cache_hit", "external_kv_transfer"), 0)
+        self.cached: set[str] = set()
+        self.url = ""
+
+    def complete(self, body: dict) -> dict:
+        prompt, params = str(body["prompt"]), body.get("kv_transfer_params") or {}
+        tokens = len(prompt.split())
+        if self.role == "prefill":
+            answer = {"usage": {"prompt_tokens": tokens}}
+            if params.get("do_remote_decode"):
+                answer["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
+                                                "remote_engine_id": "fake-prefill", "remote_block_ids": [[0]],
+                                                "remote_host": "127.0.0.1", "remote_port": 5610}
+            return answer
+        source = ("local_cache_hit" if prompt in self.cached else
+                  "external_kv_transfer" if params.get("do_remote_prefill") and self.works else "local_compute")
+        self.counts[source] += tokens
+        self.cached.add(prompt)
+        return {"choices": [{"text": " hello"}], "usage": {"prompt_tokens": tokens, "completion_tokens": 1}}
+
+    def metrics(self) -> str:
+        lines = []
+        for source, value in self.counts.items():
+            labels = f'engine="0",model_name="tiny",source="{source}"'
+            lines += [f"vllm:prompt_tokens_by_source_total{{{labels}}} {float(value)}",
+                      f"vllm:prompt_tokens_by_source_created{{{labels}}} 1.7e+09"]
+        return "\n".join(lines) + "\n"
+
+
+class _FakeRouter:
+    """vllm-router in PD mode: the prompt to the prefill for its KV, then to the decode `pick` names."""
+
+    def __init__(self, prefill: _FakeWorker, decodes: dict[str, _FakeWorker], pick: str):
+        self.prefill, self.decodes, self.pick, self.url = prefill, decodes, pick, ""
+
+    def complete(self, body: dict) -> dict:
+        first = self.prefill.complete({**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+        return self.decodes[self.pick].complete({**body, "kv_transfer_params": first["kv_transfer_params"]})
+
+    def metrics(self) -> str:
+        return ""
+
+
+@pytest.fixture
+def fake_pd():
+    """start(*components) serves each on a free loopback port (its .url); all are shut down after."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.procs import free_port
+
+    servers = []
+
+    def start(*components):
+        for component in components:
+            class Handler(BaseHTTPRequestHandler):
+                target = component
+
+                def do_GET(self):
+                    self._send(self.target.metrics().encode(), "text/plain")
+
+                def do_POST(self):
+                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                    self._send(json.dumps(self.target.complete(body)).encode(), "application/json")
+
+                def _send(self, data: bytes, kind: str):
+                    self.send_response(200)
+                    self.send_header("Content-Type", kind)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+
+                def log_message(self, *args):
+                    pass
+
+            server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+            servers.append(server)
+            component.url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _seen(words: str) -> dict[str, tuple[int, int, str]]:
+    """{instance: (tokens over the connector, prompt tokens, how)} of a PD proof's words."""
+    import re
+
+    return {name: (int(came), int(of), how) for name, came, of, how in
+            re.findall(r"(\S+): (\d+) of (\d+) prompt tokens came over the connector \(([^)]*)\)", words)}
+
+
+def test_the_pd_proof_is_not_fooled_by_a_decode_whose_prefix_cache_has_its_prompt(fake_pd):
+    """Issue 38 item 3: with two decode workers, the router sent the second deploy's proof to the
+    decode that had served the first one's; it answered from its prefix cache and the proof failed
+    a healthy stack ("97 of 481 prompt tokens came over the connector"). Each proof prompt is new to
+    every instance, and each decode instance is proven, the one the router skips from a prefill."""
+    prefill, first, second = _FakeWorker("prefill"), _FakeWorker("decode"), _FakeWorker("decode")
+    router = _FakeRouter(prefill, {"d1": first, "d2": second}, pick="d2")   # cache_aware may keep one
+    fake_pd(prefill, first, second, router)
+    workers = ([("p1", prefill.url)], [("d1", first.url), ("d2", second.url)])
+    for deploy in (1, 2):   # the second deploy: d2's prefix cache holds what it served in the first
+        ok, words = VLLM.prove_pd(router.url, *workers, "tiny")
+        assert ok, (deploy, words)
+        seen = _seen(words)
+        assert seen.keys() == {"d1", "d2"}, words
+        assert seen["d2"][2] == "through the router" and seen["d1"][2] == "from p1, not through the router"
+        assert all(came == of > 150 for came, of, _ in seen.values()), words
+    assert first.counts["local_cache_hit"] == second.counts["local_cache_hit"] == 0
+
+
+def test_the_pd_proof_fails_a_decode_instance_the_router_did_not_send_it_to(fake_pd):
+    """Issue 38 item 3, per instance: a decode whose connector does not work (it computes every
+    prompt itself) fails the proof although the router's request went to a healthy one."""
+    prefill, broken, healthy = _FakeWorker("prefill"), _FakeWorker("decode", connector_works=False), _FakeWorker("decode")
+    router = _FakeRouter(prefill, {"d1": broken, "d2": healthy}, pick="d2")
+    fake_pd(prefill, broken, healthy, router)
+    ok, words = VLLM.prove_pd(router.url, [("p1", prefill.url)], [("d1", broken.url), ("d2", healthy.url)], "tiny")
+    assert not ok, words
+    seen = _seen(words)
+    assert seen["d2"][0] == seen["d2"][1] and seen["d1"][0] == 0, words
+    tokens = seen["d1"][1]
+    assert (f"d1: 0 of {tokens} prompt tokens came over the connector (from p1, not through the router); "
+            f"{tokens} it computed itself, 0 came from its prefix cache") in words
+
+
 def test_the_router_names_every_prefill_and_decode_url():
     missing = [a for a in ROUTER_CMD if a not in ("--decode", "http://10.0.1.21:30001")]
     assert _pairing(_pair(), missing)[0] == [

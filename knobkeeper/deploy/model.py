@@ -97,6 +97,12 @@ class Service:
         return f"{self.service_dir}/previous.{'conf' if self.manager == 'supervisord' else 'service'}"
 
     @property
+    def failed_gate_path(self) -> str:
+        """Written when a deploy stopped the service after the gate of the process it started failed
+        (which deploy, when, the gate's last status); removed by the next (re)start."""
+        return f"{self.service_dir}/failed-gate.json"
+
+    @property
     def secrets_dir(self) -> str:
         return f"{self.prefix}/secrets/{self.role}"
 

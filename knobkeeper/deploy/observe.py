@@ -6,6 +6,7 @@ host exports. Used by `status` and `plan` (outside a pyinfra run) and by the dep
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -19,6 +20,7 @@ from knobkeeper.knobs.catalog import ENV_NAME
 STARTED_MARKER = "--knobkeeper-started--"
 STARTED_MANAGER_MARKER = "--knobkeeper-started-manager--"
 LAUNCH_MARKER = "--knobkeeper-launch--"
+FAILED_GATE_MARKER = "--knobkeeper-failed-gate--"
 LOCAL_NAMES = ("@local", "localhost")
 # Up and past start-up. STARTING / BACKOFF (supervisord) and ACTIVATING (systemd) are not: a
 # program that crash-loops spends its life in them.
@@ -37,11 +39,13 @@ def manager_status_command(svc: Service, ctl: str) -> str:
 
 def state_command(svc: Service, ctl: str, with_launch: bool = False) -> str:
     """Shell printing the service manager's view of `svc`, then (each after a marker) started.sh and
-    the started program section / unit (the files the process was started from) and, with
-    `with_launch`, the launch script the service manager runs now."""
+    the started program section / unit (the files the process was started from), the mark of a
+    failed gate (`failed_gate_path`) and, with `with_launch`, the launch script the service manager
+    runs now."""
     q = shlex.quote
     out = (f"{manager_status_command(svc, ctl)}; echo '{STARTED_MARKER}'; cat {q(svc.started_path)} 2>/dev/null || true; "
-           f"echo '{STARTED_MANAGER_MARKER}'; cat {q(svc.started_manager_path)} 2>/dev/null || true")
+           f"echo '{STARTED_MANAGER_MARKER}'; cat {q(svc.started_manager_path)} 2>/dev/null || true; "
+           f"echo '{FAILED_GATE_MARKER}'; cat {q(svc.failed_gate_path)} 2>/dev/null || true")
     if with_launch:
         out += f"; echo '{LAUNCH_MARKER}'; cat {q(svc.launch_path)} 2>/dev/null || true"
     return out
@@ -75,12 +79,15 @@ def parse_manager_status(lines: Iterable[str]) -> tuple[str, int | None]:
 
 
 def parse_service_state(output: list[str]) -> dict[str, Any]:
-    """{"running", "pid", "state", "started", "started_text", "started_manager", "launch"} from
-    state_command's output ("started": started.sh's machine-readable header line; the texts are
+    """{"running", "pid", "state", "started", "started_text", "started_manager", "failed_gate",
+    "launch"} from state_command's output ("started": started.sh's machine-readable header line;
+    "failed_gate": the failed gate's mark, {"deploy", "at", "status"}; the texts and the mark are
     None when a file is absent or was not asked for)."""
-    sections: dict[str, list[str] | None] = {"status": [], "started": None, "manager": None, "launch": None}
+    sections: dict[str, list[str] | None] = {"status": [], "started": None, "manager": None, "failed": None,
+                                             "launch": None}
     current = "status"
-    markers = {STARTED_MARKER: "started", STARTED_MANAGER_MARKER: "manager", LAUNCH_MARKER: "launch"}
+    markers = {STARTED_MARKER: "started", STARTED_MANAGER_MARKER: "manager", FAILED_GATE_MARKER: "failed",
+               LAUNCH_MARKER: "launch"}
     for line in output:
         if line.strip() in markers:
             current = markers[line.strip()]
@@ -96,7 +103,24 @@ def parse_service_state(output: list[str]) -> dict[str, Any]:
     started_text = text("started")
     return {"running": state in RUNNING_STATES, "pid": pid, "state": state,
             "started": parse_meta(started_text) if started_text else None, "started_text": started_text,
-            "started_manager": text("manager"), "launch": text("launch")}
+            "started_manager": text("manager"), "failed_gate": _failed_gate(text("failed")), "launch": text("launch")}
+
+
+def _failed_gate(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        mark = json.loads(text)
+    except ValueError:
+        mark = None
+    return mark if isinstance(mark, dict) else {"status": text.strip()}
+
+
+def failed_gate_words(mark: Mapping[str, Any]) -> str:
+    """`its gate failed in deploy 1a2b3c4d at T: STATUS` of a failed gate's mark (parse_service_state)."""
+    where = f" in deploy {mark['deploy']}" if mark.get("deploy") else ""
+    when = f" at {mark['at']}" if mark.get("at") else ""
+    return f"its gate failed{where}{when}: {fmt.short(str(mark.get('status') or 'no status'), 160)}"
 
 
 # --- launch scripts ---------------------------------------------------------------------------------

@@ -4,21 +4,35 @@
                                         dirty check, the topology, every rendered file, the record
     engine(run, plan)                   production: venv with pinned sglang + this repo's kernels
     supervisord(run, plan)              local stack: the host's own supervisord, started if down
-    upload(run, plan)                   launch scripts, program sections / units, secrets (0600)
+    upload(run, plan)                   restart=none only (upload only): every rendered file in scope
     for role in host.loop(run.order):   one operation per role (pyinfra matches ops by source line)
       for batch in host.loop(run.batch_numbers(role)):   --data batch=N: N hosts of the role at a time
-        restart(run, plan, role, batch) per service: restart | start | leave it (decided at run time)
+        restart(run, plan, role, batch) per service: restart | start | leave it (decided at run time);
+                                        a service restarted gets its files uploaded in that same step
         gate(run, plan, role, batch)    every host runs it: the health gate AND the batch's barrier
-    pd_proof(run)                       once: a request through the router proves the PD path (when
-                                        this run restarted a worker whose family can prove it)
+    pd_proof(run)                       once: every decode instance's prompt tokens came over the
+                                        connector (when this run restarted a worker whose family can
+                                        prove it)
     finish(run)                         once, after the last role: write and commit the record
 
 Batches: a role's hosts in inventory order, N at a time (default: all at once). Each batch is
 restarted and gated before the next one starts, so a rolling restart never has the whole role down.
 
-Rollback (--data rollback=true): when a service's gate fails after this run restarted it, the launch
-script and program/unit it ran before (kept as previous.sh / previous.<conf|service> at the restart)
-are put back and the service is restarted and gated again; the run still fails, saying so.
+Upload and restart are one step per service (`service_state`): its launch script, program/unit and
+secrets are uploaded only when it is (re)started, right before. A run that stops before a service
+(a gate upstream failed, a port was taken) leaves that service's files on the host as they were:
+what runs is what is there, never a new launch script beside a process started from the old one.
+
+A failed gate leaves no unproven process behind: when the gate of a service this run (re)started
+fails (a timeout, a crash, a start-up that can never finish), the service is stopped and marked
+(`failed_gate_path`: which deploy, when, the gate's last status), so that `status` calls it down
+and says why, and the next deploy starts it again (plan.decide: also when it was started since by
+hand). Rollback (--data rollback=true): the launch script and program/unit it ran before (kept as
+previous.sh / previous.<conf|service> at the restart) are put back and the service is restarted and
+gated again; only when that fails too is it stopped. The run fails either way, saying so.
+
+A restart that was decided but never issued (a gate before it failed, or its port is taken) is
+recorded as not done: the row says "unchanged" and why, never "restarted".
 
 Unreachable hosts: a host pyinfra could not connect to fails the run before any operation (config.py
 sets FAIL_PERCENT = 0; the Run checks too, naming the hosts).
@@ -63,7 +77,6 @@ from pyinfra import state as current_state
 from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.context import ctx_host, ctx_state
-from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, pip, python, server, systemd
 
 import gevent
@@ -105,10 +118,11 @@ class GateFailed(Exception):
 
 
 class ServiceState(FactBase):
-    """parse_service_state's dict: the process state, started.sh and the started program/unit."""
+    """parse_service_state's dict: the process state, started.sh, the started program/unit, the
+    failed gate's mark and the launch script on the host (a hand edit of it restarts the service)."""
 
     def command(self, svc: Service, ctl: str) -> str:
-        return state_command(svc, ctl)
+        return state_command(svc, ctl, with_launch=True)
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_service_state(output)
@@ -184,7 +198,6 @@ class Run:
             ))
         self.engine_states: dict[tuple[str, str], str] = {}   # (host, environment) -> cached | installed
         self.preflight()
-        self.host_launch: dict[tuple[str, str], str | None] = {}
         # (re)started services healthy as their supervised PID whose settle is not over yet
         self.settling: dict[str, tuple[Any, HostPlan, Service, Settling, float, str]] = {}
         self._settle_lock = gevent.lock.Semaphore()
@@ -249,7 +262,7 @@ class Run:
 
     def decide(self, svc: Service, observed: dict[str, Any]) -> tuple[str, str, list[str]]:
         return decide(self.options, self.in_scope(svc), self.rendered[(svc.host, svc.name)], observed,
-                      self.host_launch.get((svc.host, svc.name)))
+                      observed.get("launch"))
 
     def note_decision(self, svc: Service, observed: dict[str, Any], action: str, reason: str,
                       changes: list[str]) -> None:
@@ -303,9 +316,24 @@ class Run:
             self.error = self.error or f"host {plan.name}, service {', '.join(env.services)}: {exc}"
             raise UserError(self.error) from None
 
+    def before_restart(self, host: Any, plan: HostPlan, svc: Service) -> None:
+        """What must hold before `svc` is (re)started: every pending settle is over (nothing restarts
+        before every new process stayed up) and its ports are free. When either fails the restart is
+        not issued, and its row says so instead of the action it was to take."""
+        try:
+            self.settle_pending()
+            self.port_free(host, plan, svc)
+        except GateFailed:
+            row = self.row(svc)
+            verb = "restarted" if row.action == "restarted" else "started"
+            why = row.gate.status if row.gate.result == "failed" else "the run stopped before it (a gate failed)"
+            row.action, row.changes = "unchanged", []
+            row.reason = f"not {verb}: {why}; it was to be {verb}: {row.reason}"
+            raise
+
     def mark_issued(self, svc: Service) -> None:
         self.row(svc).restart_issued_at = iso(utcnow())
-        self.journal()   # before the restart: a kill from here on leaves a record to complete
+        self.journal()   # before the upload and restart: a kill from here on leaves a record to complete
 
     def journal(self) -> None:
         if self.state.current_stage >= StateStage.Execute:
@@ -353,8 +381,12 @@ class Run:
                      f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
             if "log says" not in outcome.status and " ends: " not in outcome.status:
                 error += "; " + log_says(svc, outcome.pid or row.pid, _on(host))   # e.g. its worker's SIGILL
-            if self.options.rollback and row.acted:
-                error += "; " + self.roll_back(plan, svc, host)
+            if row.acted:   # a process this run started: rolled back (rollback=true) or stopped, never left
+                back = self.roll_back(plan, svc, host) if self.options.rollback else None
+                if back is not None:
+                    error += "; " + back
+                if row.rollback is None or row.rollback.result != "passed":
+                    error += "; " + self.stop_failed(plan, svc, outcome.status, host)
             self.error = self.error or error
             raise GateFailed(error)
         row.gate.result = "passed"
@@ -384,6 +416,22 @@ class Run:
             if self._settle_failure is not None:
                 raise self._settle_failure
 
+    def stop_failed(self, plan: HostPlan, svc: Service, status: str, host: Any = None) -> str:
+        """Stop a service whose gate failed after this run (re)started it, and mark it
+        (`failed_gate_path`), on `host` (default the host whose operation runs): a process that never
+        passed its gate neither lingers as "in sync" (a stuck start-up lives on; one that came up
+        later would serve unproven) nor makes the next deploy say "unchanged" (plan.decide starts it
+        again). Returns the words for the run's error; the row gets `stopped_at`."""
+        row = self.row(svc)
+        ok, output = (host or current_host).run_shell_command(StringCommand(stop_shell(plan, svc, self.record.id,
+                                                                                        status)))
+        if not ok:
+            text = " ".join((list(output.stdout_lines) + list(output.stderr_lines))[-3:])
+            return f"stopping {svc.name} FAILED ({text}): stop it by hand"
+        row.stopped_at = iso(utcnow())
+        self.journal()
+        return f"stopped {svc.name} (marked failed: the next deploy starts it again)"
+
     def roll_back(self, plan: HostPlan, svc: Service, host: Any = None) -> str:
         """Put back the launch script and program/unit `svc` ran before this run restarted it, restart
         it and gate it again (on `host`, default the host whose operation runs). Returns the words for
@@ -409,16 +457,21 @@ class Run:
         return f"rolled back {svc.key} to {row.previous_digest} (healthy again)"
 
     def prove_pd(self) -> None:
-        """One request through the router proves the PD path (Family.prove_pd); the record's
-        `pd_proof` says what it saw. Only after a run that (re)started a worker: cheap, not free."""
+        """Every decode instance's prompt tokens came over the connector (Family.prove_pd: one
+        request through the router, one from a prefill to each other decode instance; the prefills
+        this run restarted are used first); the record's `pd_proof` says per instance what it saw.
+        Only after a run that (re)started a worker: cheap, not free."""
         self.settle_pending()
         workers = [s for s in self.stack.services if s.family.kind == "worker" and hasattr(s.family, "prove_pd")]
         routers = [s for s in self.stack.services if s.family.kind == "router"]
-        if not workers or not routers or not any(self.row(s).acted for s in workers):
+        prefills = sorted((s for s in workers if s.role == "prefill"), key=lambda s: not self.row(s).acted)
+        decodes = [s for s in workers if s.role == "decode"]
+        if not prefills or not decodes or not routers or not any(self.row(s).acted for s in workers):
             return
-        decode = [s.url for s in workers if s.role == "decode"]
         data = self.stack.hosts[routers[0].host].data
-        ok, words = workers[0].family.prove_pd(routers[0].url, decode, str(data.get("served_model_name") or ""))
+        ok, words = workers[0].family.prove_pd(routers[0].url, [(s.key, s.url) for s in prefills],
+                                               [(s.key, s.url) for s in decodes],
+                                               str(data.get("served_model_name") or ""))
         self.record.pd_proof = words
         _say(words)
         if not ok:
@@ -716,28 +769,34 @@ def supervisord_running(plan: HostPlan):
 
 
 def upload(run: Run, plan: HostPlan) -> None:
-    """b. Upload every rendered file of this host's services in scope (and their secrets, 0600)."""
+    """b. restart=none (upload only): every rendered file of this host's services in scope (and their
+    secrets, 0600). Otherwise nothing here: a service's files are uploaded by the step that
+    restarts it (service_state), so that no run leaves a launch script beside a process that was
+    not started from it."""
+    if run.options.restart != "none":
+        return
     services = [s for s in plan.services if run.in_scope(s)]
     unit_ops = []
-    for svc in services:
-        # Read now, while the deploy file loads (before any upload): a hand edit is seen by decide().
-        lines = current_host.get_fact(FileContents, path=svc.launch_path)
-        run.host_launch[(svc.host, svc.name)] = "\n".join(lines) + "\n" if lines is not None else None
     for svc in current_host.loop(services):
-        rendered = run.rendered[(svc.host, svc.name)]
-        for path in current_host.loop(list(rendered.files)):
-            op = files.put(name=f"knobkeeper: {path}", src=io.StringIO(rendered.files[path]), dest=path,
-                           mode=rendered.modes[path][1:], create_remote_dir=True)
+        for path, src, mode in current_host.loop(service_files(run, svc)):
+            op = files.put(name=f"knobkeeper: {path}", src=src, dest=path, mode=mode, create_remote_dir=True)
             if path == svc.unit_path and svc.manager == "systemd":
                 unit_ops.append(op)
-        for path in current_host.loop(sorted(rendered.secrets)):
-            role, knob = rendered.secrets[path]
-            value_file = secret_path(run.project, role, knob, rendered.knobs[knob])  # checked before the run
-            files.put(name=f"knobkeeper: secret {knob} of {role}", src=str(value_file),
-                      dest=path, mode="600", create_remote_dir=True)
     if plan.manager == "systemd" and services:
         systemd.daemon_reload(name="knobkeeper: systemd daemon-reload",
                               _if=lambda: any(op.did_change() for op in unit_ops))
+
+
+def service_files(run: Run, svc: Service) -> list[tuple[str, Any, str]]:
+    """(remote path, source, mode) of every file a service's restart uploads: its rendered files and
+    its secrets (0600, from the repo's secret store: checked before the run)."""
+    rendered = run.rendered[(svc.host, svc.name)]
+    out: list[tuple[str, Any, str]] = [(path, io.StringIO(rendered.files[path]), rendered.modes[path][1:])
+                                       for path in rendered.files]
+    for path in sorted(rendered.secrets):
+        role, knob = rendered.secrets[path]
+        out.append((path, str(secret_path(run.project, role, knob, rendered.knobs[knob])), "600"))
+    return out
 
 
 def restart(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
@@ -752,16 +811,22 @@ def restart(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
 @operation(is_idempotent=False)
 def service_state(run: Run, plan: HostPlan, svc: Service):
     """Bring one service to its rendered state: start it if down, restart it if its files changed
-    (or on a co-restart), else nothing. Records the decision and when the restart was issued."""
+    (or on a co-restart), else nothing; its files are uploaded in this step, right before its
+    restart, and only then. Records the decision and when the restart was issued."""
     observed = current_host.get_fact(ServiceState, svc=svc, ctl=plan.ctl)
     action, reason, changes = run.decide(svc, observed)
     if current_state.is_executing:
         run.note_decision(svc, observed, action, reason, changes)
     if action == "unchanged":
         return
-    yield FunctionCommand(run.settle_pending, (), {})   # nothing restarts before every new process stayed up
-    yield FunctionCommand(run.port_free, (ctx_host.get(), plan, svc), {})
+    # files.put's own steps, collected before anything is yielded: pyinfra's change check (--dry)
+    # runs an operation only up to its first command, and --diff prints each file's change as it
+    # collects them. Each compares with the host's file when collected: nothing writes them meanwhile.
+    uploads = [command for path, src, mode in service_files(run, svc)
+               for command in files.put._inner(src=src, dest=path, mode=mode, create_remote_dir=True)]
+    yield FunctionCommand(run.before_restart, (ctx_host.get(), plan, svc), {})
     yield FunctionCommand(run.mark_issued, (svc,), {})
+    yield from uploads
     yield rotate_shell(svc)
     yield restart_shell(plan, svc)
 
@@ -809,16 +874,32 @@ except xmlrpc.client.Fault as exc:
 
 
 def restart_shell(plan: HostPlan, svc: Service) -> str:
-    """THE restart of one service (deploy and rollback): apply its program/unit file, stop it, start
-    it, in one command. supervisord: through supervisorctl's own controller in one process, run by
-    supervisorctl's interpreter (its shebang line), the start not waiting out startsecs (above)."""
+    """THE restart of one service (deploy and rollback): drop the mark of a failed gate (this start is
+    judged by its own gate), apply its program/unit file, stop it, start it, in one command.
+    supervisord: through supervisorctl's own controller in one process, run by supervisorctl's
+    interpreter (its shebang line), the start not waiting out startsecs (above)."""
     q = shlex.quote
+    unmark = f"rm -f {q(svc.failed_gate_path)}"
     if svc.manager == "supervisord":
         sup = plan.supervisor
-        return (f"$(sed -n '1s/^#!//p' {q(sup.supervisorctl)}) -c {q(_SUPERVISOR_RESTART)} {q(sup.conf)} "
+        return (f"{unmark} && $(sed -n '1s/^#!//p' {q(sup.supervisorctl)}) -c {q(_SUPERVISOR_RESTART)} {q(sup.conf)} "
                 f"{q(svc.name)} >/dev/null")
     unit = q(f"{svc.name}.service")
-    return f"systemctl daemon-reload && systemctl enable --quiet {unit} && systemctl restart {unit}"
+    return f"{unmark} && systemctl daemon-reload && systemctl enable --quiet {unit} && systemctl restart {unit}"
+
+
+def stop_shell(plan: HostPlan, svc: Service, deploy_id: str, status: str) -> str:
+    """Mark the service's failed gate (which deploy, when, the gate's last status) and stop it. A
+    program supervisord already gave up on is not running: that is no failure to stop it."""
+    q = shlex.quote
+    mark = json.dumps({"deploy": deploy_id, "at": iso(utcnow()), "status": " ".join(status.split())})
+    write = f"mkdir -p {q(svc.service_dir)} && printf '%s\\n' {q(mark)} > {q(svc.failed_gate_path)}"
+    if svc.manager == "supervisord":
+        stop = (f"out=$({plan.supervisor.ctl('stop', svc.name)} 2>&1) || "
+                f"case \"$out\" in *'not running'*) ;; *) echo \"$out\" >&2; exit 1;; esac")
+    else:
+        stop = f"systemctl stop {q(svc.name + '.service')}"
+    return f"{write} && {{ {stop}; }}"
 
 
 def gate(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:

@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 from knobkeeper import fmt
 from knobkeeper.deploy.model import Stack
-from knobkeeper.deploy.observe import (hand_edits, host_shell, parse_service_state, script_knobs, shell_lines,
-                                      state_command)
+from knobkeeper.deploy.observe import (failed_gate_words, hand_edits, host_shell, parse_service_state, script_knobs,
+                                      shell_lines, state_command)
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.render import parse_meta, render_stack, strip_header
 from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
@@ -210,24 +210,32 @@ def decide(options: DeployOptions, in_scope: bool, rendered: Any, observed: Mapp
 
         not in only=ROLE                        -> unchanged
         restart=none                            -> unchanged
-        not running                             -> started   (a rerun repairs what a failed run left down)
+        not running                             -> started   (a rerun repairs what a failed run left down,
+                                                              and says when its gate failed)
         restart=co                              -> restarted (co-restart)
+        running, its last gate failed (marked)  -> restarted (it never passed a gate: started by
+                                                              hand or by its manager since)
         digest of started.sh != rendered digest -> restarted (files changed: change_reasons)
         the host's launch script was edited     -> restarted (what the edit changed)
         otherwise                               -> unchanged
     `rendered` is a RenderedService; `observed` parse_service_state's dict (with the started files'
-    texts); `host_launch` the host's launch script as it was before this deploy uploaded anything.
+    texts and the failed gate's mark); `host_launch` the host's launch script before this deploy
+    uploaded anything (a deploy uploads a service's files in the step that restarts it).
     """
     started = observed.get("started") or {}
     before = started.get("digest")
+    failed = observed.get("failed_gate")
     if not in_scope:
         return "unchanged", f"not in only={options.only}", []
     if options.restart == "none":
         return "unchanged", "restart=none" + ("" if observed["running"] else " (not running)"), []
     if not observed["running"]:
-        return "started", f"not running ({str(observed['state']).lower()})", []
+        return "started", f"not running ({str(observed['state']).lower()})" + (
+            f"; {failed_gate_words(failed)}" if failed else ""), []
     if options.restart == "co":
         return "restarted", "co-restart", []
+    if failed:
+        return "restarted", f"running without a passed gate: {failed_gate_words(failed)}", []
     if before != rendered.digest:
         if not before:
             return "restarted", "files changed (no started.sh: started outside knobkeeper)", []

@@ -6,12 +6,13 @@ reference point for later incidents:
     {"id", "inventory", "inventory_path", "stack" ("" when the inventory names none), "commit", "dirty", "allow_dirty", "options",
      "order", "started_at", "finished_at", "result": "ok" | "failed", "error",
      "engine_versions": {host: {distribution: installed version}} (hosts with a pinned engine venv),
-     "pd_proof": what the request through the router saw after a run that restarted a vLLM worker, or null,
+     "pd_proof": what the PD proof saw, per decode instance, after a run that restarted a vLLM worker, or null,
      "services": [{"host", "service", "role", "engine" (e.g. "vllm 0.32.0"), "action": "restarted" | "started" | "unchanged",
                    "reason", "changes": [what changed, in words], "digest", "previous_digest",
                    "knobs", "restart_issued_at", "batch", "rollback": {...} | null,
                    "healthy_at", "pid", "gate": {"result": "passed" | "failed" | "skipped" | "not-run",
-                   "url", "status", "seconds", "checked_at"}, "job", "node"}],
+                   "url", "status", "seconds", "checked_at"}, "stopped_at" (when the run stopped it
+                   after the gate of the process it started failed, else null), "job", "node"}],
      "slurm": null | {"job_name", "script", "decision": "new job" | "kept" | "none", "why",
                       "job": {"id", "state", "digest", "submitted_at", "started_at", "cancelled_at",
                               "nodes": {service: node}, "reason"},
@@ -115,6 +116,7 @@ class ServiceRow(_ByField):
     batch: int = 1
     rollback: Rollback | None = None
     gate: Gate = field(default_factory=Gate)
+    stopped_at: str | None = None  # the run stopped it: the gate of the process it started failed
     job: str | None = None  # Slurm: the job the component ran in, and the node it got
     node: str | None = None
 
@@ -193,7 +195,7 @@ class DeployRecord:
     engine_versions: dict[str, dict[str, str | None]] = field(default_factory=dict)  # host -> {dist: version}
     stack: str = ""  # the inventory's data `stack` ("" : none); its knobs are knobs.toml's [stack.role]
     slurm: SlurmRecord | None = None
-    pd_proof: str | None = None  # what the PD proof saw (vLLM: prompt tokens over the connector), or None
+    pd_proof: str | None = None  # per decode instance, what the PD proof saw (vLLM), or None
 
     def __post_init__(self) -> None:
         self.services = [r if isinstance(r, ServiceRow) else ServiceRow.from_json(r) for r in self.services]

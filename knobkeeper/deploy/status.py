@@ -7,8 +7,9 @@ from the service manager. Declared = a fresh render of knobs.toml. Each service 
     in sync   running, started from what is declared now
     drifted   running, but knobs (listed) or other rendered content differ: a deploy would restart it;
               or the stored secret is not the declared one; or the installed engine version is not
-              the pinned one
-    down      not running
+              the pinned one; or it never passed a gate (its last gate failed and it was started since
+              by hand or by its manager)
+    down      not running (a deploy that stopped it after its gate failed is named, with the gate's status)
     unknown   the host could not be inspected (it could not be reached: the reason is given)
 
 Hosts are inspected where they are: @local on this machine, every other host over SSH with its
@@ -28,8 +29,9 @@ from knobkeeper import fmt
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, managed_drift, parse_versions,
                                       pinned_versions, version_drift, versions_command)
 from knobkeeper.deploy.model import HostPlan, Service
-from knobkeeper.deploy.observe import (HostShell, hand_edits, host_shell, knob_differences, manager_status_command,
-                                       parse_manager_status, parse_service_state, state_command)
+from knobkeeper.deploy.observe import (HostShell, failed_gate_words, hand_edits, host_shell, knob_differences,
+                                       manager_status_command, parse_manager_status, parse_service_state,
+                                       state_command)
 from knobkeeper.deploy.plan import change_reasons
 from knobkeeper.changelog.secrets import secret_mismatch
 from knobkeeper.deploy.render import render_stack
@@ -144,8 +146,11 @@ def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] 
             started = look["started"] or {}
             running_digest = started.get("digest")
             diffs: list[str] = []
+            failed = look.get("failed_gate")
             if not look["running"]:
                 state = "down"
+                if failed:
+                    diffs = [f"{str(look['state']).lower()}: {failed_gate_words(failed)}"]
             else:
                 diffs = knob_drift(want.knobs, started.get("knobs") or {})
                 edits = hand_edits(want.launch, look["launch"])
@@ -153,6 +158,8 @@ def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] 
                     diffs = _merge(diffs, edits)
                 if running_digest != want.digest and not diffs:
                     diffs = _file_changes(svc, want, look) if running_digest else ["started outside knobkeeper (no started.sh)"]
+                if failed:
+                    diffs.append(f"running without a passed gate ({failed_gate_words(failed)}): a deploy restarts it")
                 state = "drifted" if diffs else "in sync"
             problems = secrets.get(svc.role, []) + engines.get(svc.host, [])
             if problems:

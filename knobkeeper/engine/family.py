@@ -22,6 +22,8 @@ lookup in knobkeeper.engine returns. The rest of the tool asks it:
     deaths(lines)      words for each of its processes its own log says died, and how (vLLM's
                        worker "died unexpectedly (exit code: -4)": SIGILL): a gate, the PD proof
                        and the record name that instead of the router's HTTP 500
+    prove_pd(...)      (where a family has it: vLLM) that every decode instance's prompt tokens come
+                       over the connector, after a deploy that restarted a worker
 
 Families import nothing of knobkeeper but errors, fmt, ports and this package: they sit below knobs and
 deploy, which ask them.

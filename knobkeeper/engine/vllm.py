@@ -33,9 +33,11 @@
                200 the moment it listens; 503 only when the engine core died. It is not "model warm":
                the first requests after it are slower. There is no /ready on `vllm serve`: the gate is
                /health 200 and the supervised PID (deploy/health.py)
-    PD proof   `prove_pd`: one completion through the router must raise decode's
-               vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} by its prompt tokens
-               (the tokens came over the connector, not computed by decode); two 200s prove nothing
+    PD proof   `prove_pd`: per decode instance, a completion with a prompt no instance has seen
+               must raise that decode's vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}
+               by its prompt tokens (they came over the connector, not computed by decode nor taken
+               from its prefix cache): one through the router, one from a prefill to each other
+               decode instance the way the router sends it; two 200s prove nothing
     managed    with data `engine_root` the engine runs from the environment knobkeeper builds and
                caches per pinned version (engine/vllm_install.py: vLLM's CPU build, torch, nixl):
                `managed_env`; data `vllm_cache_root` ("{prefix}/cache/{service}") is each instance's
@@ -48,6 +50,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import secrets
 import time
 import urllib.request
 from typing import Any, Mapping
@@ -417,11 +420,18 @@ class VLLM(Family):
         for line in lines:
             found = _BIND_FAILED.search(line)
             if found:
-                port = found.group("port")
-                named = {str(number): name for name, number in getattr(svc, "ports", ())}.get(port)
+                port = int(found.group("port"))
+                named = {number: name for name, number in getattr(svc, "ports", ())}.get(port)
                 what = f"port {port}" + (f" (its NIXL {named.replace('_', ' ')})" if named else "")
+                if in_ephemeral_range(port):   # any outgoing connection may have been handed it (ports.py)
+                    fix = "free the port, or move it out of the ephemeral range"
+                else:   # the kernel hands no connection a port outside that range: a process bound it
+                    first, last = DEFAULT_EPHEMERAL
+                    fix = (f"stop the process that holds it (the port is outside the ephemeral range "
+                           f"{first}-{last}, so a process bound it itself)"
+                           + (f", or move it (data {svc.role}_{named}_port)" if named else ""))
                 return (f"{what} was taken by another socket while it started ({found.group(0)}); vLLM waits for "
-                        f"that listener forever: free the port, or move it out of the ephemeral range")
+                        f"that listener forever: {fix}")
         return None
 
     def deaths(self, lines: list[str]) -> list[str]:
@@ -493,34 +503,67 @@ class VLLM(Family):
         host = "127.0.0.1" if svc.address in ("@local", "localhost") else svc.address
         return {**out, SIDE_CHANNEL_HOST: host, SIDE_CHANNEL_PORT: str(port)}
 
-    def prove_pd(self, router_url: str, decode_urls: list[str], model: str, prompt_words: int = 150,
-                 timeout: float = 120.0) -> tuple[bool, str]:
-        """One completion through the router; (ok, words): ok when decode's external_kv_transfer
-        prompt tokens rose by the request's prompt tokens (usage.prompt_tokens), i.e. every prompt
-        token's KV came from prefill over the connector. Summed over every decode instance (the
-        router picks one). Only the `_total` samples count: each counter also has a `_created`
-        sample (a timestamp) that would make the sum nonsense."""
-        before = sum(_external_kv_tokens(u) for u in decode_urls)
-        prompt = " ".join(f"word{i % 37}" for i in range(prompt_words))
-        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}).encode()
-        request = urllib.request.Request(router_url + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+    def prove_pd(self, router_url: str, prefills: list[tuple[str, str]], decodes: list[tuple[str, str]], model: str,
+                 prompt_words: int = 150, timeout: float = 120.0) -> tuple[bool, str]:
+        """Prove, for every decode instance, that its prompt tokens come over the connector: (ok,
+        words), the words saying per instance what was seen. `prefills` and `decodes` are (name,
+        URL) pairs; the prefills in the order they are to be used (those a run restarted first).
+
+        Every request's prompt is one no instance has seen: a random nonce first, so that vLLM's
+        prefix cache, which hashes blocks from the first token on, cannot hit a single block. A fixed
+        prompt failed a healthy stack with two decode workers on its second deploy: the decode that
+        had served it before answered from its own prefix cache ("97 of 481 prompt tokens came over
+        the connector", local_cache_hit 384).
+
+        One request goes through the router: it proves the router's PD path and the decode instance
+        it chose (the one whose prompt-token counters rose by the prompt). The router cannot be made
+        to reach the others: its default policy (cache_aware, vllm-router 0.1.17's --help) picks an
+        instance by what the router's cache tree holds, not in turn, so no number of requests is
+        sure to reach a given one. So each other decode instance gets one request the way the
+        router sends it, from a prefill (in turn): the prompt to the prefill with
+        kv_transfer_params {"do_remote_decode": true}, then to that decode with the
+        kv_transfer_params the prefill answered. An instance is proven when its
+        vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} rose by the request's
+        usage.prompt_tokens; otherwise the words say how many it computed itself and how many came
+        from its prefix cache. Only the `_total` samples count: each counter also has a `_created`
+        sample (a timestamp) that would make a sum nonsense."""
+        before = {name: _prompt_sources(url) for name, url in decodes}
+        parts: list[str] = []
+        ok = True
+        proven_by_router: str | None = None
+        prompt = _fresh_prompt(prompt_words)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as resp:
-                answer = json.loads(resp.read())
+            answer = _post_json(router_url + "/v1/completions",
+                                {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}, timeout)
         except (OSError, ValueError) as exc:
-            return False, f"PD proof: POST {router_url}/v1/completions failed: {exc}"
-        tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
-        # decode's counters are updated when the request finishes; the scrape may be a moment behind
-        deadline = time.monotonic() + 10
-        while True:
-            rose = sum(_external_kv_tokens(u) for u in decode_urls) - before
-            if rose >= tokens > 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        words = (f"{rose:g} of {tokens} prompt tokens came over the connector "
-                 f"({EXTERNAL_KV}{{source=\"external_kv_transfer\"}} on decode)")
-        return rose >= tokens > 0, "PD proof: " + words
+            ok = False
+            parts.append(f"through the router: POST {router_url}/v1/completions failed: {exc}")
+        else:
+            tokens = _prompt_tokens(answer)
+            rises = _await_rise(decodes, before, tokens)
+            reached = [name for name, rise in rises.items() if sum(rise.values()) >= tokens > 0]
+            if len(reached) == 1:
+                proven_by_router = reached[0]
+                passed, words = _judged(reached[0], rises[reached[0]], tokens, "through the router")
+            else:   # none rose by the prompt, or other traffic raised several: judged over them all
+                came = sum(rise.get(EXTERNAL_SOURCE, 0.0) for rise in rises.values())
+                passed = came >= tokens > 0
+                where = (f"on {', '.join(reached)}: which one served it cannot be told" if reached
+                         else "no decode instance's prompt-token counters rose by its prompt")
+                words = f"through the router: {came:g} of {tokens} prompt tokens came over the connector ({where})"
+            ok = ok and passed
+            parts.append(words)
+        rest = [(name, url) for name, url in decodes if name != proven_by_router]
+        for turn, decode in enumerate(rest):
+            if not prefills:
+                ok = False
+                parts.append(f"{decode[0]}: not proven (no prefill to send its request from)")
+                continue
+            passed, words = _direct(prefills[turn % len(prefills)], decode, model, prompt_words, timeout)
+            ok = ok and passed
+            parts.append(words)
+        return ok, (f"PD proof: {'; '.join(parts)} ({EXTERNAL_KV}{{source=\"{EXTERNAL_SOURCE}\"}} of each decode; "
+                    f"each prompt new to every instance)")
 
     def parser_argv(self, command: list[str]) -> list[str]:
         for i, arg in enumerate(command[:-1]):
@@ -571,20 +614,97 @@ class VLLM(Family):
 
 
 EXTERNAL_KV = "vllm:prompt_tokens_by_source_total"
+EXTERNAL_SOURCE = "external_kv_transfer"   # its other sources: local_compute, local_cache_hit
+_SOURCE = re.compile(r'source="([^"]*)"')
+# What a prefill is asked for so that it keeps the prompt's KV for a decode to read (NixlConnector's
+# protocol: the router sends the same; the prefill answers with the kv_transfer_params for the decode).
+_DO_REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                     "remote_block_ids": None, "remote_host": None, "remote_port": None}
+# decode's counters are updated when a request finishes; a scrape may be a moment behind the answer
+COUNTERS_WAIT_S = 10.0
 
 
-def _external_kv_tokens(url: str) -> float:
-    """decode's vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} (0 when absent)."""
+def _prompt_sources(url: str) -> dict[str, float]:
+    """A worker's vllm:prompt_tokens_by_source_total by source ({} when /metrics cannot be read)."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
             text = resp.read().decode()
     except OSError:
-        return 0.0
-    total = 0.0
+        return {}
+    out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith(EXTERNAL_KV + "{") and 'source="external_kv_transfer"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        if line.startswith(EXTERNAL_KV + "{"):
+            found = _SOURCE.search(line)
+            if found:
+                out[found.group(1)] = out.get(found.group(1), 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _fresh_prompt(words: int) -> str:
+    """A prompt no instance has seen: a random nonce first, then `words` words."""
+    return f"proof {secrets.token_hex(8)}: " + " ".join(f"word{i % 37}" for i in range(words))
+
+
+def _post_json(url: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        answer = json.loads(resp.read())
+    if not isinstance(answer, dict):
+        raise ValueError(f"answered {type(answer).__name__}, not a JSON object")
+    return answer
+
+
+def _prompt_tokens(answer: Mapping[str, Any]) -> int:
+    return int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+
+
+def _await_rise(decodes: list[tuple[str, str]], before: Mapping[str, Mapping[str, float]],
+                tokens: int) -> dict[str, dict[str, float]]:
+    """{name: {source: rise since `before`}} once some instance's counters rose by `tokens` (or after
+    COUNTERS_WAIT_S)."""
+    deadline = time.monotonic() + COUNTERS_WAIT_S
+    while True:
+        rises = {}
+        for name, url in decodes:
+            now = _prompt_sources(url)
+            rises[name] = {source: now.get(source, 0.0) - before[name].get(source, 0.0)
+                           for source in set(now) | set(before[name])}
+        if any(sum(rise.values()) >= tokens > 0 for rise in rises.values()) or time.monotonic() > deadline:
+            return rises
+        time.sleep(0.2)
+
+
+def _judged(name: str, rise: Mapping[str, float], tokens: int, how: str) -> tuple[bool, str]:
+    came = rise.get(EXTERNAL_SOURCE, 0.0)
+    words = f"{name}: {came:g} of {tokens} prompt tokens came over the connector ({how})"
+    if came >= tokens > 0:
+        return True, words
+    computed, cached = rise.get("local_compute", 0.0), rise.get("local_cache_hit", 0.0)
+    return False, f"{words}; {computed:g} it computed itself, {cached:g} came from its prefix cache"
+
+
+def _direct(prefill: tuple[str, str], decode: tuple[str, str], model: str, prompt_words: int,
+            timeout: float) -> tuple[bool, str]:
+    """One request from `prefill` to `decode` the way the router sends it; (ok, words) as _judged."""
+    (prefill_name, prefill_url), (name, url) = prefill, decode
+    before = {name: _prompt_sources(url)}
+    body = {"model": model, "prompt": _fresh_prompt(prompt_words), "temperature": 0, "stream": False}
+    try:
+        first = _post_json(prefill_url + "/v1/completions", {**body, "max_tokens": 1,
+                                                              "kv_transfer_params": _DO_REMOTE_DECODE}, timeout)
+    except (OSError, ValueError) as exc:
+        return False, f"{name}: not proven: POST {prefill_url}/v1/completions ({prefill_name}) failed: {exc}"
+    params = first.get("kv_transfer_params")
+    if not isinstance(params, dict):
+        return False, (f"{name}: not proven: {prefill_name} answered without kv_transfer_params (is it a "
+                       f"kv_producer with the connector?)")
+    try:
+        answer = _post_json(url + "/v1/completions", {**body, "max_tokens": 4, "kv_transfer_params": params},
+                            timeout)
+    except (OSError, ValueError) as exc:
+        return False, f"{name}: not proven: POST {url}/v1/completions failed: {exc}"
+    tokens = _prompt_tokens(answer)
+    return _judged(name, _await_rise([decode], before, tokens)[name], tokens, f"from {prefill_name}, not through the router")
 
 
 def connector(data: Mapping[str, Any]) -> str:
