@@ -652,6 +652,154 @@ class Gain(Typed):
         return f"{fmt.pct(self.ci_low)}..{fmt.pct(self.ci_high)}" if self.ci_low is not None else "n/a"
 
 
+# ---------------------------------------------------------------- a sweep's parts (knobkeeper.evidence.sweep)
+
+PLAN_SCHEMA = "knobkeeper.sweep-plan/1"
+ADOPT, KEEP, NO_PICK = "adopt", "keep the control", "no pick"
+PICK_OUTCOMES = (ADOPT, KEEP, NO_PICK)
+
+
+@typed
+class SweepPlan(Typed):
+    """A sweep's plan, committed before any data (changelog/plans/<stem>.json) and copied into its
+    evidence (`sweep.plan`). Arm "A" is always the control (the value the stack runs), the others the
+    candidates in the order given. `delta`: the indifference margin (the smallest gain worth a
+    change), `noise`: the restart-to-restart log-sd it was derived from; `max_repeats`: the budget's
+    blocks per arm, `minutes`: its wall time (None: no limit); `seed`: the block order's;
+    `confirm`: the confirming A/B's design ({"max_repeats", "planned_looks"}; {} with one candidate:
+    an A/B judges its only candidate itself); `load`: how each run loads the stack (ab.Design's
+    fields); `engine_default`: the knob's value when unset, for the tie rule (None: not known)."""
+
+    schema: str = PLAN_SCHEMA
+    id: str = ""
+    created: str = ""
+    knob: str = ""
+    role: str = ""
+    scope: str | None = None
+    inventory: str | None = None
+    arms: dict[str, Arm] = field(default_factory=dict)
+    levels: list[int] = field(default_factory=list)
+    metric: str = METRIC
+    guards: list[str] = field(default_factory=list)
+    alpha: float = ALPHA
+    delta: float = 0.05
+    delta_source: str = ""
+    noise: float | None = None
+    noise_source: str = ""
+    max_repeats: int = 0
+    minutes: float | None = None
+    planned_looks: list[int] = field(default_factory=list)
+    spending: str = ""
+    order: str = "random"               # "random" (seeded, per block) | "ABBA" (two arms)
+    seed: int = 0
+    max_arms: int = 0
+    confirm: dict[str, Any] = field(default_factory=dict)
+    load: dict[str, Any] = field(default_factory=dict)
+    engine_default: Any = None
+    estimate: dict[str, Any] = field(default_factory=dict)   # what --plan printed: seconds per block, ...
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def control(self) -> str:
+        return "A"
+
+    @property
+    def candidates(self) -> list[str]:
+        return [name for name in self.arms if name != "A"]
+
+    def arm_text(self, name: str) -> str:
+        """`A (control) SGLANG_SM120_MMA_TARGET_CTAS=128`, `C 512`: the arm's knobs as shown."""
+        knobs = self.arms[name].knobs
+        values = ", ".join(f"{k}={fmt.value(v)}" for k, v in knobs.items()) if len(knobs) > 1 else \
+            fmt.value(next(iter(knobs.values()), None))
+        return f"{name}{' (control)' if name == 'A' else ''} {values}"
+
+
+@typed
+class SweepLook(Typed):
+    """One look of a sweep: after `repeat` blocks, the arms still measured, the leader (the arm of
+    the highest score: mean ln throughput over the levels per restart), which arms were dropped and
+    by what bound, which levels settled against the control, and why the search stopped here."""
+
+    repeat: int = 0
+    survivors: list[str] = field(default_factory=list)
+    leader: str | None = None
+    eliminated: dict[str, str] = field(default_factory=dict)
+    settled: dict[str, dict[str, str]] = field(default_factory=dict)
+    stop: str | None = None
+    OMIT = frozenset({"stop"})
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class ArmFailure(Typed):
+    """An arm that failed (its switch: a gate timeout, a start-up crash; its runs: errors over the
+    gate, the knob not carried, restarts): an outcome, recorded with its cause, never skipped."""
+
+    repeat: int = 0
+    cause: str = ""
+    detail: str = ""
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Pick(Typed):
+    """The sweep's pick by its rule (knobkeeper.evidence.sweep): `outcome` adopt | keep the control |
+    no pick (interrupted); `arm` and `knobs` the arm picked ("A" to keep the control); `tied`: the
+    candidates that could not be told from the best; `confirmed`: what the confirming A/B said."""
+
+    outcome: str = KEEP
+    arm: str = "A"
+    knobs: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    rule: str = ""
+    best: str | None = None
+    tied: list[str] = field(default_factory=list)
+    confirmed: bool | None = None
+    confirm_summary: str | None = None
+    OMIT = frozenset({"best", "confirmed", "confirm_summary"})
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def adopted(self) -> bool:
+        return self.outcome == ADOPT
+
+
+@typed
+class SweepBlock(Typed):
+    """The `sweep` block of a sweep's evidence: the plan (and the commit that added it), every
+    block's restart order, every run and warm-up of the search, each look, the failures, the
+    family-wise judgement of every candidate against the control (`judgement`: {arm: Judgement},
+    one Holm family), each arm's score, the pick, and the fingerprint of what was measured. The
+    evidence's own A/B (arms A/B, runs, judgement) is the confirming run of the pick against the
+    control when there was one (its effect is the one reported), else the search's runs of the
+    control and the leading candidate."""
+
+    plan: SweepPlan = field(default_factory=SweepPlan)
+    plan_path: str = ""
+    plan_commit: str | None = None
+    status: str = "complete"            # "complete" | "interrupted"
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    warmups: list[dict[str, Any]] = field(default_factory=list)
+    sequential: Sequential | None = None
+    looks: list[SweepLook] = field(default_factory=list)
+    failed: dict[str, ArmFailure] = field(default_factory=dict)
+    judgement: dict[str, Judgement] = field(default_factory=dict)
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pick: Pick = field(default_factory=Pick)
+    confirm: dict[str, Any] | None = None   # {"arm": X, "blocks", "wall_s"}: the top-level A/B is its runs
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    stopped: str = ""
+    wall_s: float | None = None
+    OMIT = frozenset({"confirm"})
+    extra: dict[str, Any] = _extra()
+
+    def eliminated_at(self) -> dict[str, tuple[int, str]]:
+        """{arm: (the look's repeat, the bound)} of every arm dropped."""
+        return {arm: (look.repeat, why) for look in self.looks for arm, why in look.eliminated.items()}
+
+
 # ---------------------------------------------------------------- the evidence
 
 def same_value(a: Any, b: Any) -> bool:
@@ -680,10 +828,12 @@ class Evidence(Typed):
     judge_options: dict[str, float] | None = None
     source: Source = field(default_factory=Source)
     canary: CanaryBlock | None = None
+    sweep: SweepBlock | None = None
+    interrupted: dict[str, Any] | None = None   # {"by", "at", "blocks"}: stopped before its end (partial)
     judgement: Judgement = field(default_factory=Judgement)
     anomalies: list[Anomaly] = field(default_factory=list)
     validity: Validity = field(default_factory=Validity)
-    OMIT = frozenset({"sequential", "judge_options", "canary"})
+    OMIT = frozenset({"sequential", "judge_options", "canary", "sweep", "interrupted"})
     extra: dict[str, Any] = _extra()
 
     # -- the arms
