@@ -799,6 +799,56 @@ class SweepBlock(Typed):
         """{arm: (the look's repeat, the bound)} of every arm dropped."""
         return {arm: (look.repeat, why) for look in self.looks for arm, why in look.eliminated.items()}
 
+    def cells(self, arm: str) -> list[tuple[int, float | None, list[float] | None, str]]:
+        """[(level, effect vs the control, the simultaneous interval [low, high] or None, verdict)] of a candidate."""
+        judged = self.judgement.get(arm)
+        return [(lv.concurrency, lv.effect, lv.extra.get("simultaneous"), lv.verdict)
+                for lv in (judged.levels if judged is not None else [])]
+
+    def fate(self, arm: str) -> str:
+        """`picked`, `dropped after block 3 (bound)`, `FAILED at block 2 (switch: ...)`, or `measured to the end`."""
+        if arm == "A":
+            return "the control" + (", kept" if self.pick.outcome == KEEP else "")
+        if arm in self.failed:
+            f = self.failed[arm]
+            return f"FAILED at block {f.repeat} ({f.cause}: {f.detail})"
+        dropped = self.eliminated_at()
+        if arm in dropped:
+            return f"dropped after block {dropped[arm][0]} ({dropped[arm][1]})"
+        if self.pick.adopted and arm == self.pick.arm:
+            return "PICKED" + (" (confirmed)" if self.pick.confirmed else "")
+        return "measured to the end" + (" (tied with the best)" if arm in self.pick.tied else "")
+
+    def arm_rows(self) -> list[str]:
+        """THE text of each arm: `D 512: @64 +13.4% [+7.3%..+20.0%] better, @96 ...; PICKED`."""
+        rows = []
+        for arm in self.plan.arms:
+            cells = ", ".join(f"@{c} {fmt.pct(e)}" + (f" [{fmt.pct(i[0])}..{fmt.pct(i[1])}]" if i else "") + f" {v}"
+                              for c, e, i, v in self.cells(arm))
+            rows.append(f"{self.plan.arm_text(arm)}: {cells + '; ' if cells else ''}{self.fate(arm)}")
+        return rows
+
+    def timeline(self) -> list[str]:
+        """THE elimination timeline: one line per look (`after block 3: leader D; dropped B (...); C settled @64 better`)."""
+        out = []
+        for look in self.looks:
+            parts = [f"leader {look.leader}"] if look.leader else []
+            parts += [f"dropped {arm} ({why})" for arm, why in look.eliminated.items()]
+            parts += [f"{arm} settled " + ", ".join(f"@{c} {v}" for c, v in cells.items())
+                      for arm, cells in look.settled.items()]
+            if look.stop:
+                parts.append(f"stop: {look.stop}")
+            out.append(f"after block {look.repeat} ({', '.join(look.survivors)}): " + ("; ".join(parts) or "nothing decided"))
+        for arm, f in self.failed.items():
+            out.append(f"block {f.repeat}: {arm} FAILED ({f.cause}: {f.detail})")
+        return out
+
+    def pick_text(self) -> str:
+        """`pick D (512), confirmed: ...` / `keep the control: ...` / `no pick (interrupted): ...`."""
+        if self.pick.adopted:
+            return f"pick {self.plan.arm_text(self.pick.arm)}: {self.pick.reason}"
+        return f"{self.pick.outcome}: {self.pick.reason}"
+
 
 # ---------------------------------------------------------------- the evidence
 
@@ -861,9 +911,22 @@ class Evidence(Typed):
         """The adjusted p as shown in a table: its value, or "unadjusted" for schema 1."""
         return fmt.p_value(level.p_adjusted) if self.is_adjusted else "unadjusted"
 
+    @property
+    def claims_nothing(self) -> str | None:
+        """Why this evidence backs no change whatever its levels say, else None: a sweep that did not
+        adopt its arm B (it kept the control, or was interrupted: its own A/B is then the leading
+        candidate's search runs, which a search's winner overstates)."""
+        if self.sweep is not None and not (self.sweep.pick.adopted and self.sweep.status == "complete"):
+            return (f"sweep {self.id} was interrupted: no pick" if self.sweep.status != "complete"
+                    else f"sweep {self.id} kept the control ({self.sweep.pick.reason})")
+        return None
+
     def gains(self) -> list[Gain]:
         """Per valid level: effect, interval, verdict, raw and adjusted p, and the guard regressions
-        at that level. Invalid levels are left out: they count for nothing."""
+        at that level. Invalid levels are left out: they count for nothing; so does every level of a
+        sweep that claims nothing (`claims_nothing`)."""
+        if self.claims_nothing:
+            return []
         regressions: dict[int, list[Guard]] = {}
         for g in self.judgement.regressions:
             regressions.setdefault(g.concurrency, []).append(g)
@@ -932,7 +995,7 @@ class Evidence(Typed):
             return f"evidence {self.id} tests {self.knob} on {self.role}, not {knob} on {role}"
         if not same_value(self.candidate, value):
             return f"stale evidence {self.id}: it tested {show(self.candidate)}, the change sets {show(value)}"
-        return None
+        return self.claims_nothing
 
     def disagreements(self, committed: Mapping[str, Any] | None = None) -> list[str]:
         """Every way the file's own description (knob, role, arms, setup) contradicts its runs, or
