@@ -384,3 +384,42 @@ def test_a_sigkilled_ab_run_leaves_a_marker_that_check_deploy_and_the_next_run_n
     assert not [line for line in _checked(project) if "abandoned" in line]
     with pytest.raises(UserError, match="no abandoned ab run or sweep"):
         AB.abort(project)
+
+
+# ---------------------------------------------------------------- the seed's story on the sim (issue 39 item 10)
+
+def test_the_seeds_story_on_the_sim_picks_512_among_four_values_and_shows_the_others(project, tmp_path):
+    """The seed tried SGLANG_SM120_MMA_TARGET_CTAS values by hand before it kept 512. Here a stack that
+    runs 128 (declared) sweeps 128, 256, 512, 1024 on real sim engine processes (restarted per arm and
+    block with the arm's value in their environment, knobkeeper/sim/effects.toml's shipped curve): the
+    pick is 512, confirmed against 128 on fresh restarts, and every other value is shown with its
+    effect at 64 and 96. The effects (512 is 20-45% faster than the others from B=64 up) are far
+    outside what a busy 2-core box adds to the sim's 2% run noise (~5%), so the design decides them;
+    which arm is dropped at which look may vary, the pick may not."""
+    from tests.test_evidence_ab import SimSwitcher, raised_priority
+
+    assert kk(project, "set", f"{KNOB}=128", "--role", "decode", "--reason", "an earlier guess",
+              "--allow-undeclared").exit_code == 0
+    sw = SimSwitcher(tmp_path, declared={KNOB: 128})
+    t0 = time.monotonic()
+    try:
+        with raised_priority():
+            out = SW.sweep(project, [SPEC], role="decode", inventory="inventory/local.py",
+                           design=Design([64, 96], max_repeats=5, duration=1.0, api="chat", input_len=8,
+                                         output_len=32, warmup_requests=16, load_options={"keepalive": True}),
+                           harness=Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()), confirm_repeats=6,
+                           seed=39, allow_undeclared=True)
+    finally:
+        sw.stop()
+    doc, block = out.doc, out.doc.sweep
+    print("\n".join(out.lines()), f"\n{time.monotonic() - t0:.0f} s, {len(sw.switches)} restarts")
+    values = {a: block.plan.arms[a].knobs[KNOB] for a in block.plan.arms}
+    assert values == {"A": 128, "B": 256, "C": 512, "D": 1024}      # the control is what the stack runs
+    assert block.pick.outcome == ADOPT and block.pick.knobs == {KNOB: 512} and block.pick.confirmed, block.pick
+    assert doc.arms["B"].knobs == {KNOB: 512} and S.adoptable(doc.judgement, block.plan.delta)   # confirmed
+    for arm in ("B", "D"):                                          # the others, shown and never picked
+        assert [c for c, _, _, _ in block.cells(arm)] == [64, 96]
+        assert S.mean_score(block.runs, arm, [64, 96]) < S.mean_score(block.runs, "C", [64, 96])
+    assert "C" not in block.eliminated_at() and "C" not in block.failed
+    assert {r.knob_seen.status for r in block.runs} == {"carried"}  # each run's engine had its arm's value
+    assert sw.restored == 1 and store.verify(doc) == []

@@ -817,7 +817,7 @@ class SweepBlock(Typed):
             return f"dropped after block {dropped[arm][0]} ({dropped[arm][1]})"
         if self.pick.adopted and arm == self.pick.arm:
             return "PICKED" + (" (confirmed)" if self.pick.confirmed else "")
-        return "measured to the end" + (" (tied with the best)" if arm in self.pick.tied else "")
+        return "measured to the end" + (" (not told from the best)" if arm in self.pick.tied else "")
 
     def arm_rows(self) -> list[str]:
         """THE text of each arm: `D 512: @64 +13.4% [+7.3%..+20.0%] better, @96 ...; PICKED`."""

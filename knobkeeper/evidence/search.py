@@ -510,8 +510,8 @@ def pick(runs: list[Run], candidates: list[str], arms: Mapping[str, Mapping], ju
     """The pick by the rule (see the module doc), from the search's final judgement."""
     rule = (f"adopt a candidate only if some level is better than the control at the family level by more than "
             f"{delta:.1%} with no level worse and no guard regression; the best adoptable by score (mean ln "
-            f"throughput over the levels per restart); ties within ±{delta:.1%} go to the value closest to the "
-            f"engine default; none adoptable: keep the control")
+            f"throughput over the levels per restart); the adoptable ones not shown {delta:.1%} worse than it are "
+            f"ties, broken toward the value closest to the engine default; none adoptable: keep the control")
     good = [arm for arm in candidates if arm in alive and arm not in failed and adoptable(judged.get(arm), delta)]
     if not good:
         why = "no candidate beat the control by more than delta at the family level"
@@ -530,7 +530,7 @@ def pick(runs: list[Run], candidates: list[str], arms: Mapping[str, Mapping], ju
     chosen = _toward_default(ties, arms, engine_default) if len(ties) > 1 else best
     reason = f"{chosen} beat the control by more than {delta:.1%} at the family level"
     if len(ties) > 1:
-        reason += (f"; tied with the best within ±{delta:.1%}: {', '.join(ties)}; "
+        reason += (f"; cannot be told from the best (not shown {delta:.1%} worse): {', '.join(ties)}; "
                    + ("closest to the engine default " + fmt.value(engine_default) if chosen != best or
                       engine_default is not None else "the best kept (no engine default known)"))
     return Pick(outcome=ADOPT, arm=chosen, knobs=dict(arms[chosen]["knobs"]), reason=reason, rule=rule, best=best,
