@@ -411,20 +411,24 @@ def judge_level(runs_a: Runs, runs_b: Runs, metric: str = METRIC, mde: float = M
 
 
 def verdict_for(c: Comparison, p: float | None, mde: float = MDE, alpha: float = ALPHA,
-                power_alpha: float | None = None, equivalence_alpha: float = EQUIVALENCE_MAX) -> tuple[str, int | None]:
+                power_alpha: float | None = None, equivalence_alpha: float = EQUIVALENCE_MAX,
+                sizing: bool = True) -> tuple[str, int | None]:
     """(verdict, repeats_needed) of one comparison whose (adjusted) p is `p`; see above.
 
     `power_alpha`: the level `repeats_needed` is sized at; `equivalence_alpha`: each one-sided
-    test of "no detectable change" (0.025: the 95% CI inside ±MDE)."""
+    test of "no detectable change" (0.025: the 95% CI inside ±MDE); `sizing=False`: the verdict
+    alone (repeats_needed None)."""
     need_alpha = power_alpha if power_alpha is not None else alpha
     if p is None or c.p_value is None:
         sd = c.sd_log if c.sd_log else DEFAULT_NOISE
-        return "inconclusive", _recommended(float(f"{sd:.3g}"), mde, need_alpha, POWER, c.unit_noise)
+        return "inconclusive", _recommended(float(f"{sd:.3g}"), mde, need_alpha, POWER, c.unit_noise) if sizing else None
     if p < alpha:
         return ("better" if c.effect > 0 else "worse"), None
     bounds = (c.ci_low, c.ci_high) if equivalence_alpha >= EQUIVALENCE_MAX else c.interval(equivalence_alpha)
     if bounds is not None and bounds[0] > -mde and bounds[1] < mde:
         return "no detectable change", None
+    if not sizing:
+        return "inconclusive", None
     return "inconclusive", _recommended(float(f"{max(c.sd_log or 0.0, 1e-6):.3g}"), mde, need_alpha, POWER,
                                         c.unit_noise)
 
@@ -494,11 +498,12 @@ def _hypotheses(ra: list[Run], rb: list[Run], level_at: int, metric: str, mde: f
     look: _LevelLook | None = None
     cmps: dict[str, Comparison] = {}
     last_share = 1.0
+    latencies = any(r.ttft_ms or r.tpot_ms for r in ra) and any(r.ttft_ms or r.tpot_ms for r in rb)
     for n, share in _looks_of(ra, rb, sequential):
         last_share = share
         look = _judge_level(_upto(ra, n), _upto(rb, n), metric, mde, alpha, unit_noise)
         cmps = {metric: look.throughput}
-        if adjust:
+        if adjust and latencies:
             for guard in GUARDS:
                 ga, gb = _values(look.kept_a, guard), _values(look.kept_b, guard)
                 if len(ga) >= 2 and len(gb) >= 2:
@@ -541,7 +546,7 @@ def judge(runs: Runs, metric: str = METRIC, mde: float = MDE, alpha: float = ALP
 
 def judge_arms(runs: Runs, control: str, candidates: list[str], metric: str = METRIC, mde: float = MDE,
                alpha: float = ALPHA, *, invalid: Mapping[str, Mapping[int, list[str]]] | None = None,
-               sequential: Sequential | Mapping | None = None) -> dict[str, Judgement]:
+               sequential: Sequential | Mapping | None = None, sizing: bool = True) -> dict[str, Judgement]:
     """A sweep's judgement: every candidate's levels and guards against `control` in ONE family
     (weighted Holm over every (candidate, level, metric), with the sequential looks), {candidate:
     its Judgement, B = the candidate, A = the control}. With one candidate it is `judge` of that pair.
@@ -556,7 +561,7 @@ def judge_arms(runs: Runs, control: str, candidates: list[str], metric: str = ME
     base = [_as_arm(r, "A") for r in runs if r.arm == control]
     pairs = [(arm, base, [_as_arm(r, "B") for r in runs if r.arm == arm], dict((invalid or {}).get(arm, {})))
              for arm in candidates]
-    judged, hyps = _family(pairs, metric, mde, alpha, sequential, True, 0.0)
+    judged, hyps = _family(pairs, metric, mde, alpha, sequential, True, 0.0, sizing)
     for arm in candidates:
         for h in hyps[arm]:
             if h.metric == metric:
@@ -573,7 +578,7 @@ def _as_arm(run: Run, arm: str) -> Run:
 
 def _family(pairs: list[tuple[str, list[Run], list[Run], Mapping[int, list[str]]]], metric: str, mde: float,
             alpha: float, sequential: Sequential | Mapping | None, adjust: bool,
-            unit_noise: float) -> tuple[dict[str, Judgement], dict[str, list[_Hypothesis]]]:
+            unit_noise: float, sizing: bool = True) -> tuple[dict[str, Judgement], dict[str, list[_Hypothesis]]]:
     """({label: Judgement}, {label: its hypotheses}) of each (label, A runs, B runs, invalid levels) pair, every pair's tests in
     one weighted Holm family (one pair: the A/B file's family)."""
     sequential = Sequential.of(sequential) if sequential else None
@@ -610,7 +615,7 @@ def _family(pairs: list[tuple[str, list[Run], list[Run], Mapping[int, list[str]]
             w = weight_of[id(h)]
             h.weight = w
             verdict, needed = verdict_for(h.cmp, h.p_adjusted, mde, alpha, power_alpha=alpha * min(1.0, w),
-                                          equivalence_alpha=EQUIVALENCE_MAX * h.share)
+                                          equivalence_alpha=EQUIVALENCE_MAX * h.share, sizing=sizing)
             if h.metric == metric:
                 h.level.p_adjusted, h.level.verdict, h.level.repeats_needed = h.p_adjusted, verdict, needed
                 if sequential:

@@ -348,6 +348,8 @@ class Run(Typed):
             holder_name, key, _ = GUARDS[metric]
             holder = getattr(self, holder_name)
             value = holder.get(key) if isinstance(holder, dict) else None
+        elif metric == METRIC:   # the judged metric, read directly: judging a sweep reads it ~10^6 times
+            value = self.output_tokens_per_s
         else:
             value = self.get(metric)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:

@@ -241,13 +241,15 @@ def pair_invalid(runs: list[Run], arm: str, metric: str = METRIC) -> dict[int, l
 
 
 def judge_family(runs: list[Run], candidates: list[str], sequential: Sequential | None,
-                 metric: str = METRIC, alpha: float = ALPHA) -> dict[str, Judgement]:
-    """Every candidate with runs against the control, one family (judge.judge_arms)."""
+                 metric: str = METRIC, alpha: float = ALPHA, sizing: bool = True) -> dict[str, Judgement]:
+    """Every candidate with runs against the control, one family (judge.judge_arms; `sizing=False`: a
+    look's, without the repeats each inconclusive level would need)."""
     measured = [c for c in candidates if any(r.arm == c for r in runs)]
     if not measured:
         return {}
     return J.judge_arms(runs, CONTROL, measured, metric, alpha=alpha,
-                        invalid={c: pair_invalid(runs, c, metric) for c in measured}, sequential=sequential)
+                        invalid={c: pair_invalid(runs, c, metric) for c in measured}, sequential=sequential,
+                        sizing=sizing)
 
 
 @dataclass
@@ -275,7 +277,7 @@ def take_look(repeat: int, runs: list[Run], candidates: list[str], alive: list[s
     previous = sequential.looks[-1].repeat if sequential.looks and sequential.looks[-1].repeat < repeat else 0
     if not sequential.looks or sequential.looks[-1].repeat != repeat:
         sequential.looks.append(Look(repeat, sorted({c for arm in alive for c in open_levels.get(arm, [])}), {}))
-    judged = judge_family(runs, candidates, sequential, metric, rules.alpha)
+    judged = judge_family(runs, candidates, sequential, metric, rules.alpha, sizing=False)
     record = SweepLook(repeat=repeat, survivors=[CONTROL] + list(alive))
     opened = {arm: list(open_levels.get(arm, [])) for arm in alive}
     for arm in alive:

@@ -691,7 +691,7 @@ def sweep(project, specs: list[str], *, role: str, inventory: str, design: Desig
                      write=lambda doc: write(project, doc, no_commit=no_commit), plan=plan.id)
     with exp, terminate_as_interrupt():
         marked = exp.marked(harness)
-        doc = _measure(plan, marked, design, exp, setup, context, progress)
+        doc = run_plan(plan, marked, design, setup=setup, context=context, journal=exp.journal, progress=progress)
         path = write(project, doc, no_commit=no_commit)
     out = Outcome(plan, notes, doc, Path(project.rel(path)), written)
     pick = doc.sweep.pick
@@ -709,13 +709,18 @@ def sweep(project, specs: list[str], *, role: str, inventory: str, design: Desig
     return out
 
 
-def _measure(plan: SweepPlan, harness: Harness, design: Design, exp, setup: Setup, context: Mapping[str, Any],
-             progress: bool | Any) -> Evidence:
-    """The search, the pick, the confirming A/B, the evidence (unwritten); the stack put back."""
+def run_plan(plan: SweepPlan, harness: Harness, design: Design, *, setup: Setup | Mapping | None = None,
+             context: Mapping[str, Any] | None = None, journal: Any = None, progress: bool | Any = False) -> Evidence:
+    """The search, the pick, the confirming A/B, the evidence (unwritten); the stack put back at the
+    end. `journal(searched, **more)`: after every arm's block (the experiment's marker); `context`:
+    the plan's path and commit, the endpoint, the fingerprint (what the evidence records of them).
+    The benchmark (bench/bench_sweep.py) runs this with a synthetic harness."""
+    context = context or {}
+    note = journal or (lambda searched, **more: None)
     arms = {k: v.to_json() for k, v in plan.arms.items()}
     rules = Rules(order=plan.order, seed=plan.seed, eliminate=len(plan.candidates) > 1, delta=plan.delta,
                   alpha=plan.alpha, fail_arms=True, minutes=plan.minutes, candidates=len(plan.candidates))
-    search = Search(harness, design, arms, rules, on_block=lambda s: exp.journal(s.so_far()), progress=progress,
+    search = Search(harness, design, arms, rules, on_block=lambda s: note(s.so_far()), progress=progress,
                     label="sweep")
     searched = search.run(restore=False)
     pick = final_pick(plan, searched)
@@ -724,14 +729,13 @@ def _measure(plan: SweepPlan, harness: Harness, design: Design, exp, setup: Setu
         confirm_design = dataclasses.replace(design, max_repeats=int(plan.confirm["max_repeats"]))
         confirm_search = Search(harness, confirm_design, {CONTROL: arms[CONTROL], "B": arms[pick.arm]},
                                 Rules(order="ABBA", delta=plan.delta, alpha=plan.alpha, fail_arms=True),
-                                on_block=lambda s: exp.journal(searched, confirm=s.so_far().to_json(),
-                                                               confirm_arm=pick.arm),
+                                on_block=lambda s: note(searched, confirm=s.so_far().to_json(), confirm_arm=pick.arm),
                                 progress=progress, label=f"confirm {pick.arm}")
         confirm = confirm_search.run(restore=True)
     else:
         harness.restore()
-    doc = sweep_doc(plan, searched, pick, setup=setup, endpoint=context.get("endpoint"),
-                    loadgen=bool(context.get("loadgen")), plan_path=context["plan_path"],
+    doc = sweep_doc(plan, searched, pick, setup=setup or {}, endpoint=context.get("endpoint"),
+                    loadgen=bool(context.get("loadgen")), plan_path=context.get("plan_path", ""),
                     plan_commit=context.get("plan_commit"), fingerprint=context.get("fingerprint") or {},
                     confirm=confirm)
     if confirm is not None:
