@@ -423,3 +423,84 @@ def test_the_seeds_story_on_the_sim_picks_512_among_four_values_and_shows_the_ot
     assert "C" not in block.eliminated_at() and "C" not in block.failed
     assert {r.knob_seen.status for r in block.runs} == {"carried"}  # each run's engine had its arm's value
     assert sw.restored == 1 and store.verify(doc) == []
+
+
+TERMINATED = """
+import math, sys, time
+sys.path.insert(0, {src!r})
+from pathlib import Path
+from knobkeeper.project import Project
+from knobkeeper.evidence import sweep as SW
+from knobkeeper.evidence.experiment import Interrupted
+from knobkeeper.evidence.search import Design, Harness
+
+state = {{"value": None, "loads": 0}}
+
+def switch(arm):
+    state["value"] = arm["knobs"]["{knob}"]
+
+def restore():
+    open({restored!r}, "w").write("declared")
+
+def load(url, conc, **kw):
+    state["loads"] += 1
+    if state["loads"] == 12:                 # block 2 under way: say so, then wait for the SIGTERM
+        open({flag!r}, "w").write("measuring")
+        time.sleep(300)
+    return {{"output_tokens_per_s": 1000.0 * (1.3 if state["value"] == 512 else 1.0), "errors": 0, "completed": 10}}
+
+try:
+    SW.sweep(Project(Path({root!r})), ["{knob}=256,512"], role="decode", inventory="inventory/local.py",
+             design=Design([64, 96], requests=10), harness=Harness(switch, restore, "http://x", load=load),
+             seed=1, allow_undeclared=True)
+except Interrupted as stopped:
+    print(stopped.line)
+    sys.exit(130)
+"""
+
+
+def test_a_sigtermed_sweep_puts_the_stack_back_and_keeps_its_runs_as_interrupted_evidence(project, tmp_path):
+    """A CI job's timeout (SIGTERM) during a sweep: the declared state is put back at once, the runs
+    measured so far are committed as evidence marked interrupted (no pick), the marker is removed, and
+    the process says so in one line and exits 130."""
+    from knobkeeper.deploy import experiment_state
+
+    flag, restored = tmp_path / "measuring", tmp_path / "restored"
+    script = tmp_path / "terminated.py"
+    script.write_text(TERMINATED.format(src=str(Path(__file__).resolve().parent.parent), knob=KNOB, flag=str(flag),
+                                        restored=str(restored), root=str(project.root)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), proc.communicate(timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "stopped by SIGTERM: role decode put back to the declared state" in out and "marked interrupted" in out
+    assert restored.read_text() == "declared" and experiment_state.read_marker(project) is None
+    [path] = store.paths(project)
+    doc = store.read(path, "evidence")
+    assert doc.interrupted["by"] == "SIGTERM" and doc.sweep.status == "interrupted" and doc.sweep.pick.outcome == NO_PICK
+    # block 1's 6 runs (3 arms x 2 levels); block 2's first arm was cut in its second level: its block is not kept
+    assert len(doc.sweep.runs) == 6 and store.verify(doc) == []
+    assert "interrupted by SIGTERM" in git(project.root, "log", "-1", "--format=%s")
+
+
+def test_review_and_the_report_draw_a_sweep(project):
+    """Each arm against the control per level with its simultaneous interval, its fate, the timeline."""
+    from knobkeeper.report.page import _sweep_block
+    from knobkeeper.review.markdown import _evidence_doc
+
+    doc = _sweep(project, FakeStack(SEED_CURVE)).doc
+    lines: list[str] = []
+    _evidence_doc(doc.id, doc, lines.append)
+    text = "\n".join(lines)
+    assert "Sweep of 4 candidates: **pick D 512" in text and "| B 128 | " in text and "PICKED (confirmed)" in text
+    assert "after block 3 (A, B, C, D, E): leader D" in text
+    html = _sweep_block(doc)
+    assert "<code>E 1024</code>" in html and "dropped after block" in html and "simultaneous 95%" in html

@@ -333,14 +333,15 @@ def sequential_repeats(sd_log: float = DEFAULT_NOISE, mde: float = MDE, alpha: f
     return MAX_REPEATS
 
 
-def sequential_rule(max_repeats: int) -> Sequential:
-    """The plan recorded in the evidence (`sequential`), before any look is taken."""
-    return Sequential(rule=(f"looks after {', '.join(map(str, planned_looks(max_repeats)))} repeats per arm; "
+def sequential_rule(max_repeats: int, first: int = FIRST_LOOK) -> Sequential:
+    """The plan recorded in the evidence (`sequential`), before any look is taken (`first`: the first
+    look's repeats; a sweep looks after 2 already, to drop arms that are decisively worse)."""
+    looks = planned_looks(max_repeats, first)
+    return Sequential(rule=(f"looks after {', '.join(map(str, looks))} repeats per arm; "
                             f"alpha spending f(t) = t^{SPENDING_POWER:g}, t = repeats/{max_repeats}; sequential "
                             f"p = min over looks of p/Δf (union bound), weighted Holm over the family; a level "
                             f"stops when better/worse or its 95% CI is inside ±{MDE:.0%}"),
-                      max_repeats=max_repeats, planned_looks=planned_looks(max_repeats),
-                      spending=f"t^{SPENDING_POWER:g}", looks=[])
+                      max_repeats=max_repeats, planned_looks=looks, spending=f"t^{SPENDING_POWER:g}", looks=[])
 
 
 # ---------------------------------------------------------------- one level

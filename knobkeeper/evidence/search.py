@@ -257,7 +257,8 @@ class Rules:
     """What a search does at its looks: `order` of the blocks ("ABBA" | "random" with `seed`),
     `eliminate` (a sweep: drop arms against the leader; an A/B: never), `delta` the indifference
     margin, `fail_arms` (a sweep: a failing candidate is recorded and dropped; an A/B: raises),
-    `minutes` the wall-time budget (None: none), `candidates` the plan's m (the elimination's level)."""
+    `minutes` the wall-time budget (None: none), `candidates` the plan's m (the elimination's level),
+    `first_look` the blocks before the first look (a sweep: SWEEP_FIRST_LOOK)."""
 
     order: str = "ABBA"
     seed: int = 0
@@ -267,6 +268,7 @@ class Rules:
     fail_arms: bool = False
     minutes: float | None = None
     candidates: int = 1
+    first_look: int = J.FIRST_LOOK
 
 
 def take_look(repeat: int, runs: list[Run], candidates: list[str], alive: list[str],
@@ -385,7 +387,8 @@ class Search:
         self.alive = list(self.candidates)
         self.open = {arm: list(self.levels) for arm in self.candidates}
         self.settled: dict[str, set[int]] = {arm: set() for arm in self.candidates}
-        self.sequential = J.sequential_rule(design.cap) if design.max_repeats is not None else None
+        self.sequential = (J.sequential_rule(design.cap, rules.first_look) if design.max_repeats is not None
+                           else None)
         self.runs: list[Run] = []
         self.warmups: list[dict] = []
         self.blocks: list[dict] = []

@@ -77,6 +77,10 @@ REAL_NOISE = 0.16
 SIM_RESTART_S, REAL_RESTART_S = 10.0, 90.0
 DEPLOY_OVERHEAD_S = 5.0       # pyinfra's start, the upload and the router's re-check around a gate
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+SWEEP_FIRST_LOOK = 2
+# A sweep looks first after 2 blocks (an A/B after 3): every arm costs a restart per block, and an arm
+# decisively worse than the leader (the real core binding's 10x) is dropped there, before its third
+# restart; alpha spent at that look is small ((2/cap)^2), so only such arms go that early.
 
 
 # ---------------------------------------------------------------- the arms
@@ -247,8 +251,8 @@ def make_plan(*, knob: str, role: str, scope: str, inventory: str | None, arms: 
               minutes: float | None, seed: int, max_arms: int, confirm_repeats: int, engine_default: Any,
               estimate: Mapping[str, Any], guards: bool = True) -> SweepPlan:
     cap = design.cap
-    rule = J.sequential_rule(cap)
     candidates = len(arms) - 1
+    rule = J.sequential_rule(cap, SWEEP_FIRST_LOOK if candidates > 1 else J.FIRST_LOOK)
     return SweepPlan(id=new_id(), created=iso(utcnow()), knob=knob, role=role, scope=scope, inventory=inventory,
                      arms={k: Arm.of(v) for k, v in arms.items()}, levels=sorted(set(design.levels)), metric=METRIC,
                      guards=list(GUARDS) if guards else [], alpha=alpha, delta=delta, delta_source=delta_source,
@@ -719,7 +723,8 @@ def run_plan(plan: SweepPlan, harness: Harness, design: Design, *, setup: Setup 
     note = journal or (lambda searched, **more: None)
     arms = {k: v.to_json() for k, v in plan.arms.items()}
     rules = Rules(order=plan.order, seed=plan.seed, eliminate=len(plan.candidates) > 1, delta=plan.delta,
-                  alpha=plan.alpha, fail_arms=True, minutes=plan.minutes, candidates=len(plan.candidates))
+                  alpha=plan.alpha, fail_arms=True, minutes=plan.minutes, candidates=len(plan.candidates),
+                  first_look=plan.planned_looks[0] if plan.planned_looks else J.FIRST_LOOK)
     search = Search(harness, design, arms, rules, on_block=lambda s: note(s.so_far()), progress=progress,
                     label="sweep")
     searched = search.run(restore=False)
