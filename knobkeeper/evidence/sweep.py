@@ -693,30 +693,34 @@ def sweep(project, specs: list[str], *, role: str, inventory: str, design: Desig
     exp = Experiment(project, kind="sweep", knob=plan.knob, role=role, scope=scope, inventory=inventory,
                      arms={k: v.to_json() for k, v in plan.arms.items()}, context=context, partial=partial_doc,
                      write=lambda doc: write(project, doc, no_commit=no_commit), plan=plan.id)
+    out = Outcome(plan, notes, plan_path=written)
     with exp, terminate_as_interrupt():
         marked = exp.marked(harness)
-        doc = run_plan(plan, marked, design, setup=setup, context=context, journal=exp.journal, progress=progress)
-        path = write(project, doc, no_commit=no_commit)
-    out = Outcome(plan, notes, doc, Path(project.rel(path)), written)
-    pick = doc.sweep.pick
-    if pick.adopted:
-        value = fmt.value(pick.knobs[plan.knob])
-        words = reason or f"sweep {doc.id}: {doc.summary_line()}"[:300]
-        stack_flag = f" --stack {stack.stack}" if stack.stack else ""
-        out.command = (f"knobkeeper set {plan.knob}={value} --role {role}{stack_flag} --reason "
-                       f"{shlex.quote(words)} --evidence {doc.id}" + (" --allow-undeclared" if allow_undeclared else ""))
-        if apply:
-            from knobkeeper.changelog.ops import set_knob
+        doc = run_plan(plan, marked, design, setup=setup, context=context, journal=exp.journal, progress=progress,
+                       restore=False)
+        out.doc, out.path = doc, Path(project.rel(write(project, doc, no_commit=no_commit)))
+        pick = doc.sweep.pick
+        if pick.adopted:
+            value = fmt.value(pick.knobs[plan.knob])
+            words = reason or f"sweep {doc.id}: {doc.summary_line()}"[:300]
+            stack_flag = f" --stack {stack.stack}" if stack.stack else ""
+            out.command = (f"knobkeeper set {plan.knob}={value} --role {role}{stack_flag} --reason "
+                           f"{shlex.quote(words)} --evidence {doc.id}"
+                           + (" --allow-undeclared" if allow_undeclared else ""))
+            if apply:   # before the put-back: putting the stack back then deploys the pick (one restart, not two)
+                from knobkeeper.changelog.ops import set_knob
 
-            change = set_knob(project, plan.knob, value, scope, words, [doc.id], allow_undeclared=allow_undeclared)
-            out.entry = change.entry.id
+                change = set_knob(project, plan.knob, value, scope, words, [doc.id], allow_undeclared=allow_undeclared)
+                out.entry = change.entry.id
+        marked.restore()
     return out
 
 
 def run_plan(plan: SweepPlan, harness: Harness, design: Design, *, setup: Setup | Mapping | None = None,
-             context: Mapping[str, Any] | None = None, journal: Any = None, progress: bool | Any = False) -> Evidence:
-    """The search, the pick, the confirming A/B, the evidence (unwritten); the stack put back at the
-    end. `journal(searched, **more)`: after every arm's block (the experiment's marker); `context`:
+             context: Mapping[str, Any] | None = None, journal: Any = None, progress: bool | Any = False,
+             restore: bool = True) -> Evidence:
+    """The search, the pick, the confirming A/B, the evidence (unwritten); with `restore` the stack put
+    back at the end (else the caller does: `sweep` sets the pick first, with --apply). `journal(searched, **more)`: after every arm's block (the experiment's marker); `context`:
     the plan's path and commit, the endpoint, the fingerprint (what the evidence records of them).
     The benchmark (bench/bench_sweep.py) runs this with a synthetic harness."""
     context = context or {}
@@ -736,8 +740,8 @@ def run_plan(plan: SweepPlan, harness: Harness, design: Design, *, setup: Setup 
                                 Rules(order="ABBA", delta=plan.delta, alpha=plan.alpha, fail_arms=True),
                                 on_block=lambda s: note(searched, confirm=s.so_far().to_json(), confirm_arm=pick.arm),
                                 progress=progress, label=f"confirm {pick.arm}")
-        confirm = confirm_search.run(restore=True)
-    else:
+        confirm = confirm_search.run(restore=False)
+    if restore:
         harness.restore()
     doc = sweep_doc(plan, searched, pick, setup=setup or {}, endpoint=context.get("endpoint"),
                     loadgen=bool(context.get("loadgen")), plan_path=context.get("plan_path", ""),
