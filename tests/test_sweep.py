@@ -405,7 +405,7 @@ def test_the_seeds_story_on_the_sim_picks_512_among_four_values_and_shows_the_ot
     try:
         with raised_priority():
             out = SW.sweep(project, [SPEC], role="decode", inventory="inventory/local.py",
-                           design=Design([64, 96], max_repeats=5, duration=1.0, api="chat", input_len=8,
+                           design=Design([64, 96], max_repeats=5, duration=0.6, api="chat", input_len=8,
                                          output_len=32, warmup_requests=16, load_options={"keepalive": True}),
                            harness=Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()), confirm_repeats=6,
                            seed=39, allow_undeclared=True)
