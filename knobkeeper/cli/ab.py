@@ -289,7 +289,10 @@ def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, r
     carries the arm's value, warms up, then loads every open level. By default the design is
     sequential: after 3, 5, 7, 10, ... repeats the settled levels stop (the error rate stays
     controlled over every level and the TTFT/TPOT guards); --repeats N runs a fixed design.
-    The declared state is ALWAYS restored at the end (also on Ctrl-C or error).
+    The declared state is ALWAYS restored at the end (also on Ctrl-C or error); Ctrl-C and SIGTERM
+    keep the runs measured as evidence marked interrupted, and after a SIGKILL the run's marker
+    makes check, deploy and set say so until `knobkeeper ab abort`. An A/B is a `knobkeeper sweep`
+    with one candidate (the same search; see `knobkeeper sweep --help` to try several values).
 
     \b
     --bench TOOL: your own tool loads every arm, level and repeat (the block's warm-up stays

@@ -56,7 +56,9 @@ def _levels(text: str) -> list[int]:
 @click.option("--reason", default=None, help="The reason of the entry --apply writes (default: the sweep's summary).")
 @click.option("--allow-undeclared", is_flag=True,
               help="Sweep a knob the pinned engine does not declare (its catalog source names a fork or a PR).")
-@click.option("--no-commit", is_flag=True, help="Write and stage the plan and the evidence but do not commit.")
+@click.option("--no-commit", is_flag=True,
+              help="Write and stage the plan and the evidence but do not commit (check then refuses the evidence: "
+                   "its plan was not committed before the data).")
 @repo_option
 @json_option
 @example("knobkeeper sweep SGLANG_SM120_MMA_TARGET_CTAS=128,256,512,1024 --role decode --concurrency 64,96 "
