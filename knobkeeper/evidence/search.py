@@ -535,9 +535,10 @@ def pick(runs: list[Run], candidates: list[str], arms: Mapping[str, Mapping], ju
     chosen = _toward_default(ties, arms, engine_default) if len(ties) > 1 else best
     reason = f"{chosen} beat the control by more than {delta:.1%} at the family level"
     if len(ties) > 1:
+        decided = engine_default is not None and _distance(chosen, arms, engine_default) < math.inf
         reason += (f"; cannot be told from the best (not shown {delta:.1%} worse): {', '.join(ties)}; "
-                   + ("closest to the engine default " + fmt.value(engine_default) if chosen != best or
-                      engine_default is not None else "the best kept (no engine default known)"))
+                   + (f"closest to the engine default {fmt.value(engine_default)}" if decided else
+                      f"the best kept ({'none is near the engine default ' + fmt.value(engine_default) if engine_default is not None else 'no engine default known'})"))
     return Pick(outcome=ADOPT, arm=chosen, knobs=dict(arms[chosen]["knobs"]), reason=reason, rule=rule, best=best,
                 tied=ties if len(ties) > 1 else [])
 
@@ -547,18 +548,19 @@ def _toward_default(ties: list[str], arms: Mapping[str, Mapping], default: Any) 
     (numerically, or equal as text); without a default, or with several knobs, the best."""
     if default is None:
         return ties[0]
+    return min(ties, key=lambda arm: (_distance(arm, arms, default), ties.index(arm)))
 
-    def distance(arm: str) -> float:
-        knobs = arms[arm]["knobs"]
-        if len(knobs) != 1:
-            return math.inf
-        value = next(iter(knobs.values()))
-        try:
-            return abs(float(value) - float(default))
-        except (TypeError, ValueError):
-            return 0.0 if fmt.value(value) == fmt.value(default) else math.inf
 
-    return min(ties, key=lambda arm: (distance(arm), ties.index(arm)))
+def _distance(arm: str, arms: Mapping[str, Mapping], default: Any) -> float:
+    """How far the arm's single knob is from the engine default: numerically, or 0/inf as text."""
+    knobs = arms[arm]["knobs"]
+    if len(knobs) != 1:
+        return math.inf
+    value = next(iter(knobs.values()))
+    try:
+        return abs(float(value) - float(default))
+    except (TypeError, ValueError):
+        return 0.0 if fmt.value(value) == fmt.value(default) else math.inf
 
 
 # ---------------------------------------------------------------- one block of one arm
