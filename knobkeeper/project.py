@@ -48,6 +48,11 @@ class Project:
         return self.changelog_dir / "evidence"
 
     @property
+    def plans_dir(self) -> Path:
+        """A sweep's plan, committed before its first run (knobkeeper.evidence.sweep)."""
+        return self.changelog_dir / "plans"
+
+    @property
     def deploys_dir(self) -> Path:
         return self.changelog_dir / "deploys"
 

@@ -1,22 +1,26 @@
-"""Evidence from a real engine (issue 23, items 5-7): one `ab run` on the real vLLM PD stack (the
-session's `real_stack`: inventory/local_vllm.py deployed once) whose verdict on a real knob is
-decided, and the field story replayed on it with that evidence: set, incident, revert as the
-suspect, the engines idle in the incident snapshot, the revert refuted, `reclaimable`, the restore,
-and the co-restart prefill -> decode -> router, each gated, each restart time in the deploy record.
+"""Evidence from a real engine (issue 23, items 5-7; issue 39): one `sweep` on the real vLLM PD stack
+(the session's `real_stack`: inventory/local_vllm.py deployed once) that finds a real knob's value,
+confirms it and sets it, and the field story replayed on it with that evidence: incident, revert
+as the suspect, the engines idle in the incident snapshot, the revert refuted, `reclaimable`, the
+restore, and the co-restart prefill -> decode -> router, each gated, each restart time in the deploy
+record. The sweep covers the path the real `ab run` test covered (an A/B is a sweep with one
+candidate: the same search, arms switched by deploying, knob carried, evidence committed).
 
 The knob: decode's VLLM_CPU_OMP_THREADS_BIND. Declared "0-1" first (decode spread over both cores,
-onto the core where prefill's worker spins: a bad earlier change, committed, not deployed), the
-candidate "1" (decode on its own core, the stack's shipped value): tens of times the output tokens/s
-on this machine (bench/real_noise/README.md, "Real ab runs"). The design is the FIXED one with 4
-repeats of 10-s runs (after the real engine's 5-s block warm-up, recorded, not judged) at c=4 with
-32 in / 16 out, not the real-engine default (sequential, 25-s runs, c as given): the short requests
-keep the slow arm's requests inside the load generator's timeout, and every block costs a decode
-restart. Why 4 and not 2: with 2 runs per arm a +912% came out inconclusive (p 0.044, p_adj 0.055,
-in a fresh clone's `make test`): the slow arm's runs were alike (13.4 and 13.3 tok/s), so Welch's
-degrees of freedom fell to 1 (a t of 12.7 needed). ABBAABBA costs the same 5 decode restarts as
-3 repeats would (A, B, A, B, A switch; the restore finds A running) and gives >= 3 degrees of
-freedom. Engine restarts in this module: decode 8 (5 in the ab run, the set, the revert, the
-co-restart), prefill 1 (the co-restart).
+onto the core where prefill's worker runs: a bad earlier change, committed, not deployed): the
+control. The candidates: "1" (decode on its own core, the stack's shipped value) and "nobind"
+(vLLM binds no thread: the OS spreads them). Measured first under the real-engine lock on
+2026-12-03 (two restarts each, 8-s runs at c=4, 32 in / 16 out, a loaded machine): 0-1 20 and 15
+output tok/s, nobind 182 and 225, 1 430 and 290, 0 309 and 118. So both candidates are an order of
+magnitude better than the control (decided in 3 blocks), "1" the best (nobind cannot be told from
+it in 3 blocks at this noise: a tie kept at the best by score, no engine default to break it).
+The design: `--max-repeats 3` (looks after 2 and 3 blocks), `--confirm-repeats 3` (the confirming
+A/B, ABBA, 3 per arm: with 2 a +912% once came out inconclusive, its slow arm's runs alike so
+Welch's df fell to 1), 10-s runs after the real engine's 5-s block warm-up (recorded, not judged),
+c=4 with 32 in / 16 out (the slow arm's requests stay inside the load generator's timeout), and
+`--apply`: the pick is set (one commit, the evidence attached) before the stack is put back, so the
+put-back deploys it. Engine restarts in this module: decode 16 in the sweep (9 blocks of the
+search, 6 of the confirm, the put-back) plus the revert and the co-restart's; prefill 1.
 """
 
 from __future__ import annotations
@@ -36,17 +40,11 @@ from knobkeeper.knobs.state import read_declared
 from knobkeeper.timeutil import iso, parse_time, utcnow
 from tests.infra import git
 
-# The session fixture's first deploy (~3 min here) and the ab run count against the first test's
-# time (pyproject's 300 s per test): seen cut at 300 s inside the ab run's first switch. In every
-# `make test` since nixl's progress thread sleeps (inventory/local_vllm.py's
-# KNOBKEEPER_NIXL_PROGRESS_DELAY_US): the module took 750 s here (ab run 497 s, story 253 s) on
-# 2026-12-02 and 573 s in a fresh clone's on 2026-12-03 (the stack's deploy and the ab run 428 s, the
-# story 145 s), where it took 25 min and was opt-in while each worker spun a core. It replaces the sim's ab run through
-# the deploy (the same code path: arms switched by deploying, knob carried, evidence committed).
-pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1800)]
+# The session fixture's first deploy (~1.5-3 min here) and the sweep count against the first test's time.
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(2400)]
 
 KNOB = "VLLM_CPU_OMP_THREADS_BIND"
-BAD, GOOD = "0-1", "1"
+BAD, GOOD, OTHER = "0-1", "1", "nobind"
 SCOPE = "vllm.decode"
 
 
@@ -67,7 +65,7 @@ def _declared(stack) -> str:
 
 @pytest.fixture(scope="module")
 def judged(real_stack):
-    """The one ab run: (stack, its evidence doc as JSON, the judged level)."""
+    """The one sweep: (stack, its evidence doc as JSON, the confirming A/B's judged level)."""
     stack, inv = real_stack, real_stack.inventory
     assert _declared(stack) == GOOD
     t0 = time.monotonic()
@@ -76,36 +74,52 @@ def judged(real_stack):
     _ok(stack.kk("set", f"{KNOB}={BAD}", "--stack", "vllm", "--role", "decode", "--reason",
                  "give decode both cores"))
 
-    # 1. ab run: baseline = the declared "0-1", candidate "1"; arms switched by deploying decode.
+    # 1. sweep: the control = the declared "0-1", candidates "1" and "nobind"; arms switched by deploying decode.
     before = git(stack.root, "rev-parse", "HEAD")
-    out = _ok(stack.kk("ab", "run", "--inventory", inv, "--role", "decode", "--set", f"{KNOB}={GOOD}",
-                       "--concurrency", "4", "--repeats", "4", "--duration", "10", "--api", "completions",
-                       "--input-len", "32", "--output-len", "16", "--json"))
-    doc = json.loads(out[out.index("\n{") + 1:] if not out.startswith("{") else out)  # progress lines first
+    out = _ok(stack.kk("sweep", f"{KNOB}={GOOD},{OTHER}", "--stack", "vllm", "--role", "decode", "--inventory", inv,
+                       "--concurrency", "4", "--max-repeats", "3", "--confirm-repeats", "3", "--duration", "10",
+                       "--api", "completions", "--input-len", "32", "--output-len", "16", "--order-seed", "39",
+                       "--apply", "--reason", "sweep: decode on its own core", "--json"))
+    result = json.loads(out[out.index("\n{") + 1:] if not out.startswith("{") else out)  # deploy lines first
+    doc = result["evidence"]
+    block = doc["sweep"]
     [level] = doc["judgement"]["levels"]
-    print("ab run:", {k: level[k] for k in ("verdict", "effect", "ci_low", "ci_high", "p_value", "p_adjusted")},
-          f"wall {doc['setup']['schedule']['wall_s']} s")
+    arms = {name: arm["knobs"][KNOB] for name, arm in block["plan"]["arms"].items()}
+    print("sweep:", {k: level[k] for k in ("verdict", "effect", "ci_low", "ci_high", "p_value", "p_adjusted")},
+          f"pick {block['pick']}", f"search {block['wall_s']} s, {len(block['blocks'])} blocks: {block['stopped']}",
+          f"confirm {block['confirm']}", f"looks {block['looks']}")
+    assert arms == {"A": BAD, "B": GOOD, "C": OTHER}                  # the control is what the stack declares
+    assert block["pick"]["outcome"] == "adopt" and block["pick"]["knobs"] == {KNOB: GOOD}, block["pick"]
+    assert block["pick"]["confirmed"] is True and block["confirm"]["arm"] == "B"
+    # the search: both candidates far better than the control at the family level; every look led by "1"
+    for arm in ("B", "C"):
+        [cell] = block["judgement"][arm]["levels"]
+        assert cell["verdict"] == "better" and cell["effect"] > 1.0, (arm, cell)
+    assert {look["leader"] for look in block["looks"]} == {"B"}, block["looks"]
+    assert not block["failed"] and all(row["order"][0:1] and "A" in row["order"] for row in block["blocks"])
+    # the confirming A/B on fresh restarts is the evidence's own: the control against the pick, ABBA
     assert doc["arms"]["A"]["knobs"] == {KNOB: BAD} and doc["arms"]["B"]["knobs"] == {KNOB: GOOD}
     assert doc["setup"]["engine"] == "vllm" and doc["setup"]["engine_version"] == "0.32.0"
-    runs = doc["runs"]
-    assert len(runs) == 8 and all(r["errors"] == 0 and r["completed"] > 0 for r in runs)
+    runs = doc["runs"] + block["runs"]
+    assert all(r["errors"] == 0 and r["completed"] > 0 for r in runs)
     assert {r["knob_seen"]["status"] for r in runs} == {"carried"}, runs[0]["knob_seen"]
     assert all(r["prefill_prompt_tokens"] > 0 for r in runs)     # every run went through prefill (PD)
-    warmups = doc["setup"]["schedule"]["warmups"]                 # measured, recorded, not judged
-    assert len(warmups) == 8 and all(w["output_tokens_per_s"] > 0 for w in warmups)
+    assert len(doc["setup"]["schedule"]["warmups"]) == doc["setup"]["schedule"]["blocks"]   # one per restart
+    assert all(w["output_tokens_per_s"] > 0 for w in block["warmups"])
     assert store.verify(doc) == []
-    # The evidence is one commit of its own, and the switches left nothing else in git.
-    assert git(stack.root, "rev-list", "--count", f"{before}..HEAD") == "1"
-    assert f"Evidence: {doc['id']}" in git(stack.root, "log", "-1", "--format=%(trailers)")
-    assert _declared(stack) == BAD                                # the declared state is back in force
-    assert {s.state for s in stack_status(stack.project, inv)} == {"in sync"}
-    print(f"real ab run: {time.monotonic() - t0:.0f} s")
+    # Three commits: the plan (before any data), the evidence, the set of the pick with it.
+    subjects = git(stack.root, "log", "--format=%s", f"{before}..HEAD").splitlines()[::-1]
+    assert [s.split(":")[0] for s in subjects] == ["sweep plan", "evidence", "vllm.decode"], subjects
+    assert f"Evidence: {doc['id']}" in git(stack.root, "log", "-2", "--format=%(trailers)")
+    assert _declared(stack) == GOOD                              # --apply: the pick declared ...
+    assert {s.state for s in stack_status(stack.project, inv)} == {"in sync"}   # ... and deployed by the put-back
+    print(f"real sweep: {time.monotonic() - t0:.0f} s")
     return stack, doc, level
 
 
-def test_ab_run_on_the_real_stack_decides_the_core_binding(judged):
-    """The verdict CI sees: decided (better, more than 2x), from runs that carried the knob,
-    went through prefill over the connector, and a warm-up per block that was recorded."""
+def test_sweep_on_the_real_stack_picks_the_core_binding_and_confirms_it(judged):
+    """The verdict CI sees: the confirming A/B decided (better, more than 2x), from runs that carried
+    the knob and went through prefill over the connector."""
     _, doc, level = judged
     assert level["verdict"] == "better" and level["effect"] > 1.0, level   # > 2x: decided, not inconclusive
     assert level["p_adjusted"] < 0.05 and level["ci_low"] > 0.5, level
@@ -116,14 +130,11 @@ def test_field_story_on_real_vllm(judged):
     inv, ev = stack.inventory, doc["id"]
     t0 = time.monotonic()
 
-    # 2. The gain set with that evidence, deployed: only decode restarts.
-    _ok(stack.kk("set", f"{KNOB}={GOOD}", "--stack", "vllm", "--role", "decode", "--reason",
-                 f"A/B: {level['effect']:+.0%} output tok/s @4", "--evidence", ev))
+    # 2. The gain was set with that evidence by `sweep --apply` and deployed by its put-back.
     set_entry = load_entries(stack.project)[-1]
+    assert set_entry.action == "set" and set_entry.new == GOOD and set_entry.evidence == [ev]
     shown = _ok(stack.kk("log", KNOB))                           # the change shows its evidence
     assert f"{ev}: " in shown and "@4 (95% CI" in shown and "p_adj" in shown, shown
-    record = _deploy(stack)
-    assert [r.service for r in record.services if r.acted] == ["knobkeeper-decode"], record.services
 
     # 3. An incident; the last delta reverted as the suspect and deployed.
     opened = json.loads(_ok(stack.kk("incident", "open", "client harness hangs", "--started",
@@ -189,4 +200,4 @@ def test_field_story_on_real_vllm(judged):
     assert {s.state for s in states} == {"in sync"}, states
     assert "nothing to reclaim" in _ok(stack.kk("reclaimable"))
     assert [i.id for i in load_incidents(stack.project)][-1] == inc
-    print(f"real field story after the ab run: {time.monotonic() - t0:.0f} s")
+    print(f"real field story after the sweep: {time.monotonic() - t0:.0f} s")

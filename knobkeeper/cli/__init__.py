@@ -20,6 +20,7 @@ from knobkeeper.cli import importer as import_cli
 from knobkeeper.cli import model as model_cli
 from knobkeeper.cli import report as report_cli
 from knobkeeper.cli import review as review_cli
+from knobkeeper.cli import sweep as sweep_cli
 from knobkeeper.cli.common import KKGroup
 
 
@@ -39,4 +40,5 @@ for command in [*catalog_cli.COMMANDS, *core.COMMANDS, *audit_cli.COMMANDS, *dep
 main.add_command(report_cli.report_cmd)
 main.add_command(model_cli.model_group)
 main.add_command(canary_cli.canary_cmd)
+main.add_command(sweep_cli.sweep_cmd)
 main.add_command(import_cli.import_group)

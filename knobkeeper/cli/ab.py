@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from knobkeeper.cli.common import KKGroup, console, emit_json, example, json_option, repo_option
@@ -106,7 +108,40 @@ def _print_doc(doc, *, header: bool = True) -> None:
     if not doc.anomalies:
         con.print("anomalies: none")
     con.print(safe(f"method: {doc.judgement.method}"))
+    if doc.interrupted:
+        con.print(safe(f"INTERRUPTED by {doc.interrupted.get('by')} at {doc.interrupted.get('at')} after "
+                       f"{doc.interrupted.get('blocks')} blocks: the runs measured until then"))
+    if doc.sweep is not None:
+        _print_sweep(doc, con, safe)
     con.print(safe(f"summary: {doc.summary_line()}"))
+
+
+def _print_sweep(doc, con, safe) -> None:
+    """A sweep's part of `ab show`: every arm against the control per level with the family's
+    simultaneous intervals, each arm's fate, the elimination timeline, the pick."""
+    from rich.table import Table
+
+    from knobkeeper import fmt
+
+    block, plan = doc.sweep, doc.sweep.plan
+    table = Table(title=f"sweep of {len(plan.candidates)} candidates vs the control, one family "
+                        f"(simultaneous 95% intervals); the table above is "
+                        f"{'the confirming A/B' if block.confirm else 'the search runs of A and B'}")
+    table.add_column("arm", justify="left")
+    for conc in plan.levels:
+        table.add_column(f"@{conc}", justify="right")
+    table.add_column("fate", justify="left")
+    for arm in plan.arms:
+        cells = [f"{fmt.pct(e)} " + (f"[{fmt.pct(i[0])}..{fmt.pct(i[1])}] " if i else "") + v
+                 for _, e, i, v in block.cells(arm)] or [""] * len(plan.levels)
+        table.add_row(safe(plan.arm_text(arm)), *[safe(c) for c in cells], safe(block.fate(arm)))
+    con.print(table)
+    for line in block.timeline():
+        con.print(safe(f"  {line}"))
+    con.print(safe(f"plan {plan.id} ({block.plan_path}, commit {(block.plan_commit or 'none')[:10]}): delta "
+                   f"{plan.delta:.1%} ({plan.delta_source}), alpha {plan.alpha:g}, up to {plan.max_repeats} blocks, "
+                   f"order {plan.order} seed {plan.seed}; search {len(block.blocks)} blocks: {block.stopped}"))
+    con.print(safe(block.pick_text() + (f" (status {block.status})" if block.status != "complete" else "")))
 
 
 def _print_new(doc, as_json: bool, notes: list[str] | tuple[str, ...] = ()) -> None:
@@ -258,7 +293,10 @@ def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, r
     carries the arm's value, warms up, then loads every open level. By default the design is
     sequential: after 3, 5, 7, 10, ... repeats the settled levels stop (the error rate stays
     controlled over every level and the TTFT/TPOT guards); --repeats N runs a fixed design.
-    The declared state is ALWAYS restored at the end (also on Ctrl-C or error).
+    The declared state is ALWAYS restored at the end (also on Ctrl-C or error); Ctrl-C and SIGTERM
+    keep the runs measured as evidence marked interrupted, and after a SIGKILL the run's marker
+    makes check, deploy and set say so until `knobkeeper ab abort`. An A/B is a `knobkeeper sweep`
+    with one candidate (the same search; see `knobkeeper sweep --help` to try several values).
 
     \b
     --bench TOOL: your own tool loads every arm, level and repeat (the block's warm-up stays
@@ -292,10 +330,40 @@ def run_cmd(inventory, role, set_spec, baseline, levels, repeats, max_repeats, r
         located = locate(bench, bench_python)   # not installed: said here, before any arm is switched
     elif bench_args:
         raise UserError("--bench-arg: only with --bench TOOL (the default loadgen takes none)")
-    doc = ab_run(project, inventory=inventory, role=role, set_spec=set_spec, baseline=baseline, design=design,
-                 endpoint=endpoint, no_commit=no_commit, progress=not as_json, bench=located,
-                 bench_args=list(bench_args), tokenizer=tokenizer)
+    from knobkeeper.evidence.experiment import Interrupted
+
+    try:
+        doc = ab_run(project, inventory=inventory, role=role, set_spec=set_spec, baseline=baseline, design=design,
+                     endpoint=endpoint, no_commit=no_commit, progress=not as_json, bench=located,
+                     bench_args=list(bench_args), tokenizer=tokenizer)
+    except Interrupted as stopped:   # one line saying what was put back and kept, not click's "Aborted!"
+        click.echo(stopped.line, err=True)
+        sys.exit(130)
     _print_new(doc, as_json)
+
+
+@ab.command("abort")
+@repo_option
+@json_option
+@example("knobkeeper ab abort")
+def abort_cmd(repo, as_json):
+    """Put back what an `ab run` or `sweep` that died (SIGKILL, a reboot) left on an arm.
+
+    Deploys the role it was measuring back to the declared state (a recorded deploy), writes the
+    runs its marker kept as evidence marked "interrupted", and removes the marker. `check`,
+    `deploy`, `status`, `set`, `ab run` and `sweep` name such an abandoned run until then.
+    """
+    from knobkeeper.evidence.ab import abort
+
+    data, result, doc = abort(find_project(repo))
+    if as_json:
+        emit_json({"aborted": {k: v for k, v in data.items() if k != "journal"}, "deploy": result.deploy_id,
+                   "evidence": doc.id if doc is not None else None})
+        return
+    kept = f"; evidence {doc.id} (interrupted) kept the {len(doc.runs) + (len(doc.sweep.runs) if doc.sweep else 0)} " \
+           f"runs measured" if doc is not None else "; no run was measured"
+    click.echo(f"{data.get('kind')} of {data.get('knob')} on {data.get('scope') or data.get('role')} (abandoned): "
+               f"role {data.get('role')} put back to the declared state (deploy {result.deploy_id}){kept}")
 
 
 @ab.command("show")

@@ -75,3 +75,13 @@ def example(text: str) -> Callable:
         return fn
 
     return decorate
+
+
+def say_abandoned_experiment(project) -> None:
+    """`warning: ab run of K on decode (...) abandoned at T with decode on arm B (K=V); put the stack back
+    with `knobkeeper ab abort` ...` on stderr (deploy/experiment_state), when there is one."""
+    from knobkeeper.deploy.experiment_state import abandoned_line
+
+    line = abandoned_line(project)
+    if line:
+        warn(line)

@@ -7,7 +7,7 @@ from typing import Callable
 import click
 
 from knobkeeper import fmt
-from knobkeeper.cli.common import console, emit_json, example, json_option, repo_option, warn
+from knobkeeper.cli.common import console, emit_json, example, json_option, repo_option, say_abandoned_experiment, warn
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
 
@@ -131,9 +131,11 @@ def set_cmd(assignment: str, role: str, reason: str, evidence: tuple[str, ...], 
         name, value = assignment.strip(), _read_value_file(value_file)
     else:
         name, value = _split_assignment(assignment)
-    change = set_knob(find_project(repo), name, value, _scope(role, stack), reason, list(evidence),
+    project = find_project(repo)
+    change = set_knob(project, name, value, _scope(role, stack), reason, list(evidence),
                       _options(no_commit, branch), allow_undeclared=allow_undeclared)
     _report(change, "set")
+    say_abandoned_experiment(project)
 
 
 MAX_VALUE_BYTES = 64 * 1024
@@ -171,7 +173,9 @@ def unset_cmd(knob: str, role: str, reason: str, stack, repo, no_commit, branch)
     """Remove a knob from a role's declared state (the engine default applies)."""
     from knobkeeper.changelog.ops import unset_knob
 
-    _report(unset_knob(find_project(repo), knob, _scope(role, stack), reason, _options(no_commit, branch)), "unset")
+    project = find_project(repo)
+    _report(unset_knob(project, knob, _scope(role, stack), reason, _options(no_commit, branch)), "unset")
+    say_abandoned_experiment(project)
 
 
 @click.command("revert")
@@ -187,9 +191,11 @@ def revert_cmd(knob: str, role: str, reason: str, incident, hypothesis, stack, r
     """Take back the latest set/restore of a knob; the entry records which one it reverts."""
     from knobkeeper import audit
 
-    change = audit.revert(find_project(repo), knob, _scope(role, stack), reason, incident, hypothesis,
+    project = find_project(repo)
+    change = audit.revert(project, knob, _scope(role, stack), reason, incident, hypothesis,
                           _options(no_commit, branch))
     _report(change, "revert")
+    say_abandoned_experiment(project)
 
 
 @click.command("restore")
@@ -205,9 +211,11 @@ def restore_cmd(knob: str, role: str, reason, evidence, force: bool, stack, repo
     """Re-apply the value a revert removed, carrying over the original evidence."""
     from knobkeeper import audit
 
-    change = audit.restore(find_project(repo), knob, _scope(role, stack), reason, list(evidence), force,
+    project = find_project(repo)
+    change = audit.restore(project, knob, _scope(role, stack), reason, list(evidence), force,
                            _options(no_commit, branch))
     _report(change, "restore")
+    say_abandoned_experiment(project)
 
 
 @click.command("record")

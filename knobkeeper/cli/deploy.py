@@ -44,7 +44,11 @@ def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[
         table.setdefault(role, {})[name] = value
     options = DeployOptions(restart=restart, only=only, batch=batch, rollback=rollback, knob_overrides=table or None,
                             record=not no_record, allow_dirty=allow_dirty)
-    result = run_deploy(find_project(repo), inventory, options=options, echo=not as_json)
+    project = find_project(repo)
+    from knobkeeper.cli.common import say_abandoned_experiment
+
+    say_abandoned_experiment(project)   # this deploy puts back what it deploys; `ab abort` also keeps the runs
+    result = run_deploy(project, inventory, options=options, echo=not as_json)
     if as_json:
         emit_json({"ok": result.ok, "returncode": result.returncode, "error": result.error,
                    "record": result.record.to_json() if result.record else None})
@@ -118,12 +122,15 @@ def plan_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json: b
 
 
 def _say_abandoned_canary(project) -> None:
-    """`warning: canary X=V on S abandoned at T; put back with ...` on stderr (deploy/canary_state)."""
+    """`warning: canary X=V on S abandoned at T; put back with ...` on stderr (deploy/canary_state), and
+    the same of an abandoned ab run or sweep (deploy/experiment_state)."""
+    from knobkeeper.cli.common import say_abandoned_experiment
     from knobkeeper.deploy.canary_state import abandoned_line
 
     line = abandoned_line(project)
     if line:
         click.echo(f"warning: {line}", err=True)
+    say_abandoned_experiment(project)
 
 
 def _data(items: tuple[str, ...]) -> dict:

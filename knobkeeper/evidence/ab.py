@@ -1,18 +1,22 @@
 """`ab run`: switch the stack between two arms, load it at every level, judge, always restore.
 
 `measure(harness, design, ...)` runs one A/B and returns its judged evidence (unwritten); `ab_run`
-is `knobkeeper ab run`: the deploy as the harness, then the evidence written and committed. The
-harness (how to switch arms, restore, reach the endpoint, load it) is a parameter, so the same
+is `knobkeeper ab run`: the deploy as the harness, then the evidence written and committed. An A/B
+is a sweep with one candidate: both are knobkeeper.evidence.search (the harness, the design, the
+blocks, the looks); an A/B orders its blocks ABBA, never drops its candidate (there is no other arm
+to give the budget to) and raises where a sweep records a failed candidate and goes on.
+The harness (how to switch arms, restore, reach the endpoint, load it) is a parameter, so the same
 orchestration drives the real deploy (the deploy with knob_overrides: only the role restarts,
 gates included) and tests (a switcher that restarts a sim process with the arm's environment).
 The design (levels, repeats, how long each run is, the prompt shape) is one object, `Design`.
 
 Schedule: repeats are blocks of both arms in ABBA order (AB, BA, AB, ...), so a linear drift
 (thermal, a neighbour, a cache filling) lands equally on both arms. Each block: switch to the
-arm (a restart: restart-to-restart variation is part of what the repeats measure), check that
-the running engine carries the arm's knob value (`Probes.knob`), one warm-up load that is measured
-and recorded (`schedule.extra["warmups"]`) but never judged (on a real engine the first window after
-a restart is the noisiest piece: knobkeeper.evidence.judge, "Real noise"), then every open level once, in ascending order (around each level, the prefill's
+arm (a restart, also of the arm already running: restart-to-restart variation is part of what the
+repeats measure), check that the running engine carries the arm's knob value (`Probes.knob`), one
+warm-up load that is measured and recorded (`schedule.extra["warmups"]`) but never judged (on a
+real engine the first window after a restart is the noisiest piece: knobkeeper.evidence.judge,
+"Real noise"), then every open level once, in ascending order (around each level, the prefill's
 prompt-token counter when the stack is disaggregated: `Probes.prefill_tokens`). Whatever
 happens — a failed switch, a failed load, Ctrl-C — `restore()` runs at the end, and a failure in
 restore is reported above the original error, never swallowed.
@@ -29,119 +33,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge as J
 from knobkeeper.evidence import validity as V
-from knobkeeper.evidence.model import Arm, Evidence, KnobSeen, Look, Run, Schedule, Sequential, Setup, Workload
+from knobkeeper.evidence.model import Arm, Evidence, KnobSeen, Run, Schedule, Sequential, Setup
+from knobkeeper.evidence.search import (CONTROL, Design, Harness, LoadFn, Probes, Rules, Search, Searched, Switch,
+                                        _url, schedule, take_look)
 
-Switch = Callable[[dict], None]
-LoadFn = Callable[..., dict]
-
-
-@dataclass
-class Probes:
-    """What `ab run` reads from the stack besides the load: `knob(arm) -> KnobSeen` after each
-    switch (status, running value, detail), `prefill_tokens() -> counter | None` (None: the stack
-    is not disaggregated), `workers`: every worker's /metrics sampled before and after each run
-    (knobkeeper.evidence.metrics.ProcessWatch: a worker replaced during the run restarted there).
-    Any may be None (not checked: the runs say "unverified"; restarts are not seen)."""
-
-    knob: Callable[[dict], KnobSeen] | None = None
-    prefill_tokens: Callable[[], float | None] | None = None
-    workers: Any = None
-
-
-@dataclass
-class Harness:
-    """How an A/B reaches the stack: `switch_arm(arm)` must leave the endpoint serving that arm
-    (arm: {"label", "knobs"}), `restore()` puts the declared state back, `load(endpoint,
-    concurrency, **kw) -> summary` loads it (default: knobkeeper.loadgen.run_load). `endpoint`: a
-    URL, or a function that says where it is now (a Slurm job's router moves with each job)."""
-
-    switch_arm: Switch
-    restore: Callable[[], None]
-    endpoint: str | Callable[[], str] | None
-    probes: Probes = field(default_factory=Probes)
-    load: LoadFn | None = None
-    warm_up: LoadFn | None = None       # the block's warm-up load (default: `load`)
-
-
-@dataclass
-class Design:
-    """What one A/B measures. `repeats`: a fixed design of that many blocks per arm; `max_repeats`:
-    the sequential design capped there (give one). Each run is `requests` requests or `duration`
-    seconds (give one). `warmup_requests`: the block's warm-up load (default: one request per
-    stream at the top open level) or `warmup_duration` seconds of it (a real engine's default:
-    defaults.REAL_WARMUP_S); `level_warmup`: completions excluded at the start of each level
-    (default: one per stream, see knobkeeper.loadgen); `load_options`: more keyword arguments for
-    every load (e.g. keepalive=True for an endpoint without the router's keep-alive delay)."""
-
-    levels: list[int]
-    repeats: int | None = None
-    max_repeats: int | None = None
-    requests: int | None = None
-    duration: float | None = None
-    api: str = "chat"
-    input_len: int = 128
-    output_len: int = 64
-    warmup_requests: int | None = None
-    warmup_duration: float | None = None
-    level_warmup: int | None = None
-    model: str | None = None
-    load_options: dict[str, Any] = field(default_factory=dict)
-    keep_invalid: bool = False
-    seed: int = 0                       # the prompts' seed, the same for every arm, level and repeat
-
-    def check(self) -> None:
-        """UserError (one line, naming the option) for a design that cannot run."""
-        if (self.repeats is None) == (self.max_repeats is None):
-            raise UserError("give one of --repeats (fixed design) or --max-repeats (sequential design)")
-        if self.cap < 1:
-            raise UserError(f"--{'repeats' if self.max_repeats is None else 'max-repeats'} {self.cap}: expected at "
-                            f"least 1 (2 or more to judge)")
-        if not self.levels or any(c < 1 for c in self.levels):
-            raise UserError(f"--concurrency {self.levels}: expected positive integers, e.g. 64,80,96")
-        if (self.requests is None) == (self.duration is None):
-            raise UserError("give exactly one of --requests or --duration")
-        if self.warmup_requests is not None and self.warmup_duration is not None:
-            raise UserError("give at most one of warmup_requests or warmup_duration (the block's warm-up)")
-
-    @property
-    def cap(self) -> int:
-        return self.repeats if self.max_repeats is None else self.max_repeats
-
-    def workload(self) -> Workload:
-        return Workload(api=self.api, input_len=self.input_len, output_len=self.output_len,
-                        requests_per_run=self.requests, duration_s=self.duration)
-
-
-def schedule(repeats: int) -> list[tuple[int, str]]:
-    """[(repeat, arm)] in ABBA order: A B B A A B B A ... (each repeat has one block of each arm)."""
-    order = []
-    for r in range(1, repeats + 1):
-        pair = ("A", "B") if r % 2 == 1 else ("B", "A")
-        order += [(r, arm) for arm in pair]
-    return order
-
-
-def _run_fields(summary: dict) -> dict[str, Any]:
-    """The evidence run's fields from a load summary (knobkeeper.loadgen), or the run a benchmark
-    tool's reader read (`summary["run"]`: knobkeeper.evidence.bench), as the reader read it."""
-    if "run" in summary:
-        return dict(summary["run"])
-    keep = ("output_tokens_per_s", "requests_per_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "completed",
-            "errors", "errors_by_kind", "warmup_errors", "window_s", "client_cpu_util")
-    out = {k: summary.get(k) for k in keep}
-    out["errors"] = int(out.get("errors") or 0)
-    if summary.get("requests_target") is not None:
-        out["requested"] = summary["requests_target"]
-    return out
+__all__ = ["Design", "Harness", "LoadFn", "Probes", "Stopping", "Switch", "ab_run", "measure", "schedule"]
 
 
 def knob_seen(arm: Mapping, knob: str, running: dict | None, source: str) -> KnobSeen:
@@ -150,169 +53,108 @@ def knob_seen(arm: Mapping, knob: str, running: dict | None, source: str) -> Kno
 
 
 class Stopping:
-    """The sequential design's bookkeeping: which levels are still open, the looks taken."""
+    """The sequential A/B's bookkeeping outside a harness (the benchmarks drive it with synthetic
+    runs): which levels are still open, the looks taken — the search's look (search.take_look)."""
 
     def __init__(self, levels: list[int], max_repeats: int, metric: str = J.METRIC):
-        self.levels, self.metric = list(levels), metric
+        self.levels, self.metric = sorted(set(levels)), metric
         self.record: Sequential = J.sequential_rule(max_repeats)
-        self.open = list(levels)
+        self.open = list(self.levels)
 
     def after_repeat(self, repeat: int, runs: list[Run]) -> None:
         """Take the planned look after `repeat` complete repeats (if one is planned there)."""
         if repeat not in self.record.planned_looks or not self.open:
             return
-        look = self.record.looks
-        look.append(Look(repeat, list(self.open), {}))
-        _, invalid = V.assess(runs, self.metric)
-        judgement = J.judge(runs, self.metric, invalid=invalid, sequential=self.record)
-        for level in judgement.levels:
-            if level.concurrency in self.open and J.settled(level):
-                look[-1].settled[str(level.concurrency)] = level.verdict
-                self.open.remove(level.concurrency)
+        _, opened, _, _ = take_look(repeat, [Run.of(r) for r in runs], ["B"], ["B"], {"B": self.open}, self.levels,
+                                    self.record, Rules(), self.metric)
+        self.open = opened.get("B", [])
 
 
 def measure(harness: Harness, design: Design, *, knob: str, role: str, arms: Mapping[str, Mapping],
             setup: Setup | Mapping | None = None, progress: bool | Any = False,
-            raw_files: list[tuple[str, Path]] | None = None) -> Evidence:
+            raw_files: list[tuple[str, Path]] | None = None,
+            on_block: Callable[[Search], Any] | None = None) -> Evidence:
     """Run the A/B and return the judged evidence (not yet written).
 
     `arms`: {"A": {"label":..., "knobs": {...}}, "B": {...}}; `setup`: what the caller knows of the
     stack (the workload and the schedule are filled in here). `progress`: True for a rich progress
     bar on stderr, or a rich Console to draw it on. `raw_files`: where the result files a benchmark
     tool wrote are listed, as (`A-r1-c8-<file>`, path), for `store.write` to keep beside the evidence.
+    `on_block(search)`: after every block (the marker's journal of the runs so far).
     """
+    design.check()
+    arms = {name: Arm.of(arm).to_json() for name, arm in arms.items()}
+    search = Search(harness, design, arms, Rules(order="ABBA"), on_block=on_block, raw_files=raw_files,
+                    progress=progress, label="A/B")
+    searched = search.run()
+    return searched_doc(searched, design, knob=knob, role=role, arms=arms, setup=setup,
+                        endpoint=_endpoint(harness), loadgen=harness.load is None)
+
+
+def searched_doc(searched: Searched, design: Design, *, knob: str, role: str, arms: Mapping[str, Mapping],
+                 setup: Setup | Mapping | None, endpoint: str | None, loadgen: bool, pair: str = "B",
+                 keep_invalid: bool | None = None, tool: str = "knobkeeper ab run") -> Evidence:
+    """The A/B evidence of a search: the control (A) against arm `pair` (as B), with the search's
+    schedule, warm-ups and sequential record; `loadgen`: knobkeeper's load generator measured."""
     from knobkeeper.evidence.store import build_doc
 
-    design.check()
-    load = harness.load
-    if load is None:
-        from knobkeeper.loadgen import run_load as load
-    arms = {name: Arm.of(arm).to_json() for name, arm in arms.items()}
     levels = sorted(set(design.levels))
-    stopping = Stopping(levels, design.cap) if design.max_repeats is not None else None
-    plan = schedule(design.cap)
-    runs: list[Run] = []
-    warmups: list[dict] = []
-    bar = _progress(progress, len(plan) * len(levels))
-    started = time.time()
-    blocks = 0
-    try:
-        if bar is not None:
-            bar.start()
-            task = bar.add_task("A/B", total=len(plan) * len(levels))
-        for index, (repeat, arm) in enumerate(plan):
-            todo = stopping.open if stopping is not None else levels
-            if not todo:
-                break
-            if bar is not None:
-                bar.update(task, description=f"switch to {arm} (repeat {repeat}/{design.cap})")
-            harness.switch_arm(arms[arm])
-            blocks += 1
-            runs += _block(harness, design, load, arm, repeat, list(todo), arms[arm], raw_files, warmups,
-                           lambda conc: bar.update(task, description=f"{arm} @{conc} (repeat {repeat}/{design.cap})")
-                           if bar is not None else None,
-                           lambda: bar.advance(task) if bar is not None else None)
-            if stopping is not None and index % 2 == 1:
-                stopping.after_repeat(repeat, runs)
-    finally:
-        try:
-            if bar is not None:
-                bar.update(task, description="restoring the declared state")
-            harness.restore()
-        finally:
-            if bar is not None:
-                bar.stop()
+    runs = [r if r.arm == CONTROL else dataclasses.replace(r, arm="B") for r in searched.runs
+            if r.arm in (CONTROL, pair)]
     setup = Setup.of(setup or {})
     setup.workload = design.workload()
-    setup.schedule = Schedule(order="ABBA", repeats=design.cap, levels=levels, endpoint=_url(harness.endpoint),
-                              design="sequential" if stopping is not None else "fixed", blocks=blocks,
+    setup.schedule = Schedule(order="ABBA", repeats=design.cap, levels=levels, endpoint=endpoint,
+                              design="sequential" if searched.sequential is not None else "fixed",
+                              blocks=searched.switches,
                               warmup_requests=None if design.warmup_duration else design.warmup_requests or max(levels),
-                              wall_s=round(time.time() - started, 3))
-    setup.schedule.extra["warmups"] = warmups   # measured, recorded, never judged
+                              wall_s=searched.wall_s)
+    setup.schedule.extra["warmups"] = [dict(w, arm="B") if w["arm"] == pair else w for w in searched.warmups
+                                       if w["arm"] in (CONTROL, pair)]   # measured, recorded, never judged
     if design.warmup_duration:
         setup.schedule.extra["warmup_s"] = design.warmup_duration
-    if harness.load is None and setup.bench_tool is None:
+    if loadgen and setup.bench_tool is None:
         from knobkeeper import __version__
 
         setup.bench_tool, setup.bench_version = "knobkeeper.loadgen", __version__
-    return build_doc(knob=knob, role=role, arms=arms, runs=runs, setup=setup,
-                     source={"tool": "knobkeeper ab run", "format": None},
-                     sequential=stopping.record if stopping is not None else None, keep_invalid=design.keep_invalid)
+    return build_doc(knob=knob, role=role, arms={"A": arms[CONTROL], "B": arms[pair]}, runs=runs, setup=setup,
+                     source={"tool": tool, "format": None}, sequential=searched.sequential,
+                     keep_invalid=design.keep_invalid if keep_invalid is None else keep_invalid)
 
 
-def _block(harness: Harness, design: Design, load: LoadFn, arm: str, repeat: int, todo: list[int], arm_spec: dict,
-           raw_files: list | None, warmups: list[dict], on_level: Callable[[int], Any],
-           on_done: Callable[[], Any]) -> list[Run]:
-    """One block of one arm (already switched to): check the knob, warm up (measured into `warmups`, not
-    judged), then every open level once."""
-    probes = harness.probes
-    url = _url(harness.endpoint)
-    seen = probes.knob(arm_spec) if probes.knob is not None else None
-    warm_conc = max(todo)
-    shape = {"api": design.api, "model": design.model, "input_len": design.input_len, "output_len": design.output_len}
-    if design.warmup_duration:
-        warm = (harness.warm_up or load)(url, warm_conc, requests=None, duration=design.warmup_duration,
-                                         warmup=design.level_warmup, **shape, **design.load_options)
-    else:
-        warm = (harness.warm_up or load)(url, warm_conc, requests=design.warmup_requests or warm_conc, warmup=0,
-                                         **shape, **design.load_options)
-    fields = _run_fields(warm) if isinstance(warm, dict) else {}
-    warmups.append({"arm": arm, "repeat": repeat, "concurrency": warm_conc,
-                    **{k: fields.get(k) for k in ("output_tokens_per_s", "completed", "errors", "window_s")}})
-    runs = []
-    for conc in todo:
-        on_level(conc)
-        before = probes.prefill_tokens() if probes.prefill_tokens is not None else None
-        processes = probes.workers.sample() if probes.workers is not None else None
-        try:
-            summary = load(url, conc, requests=design.requests, duration=design.duration,
-                           warmup=design.level_warmup, **shape, **design.load_options)
-        except UserError as exc:   # a benchmark tool that failed: say where in the schedule
-            raise UserError(f"arm {arm} repeat {repeat} @{conc}: {exc}") from None
-        run = Run.from_json({**_run_fields(summary), "arm": arm, "repeat": repeat, "concurrency": conc})
-        if processes is not None:
-            _count_restarts(run, probes.workers.restarts(processes, probes.workers.sample()))
-        if summary.get("raw_file") is not None and raw_files is not None:
-            path = Path(summary["raw_file"])
-            raw_files.append((f"{arm}-r{repeat}-c{conc}-{path.name}", path))
-        run.knob_seen = seen
-        if before is not None:
-            after = probes.prefill_tokens()
-            if after is not None:
-                run.prefill_prompt_tokens = after - before
-        runs.append(run)
-        on_done()
-    return runs
-
-
-def _count_restarts(run: Run, restarted: dict[str, tuple[int, int]]) -> None:
-    """A run during which workers were replaced: `restarts` {worker: times} (the validity gate
-    "restarted" makes its level invalid; RESTARTS_FAIL of arm B fail the candidate), and its errors
-    at least the requests in flight at the crashes. At least, not plus: the load generator counts
-    every request that failed it, and the crash's requests are among them unless the router retried
-    them elsewhere; adding both would count one failure twice."""
-    if not restarted:
-        return
-    run.extra["restarts"] = {key: n for key, (n, _) in sorted(restarted.items())}
-    lost = sum(lost for _, lost in restarted.values())
-    if run.errors is not None:
-        run.errors = max(run.errors, lost)
-
-
-def _url(endpoint: str | Callable[[], str]) -> str:
-    """The endpoint now: a URL, or where a function says it is (a Slurm job's router moves with each job)."""
-    return endpoint() if callable(endpoint) else endpoint
-
-
-def _progress(progress: bool | Any, total: int):
-    if not progress:
+def partial_doc(journal: Mapping[str, Any], by: str, at: str) -> Evidence | None:
+    """The evidence of the runs an interrupted (or killed) `ab run` measured, from its journal
+    (knobkeeper.evidence.experiment), marked `interrupted`; None before the first run."""
+    if not journal.get("searched"):
         return None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    searched = Searched.from_json(journal["searched"])
+    if not searched.runs:
+        return None
+    design = Design(**journal["design"])
+    doc = searched_doc(searched, design, knob=journal["knob"], role=journal["role"], arms=journal["arms"],
+                       setup=journal.get("setup"), endpoint=journal.get("endpoint"), loadgen=bool(journal.get("loadgen")),
+                       keep_invalid=True)
+    doc.interrupted = {"by": by, "at": at, "blocks": len(searched.blocks)}
+    return doc
 
-    console = progress if isinstance(progress, Console) else Console(stderr=True)
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=False)
+
+def abort(project) -> tuple[dict, Any, Evidence | None]:
+    """`knobkeeper ab abort` (knobkeeper.evidence.experiment.abort): the role an abandoned ab run or
+    sweep left on an arm deployed back to the declared state, its runs kept as interrupted evidence."""
+    from knobkeeper.evidence import experiment
+    from knobkeeper.evidence.store import write
+
+    def partial_of(kind: str):
+        if kind == "sweep":
+            from knobkeeper.evidence.sweep import partial_doc as sweep_partial
+
+            return sweep_partial
+        return partial_doc
+
+    return experiment.abort(project, partial_of, lambda doc: write(project, doc))
+
+
+def _endpoint(harness: Harness) -> str | None:
+    return _url(harness.endpoint) if harness.endpoint else None
 
 
 # ---------------------------------------------------------------- `knobkeeper ab run` (project level)
@@ -342,28 +184,31 @@ def arms_from_specs(project, role: str, set_spec: str, baseline: str = "current"
     return knob, {"A": {"label": label, "knobs": {knob: base}}, "B": {"label": "candidate", "knobs": {knob: value}}}
 
 
-def deploy_harness(project, inventory: str, role: str, knob: str) -> Harness:
+def deploy_harness(project, inventory: str, role: str, knob: str, what: str = "ab run") -> Harness:
     """The harness backed by the real deploy, with the stack's probes and its router as endpoint.
 
-    switch_arm(arm) deploys `inventory` with knob_overrides={role: arm knobs} and only=role, so only
-    that role restarts and every gate (the router's included) holds before load starts; restore()
-    deploys the declared state. Arm switches are not committed as deploy records (record=false:
-    they land in .knobkeeper-state/deploys/); the evidence file lists the schedule instead.
-    On a Slurm stack each switch is a new job, and the endpoint a function: where its router runs.
+    switch_arm(arm) deploys `inventory` with knob_overrides={role: arm knobs}, only=role and
+    restart="co": only that role restarts, and it restarts also when it already runs the arm (a
+    restart is the unit of replication: with "changed" the second B of ABBA found B running and
+    was measured on the first B's server), and every gate (the router's included) holds before load
+    starts; restore() deploys the declared state (restarting what differs). Arm switches are not
+    committed as deploy records (record=false: they land in .knobkeeper-state/deploys/); the
+    evidence file lists the schedule instead. On a Slurm stack each switch is a new job, and the
+    endpoint a function: where its router runs.
     """
     from knobkeeper.deploy.api import run_deploy
     from knobkeeper.deploy.stack import load_stack, running_stack
 
-    def deploy(overrides: dict | None) -> None:
-        result = run_deploy(project, inventory, only=role, knob_overrides=overrides, record=False)
+    def deploy(overrides: dict | None, restart: str) -> None:
+        result = run_deploy(project, inventory, only=role, knob_overrides=overrides, record=False, restart=restart)
         if not result.ok:
-            raise UserError(f"ab run: deploy of {inventory} failed: {result.error}")
+            raise UserError(f"{what}: deploy of {inventory} failed: {result.error}")
 
     def switch_arm(arm: dict) -> None:
-        deploy({role: dict(arm["knobs"])})
+        deploy({role: dict(arm["knobs"])}, "co")
 
     def restore() -> None:
-        deploy(None)
+        deploy(None, "changed")
 
     stack = load_stack(project.root, inventory)
     router = next((s for s in stack.services if s.role == "router"), None)
@@ -524,11 +369,17 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     import tempfile
 
     from knobkeeper.deploy.api import terminate_as_interrupt
+    from knobkeeper.evidence.experiment import Experiment, refuse_if_abandoned
     from knobkeeper.evidence.store import write
 
+    refuse_if_abandoned(project)   # an earlier ab run or sweep may have left the stack on an arm
+    scope = role
     if harness is None:
+        from knobkeeper.deploy.stack import load_stack
+
         knob, arms = inventory_arms(project, inventory, role, set_spec, baseline)
         design = engine_design(design, role_simulated(project, inventory, role))
+        scope = load_stack(project.root, inventory).scope(role)
     else:
         knob, arms = arms_from_specs(project, role, set_spec, baseline)
     if design.requests is None and design.duration is None:
@@ -560,9 +411,15 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
             setup.bench_tool, setup.bench_version = bench.tool.label, bench.version
             if tokenizer:
                 setup.extra["tokenizer"] = tokenizer
-        with terminate_as_interrupt():  # a CI job's SIGTERM restores the declared state, as Ctrl-C does
-            doc = measure(harness, design, knob=knob, role=role, arms=arms, setup=setup, progress=progress,
-                          raw_files=raw)
+        context = {"knob": knob, "role": role, "arms": arms, "design": dataclasses.asdict(design),
+                   "setup": setup.to_json(), "endpoint": _endpoint(harness), "loadgen": harness.load is None}
+        exp = Experiment(project, kind="ab run", knob=knob, role=role, scope=scope, inventory=inventory, arms=arms,
+                         context=context, partial=partial_doc, write=lambda doc: write(project, doc, no_commit=no_commit))
+        # A CI job's SIGTERM restores the declared state, as Ctrl-C does; either keeps the runs measured
+        # as interrupted evidence, and a SIGKILL leaves the marker `ab abort` reads.
+        with exp, terminate_as_interrupt():
+            doc = measure(exp.marked(harness), design, knob=knob, role=role, arms=arms, setup=setup,
+                          progress=progress, raw_files=raw, on_block=lambda search: exp.journal(search.so_far()))
         if bench is not None:
             said = tool_load.setup or {}
             doc.setup.model = doc.setup.model or said.get("model")

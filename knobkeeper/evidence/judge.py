@@ -140,6 +140,7 @@ of more than 2% is flagged with p_value and confidence null ("unconfirmed").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -332,14 +333,15 @@ def sequential_repeats(sd_log: float = DEFAULT_NOISE, mde: float = MDE, alpha: f
     return MAX_REPEATS
 
 
-def sequential_rule(max_repeats: int) -> Sequential:
-    """The plan recorded in the evidence (`sequential`), before any look is taken."""
-    return Sequential(rule=(f"looks after {', '.join(map(str, planned_looks(max_repeats)))} repeats per arm; "
+def sequential_rule(max_repeats: int, first: int = FIRST_LOOK) -> Sequential:
+    """The plan recorded in the evidence (`sequential`), before any look is taken (`first`: the first
+    look's repeats; a sweep looks after 2 already, to drop arms that are decisively worse)."""
+    looks = planned_looks(max_repeats, first)
+    return Sequential(rule=(f"looks after {', '.join(map(str, looks))} repeats per arm; "
                             f"alpha spending f(t) = t^{SPENDING_POWER:g}, t = repeats/{max_repeats}; sequential "
                             f"p = min over looks of p/Δf (union bound), weighted Holm over the family; a level "
                             f"stops when better/worse or its 95% CI is inside ±{MDE:.0%}"),
-                      max_repeats=max_repeats, planned_looks=planned_looks(max_repeats),
-                      spending=f"t^{SPENDING_POWER:g}", looks=[])
+                      max_repeats=max_repeats, planned_looks=looks, spending=f"t^{SPENDING_POWER:g}", looks=[])
 
 
 # ---------------------------------------------------------------- one level
@@ -397,20 +399,24 @@ def _judge_level(runs_a: list[Run], runs_b: list[Run], metric: str, mde: float, 
 
 
 def verdict_for(c: Comparison, p: float | None, mde: float = MDE, alpha: float = ALPHA,
-                power_alpha: float | None = None, equivalence_alpha: float = EQUIVALENCE_MAX) -> tuple[str, int | None]:
+                power_alpha: float | None = None, equivalence_alpha: float = EQUIVALENCE_MAX,
+                sizing: bool = True) -> tuple[str, int | None]:
     """(verdict, repeats_needed) of one comparison whose (adjusted) p is `p`; see above.
 
     `power_alpha`: the level `repeats_needed` is sized at; `equivalence_alpha`: each one-sided
-    test of "no detectable change" (0.025: the 95% CI inside ±MDE)."""
+    test of "no detectable change" (0.025: the 95% CI inside ±MDE); `sizing=False`: the verdict
+    alone (repeats_needed None)."""
     need_alpha = power_alpha if power_alpha is not None else alpha
     if p is None or c.p_value is None:
         sd = c.sd_log if c.sd_log else DEFAULT_NOISE
-        return "inconclusive", _recommended(float(f"{sd:.3g}"), mde, need_alpha, POWER, c.unit_noise)
+        return "inconclusive", _recommended(float(f"{sd:.3g}"), mde, need_alpha, POWER, c.unit_noise) if sizing else None
     if p < alpha:
         return ("better" if c.effect > 0 else "worse"), None
     bounds = (c.ci_low, c.ci_high) if equivalence_alpha >= EQUIVALENCE_MAX else c.interval(equivalence_alpha)
     if bounds is not None and bounds[0] > -mde and bounds[1] < mde:
         return "no detectable change", None
+    if not sizing:
+        return "inconclusive", None
     return "inconclusive", _recommended(float(f"{max(c.sd_log or 0.0, 1e-6):.3g}"), mde, need_alpha, POWER,
                                         c.unit_noise)
 
@@ -470,6 +476,7 @@ class _Hypothesis:
     cmp: Comparison
     share: float             # Δf of the last look it took part in
     p_adjusted: float = 1.0
+    weight: float = 1.0      # its share of alpha in the family (set by _family)
 
 
 def _hypotheses(ra: list[Run], rb: list[Run], level_at: int, metric: str, mde: float, alpha: float,
@@ -479,11 +486,12 @@ def _hypotheses(ra: list[Run], rb: list[Run], level_at: int, metric: str, mde: f
     look: _LevelLook | None = None
     cmps: dict[str, Comparison] = {}
     last_share = 1.0
+    latencies = any(r.ttft_ms or r.tpot_ms for r in ra) and any(r.ttft_ms or r.tpot_ms for r in rb)
     for n, share in _looks_of(ra, rb, sequential):
         last_share = share
         look = _judge_level(_upto(ra, n), _upto(rb, n), metric, mde, alpha, unit_noise)
         cmps = {metric: look.throughput}
-        if adjust:
+        if adjust and latencies:
             for guard in GUARDS:
                 ga, gb = _values(look.kept_a, guard), _values(look.kept_b, guard)
                 if len(ga) >= 2 and len(gb) >= 2:
@@ -519,21 +527,66 @@ def judge(runs: Runs, metric: str = METRIC, mde: float = MDE, alpha: float = ALP
     fixed design; `adjust=False`: the schema-1 judgement (per level, throughput only, no family);
     `unit_noise`: see compare (a canary's restart noise), in every comparison of the family.
     """
-    invalid = invalid or {}
     runs = [Run.of(r) for r in runs]
+    return _family([("B", [r for r in runs if r.arm == "A"], [r for r in runs if r.arm == "B"], invalid or {})],
+                   metric, mde, alpha, sequential, adjust, unit_noise)[0]["B"]
+
+
+def judge_arms(runs: Runs, control: str, candidates: list[str], metric: str = METRIC, mde: float = MDE,
+               alpha: float = ALPHA, *, invalid: Mapping[str, Mapping[int, list[str]]] | None = None,
+               sequential: Sequential | Mapping | None = None, sizing: bool = True) -> dict[str, Judgement]:
+    """A sweep's judgement: every candidate's levels and guards against `control` in ONE family
+    (weighted Holm over every (candidate, level, metric), with the sequential looks), {candidate:
+    its Judgement, B = the candidate, A = the control}. With one candidate it is `judge` of that pair.
+    `invalid`: {candidate: {level: reasons}}, the validity gates of each pair.
+
+    Each valid level's row also carries `extra["simultaneous"]` = [low, high]: its effect's interval
+    at the hypothesis's own share of alpha (its Holm weight) and of the last look's spending, so that
+    ALL the family's throughput intervals cover their effects at once with probability >= 1 - alpha
+    (Bonferroni over the family, the union bound over the looks: the argument of the sequential p).
+    """
+    runs = [Run.of(r) for r in runs]
+    base = [_as_arm(r, "A") for r in runs if r.arm == control]
+    pairs = [(arm, base, [_as_arm(r, "B") for r in runs if r.arm == arm], dict((invalid or {}).get(arm, {})))
+             for arm in candidates]
+    judged, hyps = _family(pairs, metric, mde, alpha, sequential, True, 0.0, sizing)
+    for arm in candidates:
+        for h in hyps[arm]:
+            if h.metric == metric:
+                bounds = h.cmp.interval(alpha * h.weight * h.share / 2)
+                if bounds is not None:
+                    h.level.extra["simultaneous"] = [bounds[0], bounds[1]]
+    return judged
+
+
+def _as_arm(run: Run, arm: str) -> Run:
+    """The run as arm `arm` of a pair (a shallow copy: the pair's judgement names A and B)."""
+    return run if run.arm == arm else dataclasses.replace(run, arm=arm)
+
+
+def _family(pairs: list[tuple[str, list[Run], list[Run], Mapping[int, list[str]]]], metric: str, mde: float,
+            alpha: float, sequential: Sequential | Mapping | None, adjust: bool,
+            unit_noise: float, sizing: bool = True) -> tuple[dict[str, Judgement], dict[str, list[_Hypothesis]]]:
+    """({label: Judgement}, {label: its hypotheses}) of each (label, A runs, B runs, invalid levels) pair, every pair's tests in
+    one weighted Holm family (one pair: the A/B file's family)."""
     sequential = Sequential.of(sequential) if sequential else None
-    a, b = _by_level(runs, "A"), _by_level(runs, "B")
-    levels: list[Level] = []
+    per_pair: list[tuple[str, list[Level], list[_Hypothesis]]] = []
     hyps: list[_Hypothesis] = []
-    for conc in sorted(set(a) | set(b)):
-        ra, rb = a.get(conc, []), b.get(conc, [])
-        if conc in invalid:
-            levels.append(Level(concurrency=conc, n_a=len(ra), n_b=len(rb), verdict="invalid",
-                                errored_runs={"A": 0, "B": 0}, invalid=list(invalid[conc])))
-            continue
-        level, level_hyps = _hypotheses(ra, rb, conc, metric, mde, alpha, adjust, sequential, unit_noise)
-        levels.append(level)
-        hyps += level_hyps
+    for label, runs_a, runs_b, invalid in pairs:
+        a, b = _by_level(runs_a, "A"), _by_level(runs_b, "B")
+        levels: list[Level] = []
+        mine: list[_Hypothesis] = []
+        for conc in sorted(set(a) | set(b)):
+            ra, rb = a.get(conc, []), b.get(conc, [])
+            if conc in invalid:
+                levels.append(Level(concurrency=conc, n_a=len(ra), n_b=len(rb), verdict="invalid",
+                                    errored_runs={"A": 0, "B": 0}, invalid=list(invalid[conc])))
+                continue
+            level, level_hyps = _hypotheses(ra, rb, conc, metric, mde, alpha, adjust, sequential, unit_noise)
+            levels.append(level)
+            mine += level_hyps
+        per_pair.append((label, levels, mine))
+        hyps += mine
     weights = _weights(hyps, metric, adjust)
     if adjust:
         for h, p_adj in zip(hyps, holm([h.q for h in hyps], weights)):
@@ -541,35 +594,43 @@ def judge(runs: Runs, metric: str = METRIC, mde: float = MDE, alpha: float = ALP
     else:
         for h in hyps:
             h.p_adjusted = h.q           # each level at alpha: p_adjusted = p
-    guard_rows = []
-    for h, w in zip(hyps, weights):
-        verdict, needed = verdict_for(h.cmp, h.p_adjusted, mde, alpha, power_alpha=alpha * min(1.0, w),
-                                      equivalence_alpha=EQUIVALENCE_MAX * h.share)
-        if h.metric == metric:
-            h.level.p_adjusted, h.level.verdict, h.level.repeats_needed = h.p_adjusted, verdict, needed
-            if sequential:
-                h.level.p_sequential = h.q
-            continue
-        # A guard is a latency: "better" means lower, so the words flip relative to the effect's sign.
-        word = {"better": "worse", "worse": "better"}.get(verdict, verdict)
-        c = h.cmp
-        guard_rows.append(Guard(concurrency=h.level.concurrency, metric=h.metric, effect=c.effect, ci_low=c.ci_low,
-                                ci_high=c.ci_high, p_value=c.p_value, p_adjusted=h.p_adjusted, verdict=word,
-                                regression=word == "worse", n_a=c.n_a, n_b=c.n_b))
-    if not adjust:   # the schema-1 shape: no adjusted p, no guards, no family
-        for level in levels:
-            level.p_adjusted = None
-        return Judgement(method=METHOD_UNADJUSTED, alpha=alpha, mde=mde, levels=levels)
-    for level in levels:
-        if level.valid and level.p_value is None:
-            level.p_adjusted = None
+    weight_of = {id(h): w for h, w in zip(hyps, weights)}
     has_guards = any(h.metric != metric for h in hyps)
-    return Judgement(method=METHOD, alpha=alpha, mde=mde, unit_noise=unit_noise or None, levels=levels,
-                     guards=guard_rows,
-                     family=Family(method="holm", alpha=alpha, size=len(hyps),
-                                   weights={"throughput": THROUGHPUT_SHARE if has_guards else 1.0,
-                                            "guards": round(1 - THROUGHPUT_SHARE, 6) if has_guards else 0.0},
-                                   sequential=bool(sequential)))
+    out: dict[str, Judgement] = {}
+    for label, levels, mine in per_pair:
+        guard_rows = []
+        for h in mine:
+            w = weight_of[id(h)]
+            h.weight = w
+            verdict, needed = verdict_for(h.cmp, h.p_adjusted, mde, alpha, power_alpha=alpha * min(1.0, w),
+                                          equivalence_alpha=EQUIVALENCE_MAX * h.share, sizing=sizing)
+            if h.metric == metric:
+                h.level.p_adjusted, h.level.verdict, h.level.repeats_needed = h.p_adjusted, verdict, needed
+                if sequential:
+                    h.level.p_sequential = h.q
+                continue
+            # A guard is a latency: "better" means lower, so the words flip relative to the effect's sign.
+            word = {"better": "worse", "worse": "better"}.get(verdict, verdict)
+            c = h.cmp
+            guard_rows.append(Guard(concurrency=h.level.concurrency, metric=h.metric, effect=c.effect,
+                                    ci_low=c.ci_low, ci_high=c.ci_high, p_value=c.p_value, p_adjusted=h.p_adjusted,
+                                    verdict=word, regression=word == "worse", n_a=c.n_a, n_b=c.n_b))
+        if not adjust:   # the schema-1 shape: no adjusted p, no guards, no family
+            for level in levels:
+                level.p_adjusted = None
+            out[label] = Judgement(method=METHOD_UNADJUSTED, alpha=alpha, mde=mde, levels=levels)
+            continue
+        for level in levels:
+            if level.valid and level.p_value is None:
+                level.p_adjusted = None
+        judged = Judgement(method=METHOD, alpha=alpha, mde=mde, unit_noise=unit_noise or None, levels=levels,
+                           guards=guard_rows,
+                           family=Family(method="holm", alpha=alpha, size=len(hyps),
+                                         weights={"throughput": THROUGHPUT_SHARE if has_guards else 1.0,
+                                                  "guards": round(1 - THROUGHPUT_SHARE, 6) if has_guards else 0.0},
+                                         sequential=bool(sequential)))
+        out[label] = judged
+    return out, {label: mine for label, _, mine in per_pair}
 
 
 def settled(level: Level | Mapping[str, Any]) -> bool:

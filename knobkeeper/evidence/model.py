@@ -351,6 +351,8 @@ class Run(Typed):
             holder_name, key, _ = GUARDS[metric]
             holder = getattr(self, holder_name)
             value = holder.get(key) if isinstance(holder, dict) else None
+        elif metric == METRIC:   # the judged metric, read directly: judging a sweep reads it ~10^6 times
+            value = self.output_tokens_per_s
         else:
             value = self.get(metric)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -655,6 +657,204 @@ class Gain(Typed):
         return f"{fmt.pct(self.ci_low)}..{fmt.pct(self.ci_high)}" if self.ci_low is not None else "n/a"
 
 
+# ---------------------------------------------------------------- a sweep's parts (knobkeeper.evidence.sweep)
+
+PLAN_SCHEMA = "knobkeeper.sweep-plan/1"
+ADOPT, KEEP, NO_PICK = "adopt", "keep the control", "no pick"
+PICK_OUTCOMES = (ADOPT, KEEP, NO_PICK)
+
+
+@typed
+class SweepPlan(Typed):
+    """A sweep's plan, committed before any data (changelog/plans/<stem>.json) and copied into its
+    evidence (`sweep.plan`). Arm "A" is always the control (the value the stack runs), the others the
+    candidates in the order given. `delta`: the indifference margin (the smallest gain worth a
+    change), `noise`: the restart-to-restart log-sd it was derived from; `max_repeats`: the budget's
+    blocks per arm, `minutes`: its wall time (None: no limit); `seed`: the block order's;
+    `confirm`: the confirming A/B's design ({"max_repeats", "planned_looks"}; {} with one candidate:
+    an A/B judges its only candidate itself); `load`: how each run loads the stack (ab.Design's
+    fields); `engine_default`: the knob's value when unset, for the tie rule (None: not known)."""
+
+    schema: str = PLAN_SCHEMA
+    id: str = ""
+    created: str = ""
+    knob: str = ""
+    role: str = ""
+    scope: str | None = None
+    inventory: str | None = None
+    arms: dict[str, Arm] = field(default_factory=dict)
+    levels: list[int] = field(default_factory=list)
+    metric: str = METRIC
+    guards: list[str] = field(default_factory=list)
+    alpha: float = ALPHA
+    delta: float = 0.05
+    delta_source: str = ""
+    noise: float | None = None
+    noise_source: str = ""
+    max_repeats: int = 0
+    minutes: float | None = None
+    planned_looks: list[int] = field(default_factory=list)
+    spending: str = ""
+    order: str = "random"               # "random" (seeded, per block) | "ABBA" (two arms)
+    seed: int = 0
+    max_arms: int = 0
+    confirm: dict[str, Any] = field(default_factory=dict)
+    load: dict[str, Any] = field(default_factory=dict)
+    engine_default: Any = None
+    estimate: dict[str, Any] = field(default_factory=dict)   # what --plan printed: seconds per block, ...
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def control(self) -> str:
+        return "A"
+
+    @property
+    def candidates(self) -> list[str]:
+        return [name for name in self.arms if name != "A"]
+
+    def arm_text(self, name: str) -> str:
+        """`A (control) SGLANG_SM120_MMA_TARGET_CTAS=128`, `C 512`: the arm's knobs as shown."""
+        knobs = self.arms[name].knobs
+        values = ", ".join(f"{k}={fmt.value(v)}" for k, v in knobs.items()) if len(knobs) > 1 else \
+            fmt.value(next(iter(knobs.values()), None))
+        return f"{name}{' (control)' if name == 'A' else ''} {values}"
+
+
+@typed
+class SweepLook(Typed):
+    """One look of a sweep: after `repeat` blocks, the arms still measured, the leader (the arm of
+    the highest score: mean ln throughput over the levels per restart), which arms were dropped and
+    by what bound, which levels settled against the control, and why the search stopped here."""
+
+    repeat: int = 0
+    survivors: list[str] = field(default_factory=list)
+    leader: str | None = None
+    eliminated: dict[str, str] = field(default_factory=dict)
+    settled: dict[str, dict[str, str]] = field(default_factory=dict)
+    stop: str | None = None
+    OMIT = frozenset({"stop"})
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class ArmFailure(Typed):
+    """An arm that failed (its switch: a gate timeout, a start-up crash; its runs: errors over the
+    gate, the knob not carried, restarts): an outcome, recorded with its cause, never skipped."""
+
+    repeat: int = 0
+    cause: str = ""
+    detail: str = ""
+    extra: dict[str, Any] = _extra()
+
+
+@typed
+class Pick(Typed):
+    """The sweep's pick by its rule (knobkeeper.evidence.sweep): `outcome` adopt | keep the control |
+    no pick (interrupted); `arm` and `knobs` the arm picked ("A" to keep the control); `tied`: the
+    candidates that could not be told from the best; `confirmed`: what the confirming A/B said."""
+
+    outcome: str = KEEP
+    arm: str = "A"
+    knobs: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    rule: str = ""
+    best: str | None = None
+    tied: list[str] = field(default_factory=list)
+    confirmed: bool | None = None
+    confirm_summary: str | None = None
+    OMIT = frozenset({"best", "confirmed", "confirm_summary"})
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def adopted(self) -> bool:
+        return self.outcome == ADOPT
+
+
+@typed
+class SweepBlock(Typed):
+    """The `sweep` block of a sweep's evidence: the plan (and the commit that added it), every
+    block's restart order, every run and warm-up of the search, each look, the failures, the
+    family-wise judgement of every candidate against the control (`judgement`: {arm: Judgement},
+    one Holm family), each arm's score, the pick, and the fingerprint of what was measured. The
+    evidence's own A/B (arms A/B, runs, judgement) is the confirming run of the pick against the
+    control when there was one (its effect is the one reported), else the search's runs of the
+    control and the leading candidate."""
+
+    plan: SweepPlan = field(default_factory=SweepPlan)
+    plan_path: str = ""
+    plan_commit: str | None = None
+    status: str = "complete"            # "complete" | "interrupted"
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    warmups: list[dict[str, Any]] = field(default_factory=list)
+    sequential: Sequential | None = None
+    looks: list[SweepLook] = field(default_factory=list)
+    failed: dict[str, ArmFailure] = field(default_factory=dict)
+    judgement: dict[str, Judgement] = field(default_factory=dict)
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pick: Pick = field(default_factory=Pick)
+    confirm: dict[str, Any] | None = None   # {"arm": X, "blocks", "wall_s"}: the top-level A/B is its runs
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    stopped: str = ""
+    wall_s: float | None = None
+    OMIT = frozenset({"confirm"})
+    extra: dict[str, Any] = _extra()
+
+    def eliminated_at(self) -> dict[str, tuple[int, str]]:
+        """{arm: (the look's repeat, the bound)} of every arm dropped."""
+        return {arm: (look.repeat, why) for look in self.looks for arm, why in look.eliminated.items()}
+
+    def cells(self, arm: str) -> list[tuple[int, float | None, list[float] | None, str]]:
+        """[(level, effect vs the control, the simultaneous interval [low, high] or None, verdict)] of a candidate."""
+        judged = self.judgement.get(arm)
+        return [(lv.concurrency, lv.effect, lv.extra.get("simultaneous"), lv.verdict)
+                for lv in (judged.levels if judged is not None else [])]
+
+    def fate(self, arm: str) -> str:
+        """`picked`, `dropped after block 3 (bound)`, `FAILED at block 2 (switch: ...)`, or `measured to the end`."""
+        if arm == "A":
+            return "the control" + (", kept" if self.pick.outcome == KEEP else "")
+        if arm in self.failed:
+            f = self.failed[arm]
+            return f"FAILED at block {f.repeat} ({f.cause}: {f.detail})"
+        dropped = self.eliminated_at()
+        if arm in dropped:
+            return f"dropped after block {dropped[arm][0]} ({dropped[arm][1]})"
+        if self.pick.adopted and arm == self.pick.arm:
+            return "PICKED" + (" (confirmed)" if self.pick.confirmed else "")
+        return "measured to the end" + (" (not told from the best)" if arm in self.pick.tied else "")
+
+    def arm_rows(self) -> list[str]:
+        """THE text of each arm: `D 512: @64 +13.4% [+7.3%..+20.0%] better, @96 ...; PICKED`."""
+        rows = []
+        for arm in self.plan.arms:
+            cells = ", ".join(f"@{c} {fmt.pct(e)}" + (f" [{fmt.pct(i[0])}..{fmt.pct(i[1])}]" if i else "") + f" {v}"
+                              for c, e, i, v in self.cells(arm))
+            rows.append(f"{self.plan.arm_text(arm)}: {cells + '; ' if cells else ''}{self.fate(arm)}")
+        return rows
+
+    def timeline(self) -> list[str]:
+        """THE elimination timeline: one line per look (`after block 3: leader D; dropped B (...); C settled @64 better`)."""
+        out = []
+        for look in self.looks:
+            parts = [f"leader {look.leader}"] if look.leader else []
+            parts += [f"dropped {arm} ({why})" for arm, why in look.eliminated.items()]
+            parts += [f"{arm} settled " + ", ".join(f"@{c} {v}" for c, v in cells.items())
+                      for arm, cells in look.settled.items()]
+            if look.stop:
+                parts.append(f"stop: {look.stop}")
+            out.append(f"after block {look.repeat} ({', '.join(look.survivors)}): " + ("; ".join(parts) or "nothing decided"))
+        for arm, f in self.failed.items():
+            out.append(f"block {f.repeat}: {arm} FAILED ({f.cause}: {f.detail})")
+        return out
+
+    def pick_text(self) -> str:
+        """`pick D (512), confirmed: ...` / `keep the control: ...` / `no pick (interrupted): ...`."""
+        if self.pick.adopted:
+            return f"pick {self.plan.arm_text(self.pick.arm)}: {self.pick.reason}"
+        return f"{self.pick.outcome}: {self.pick.reason}"
+
+
 # ---------------------------------------------------------------- the evidence
 
 def same_value(a: Any, b: Any) -> bool:
@@ -684,10 +884,12 @@ class Evidence(Typed):
     source: Source = field(default_factory=Source)
     canary: CanaryBlock | None = None
     rejudges: str | None = None         # the id of the evidence whose runs this file judges again
+    sweep: SweepBlock | None = None
+    interrupted: dict[str, Any] | None = None   # {"by", "at", "blocks"}: stopped before its end (partial)
     judgement: Judgement = field(default_factory=Judgement)
     anomalies: list[Anomaly] = field(default_factory=list)
     validity: Validity = field(default_factory=Validity)
-    OMIT = frozenset({"sequential", "judge_options", "canary", "rejudges"})
+    OMIT = frozenset({"sequential", "judge_options", "canary", "rejudges", "sweep", "interrupted"})
     extra: dict[str, Any] = _extra()
 
     # What a re-judgement must hold exactly as the evidence it re-judges: everything measured and
@@ -727,9 +929,22 @@ class Evidence(Typed):
         """The adjusted p as shown in a table: its value, or "unadjusted" for schema 1."""
         return fmt.p_value(level.p_adjusted) if self.is_adjusted else "unadjusted"
 
+    @property
+    def claims_nothing(self) -> str | None:
+        """Why this evidence backs no change whatever its levels say, else None: a sweep that did not
+        adopt its arm B (it kept the control, or was interrupted: its own A/B is then the leading
+        candidate's search runs, which a search's winner overstates)."""
+        if self.sweep is not None and not (self.sweep.pick.adopted and self.sweep.status == "complete"):
+            return (f"sweep {self.id} was interrupted: no pick" if self.sweep.status != "complete"
+                    else f"sweep {self.id} kept the control ({self.sweep.pick.reason})")
+        return None
+
     def gains(self) -> list[Gain]:
         """Per valid level: effect, interval, verdict, raw and adjusted p, and the guard regressions
-        at that level. Invalid levels are left out: they count for nothing."""
+        at that level. Invalid levels are left out: they count for nothing; so does every level of a
+        sweep that claims nothing (`claims_nothing`)."""
+        if self.claims_nothing:
+            return []
         regressions: dict[int, list[Guard]] = {}
         for g in self.judgement.regressions:
             regressions.setdefault(g.concurrency, []).append(g)
@@ -798,7 +1013,7 @@ class Evidence(Typed):
             return f"evidence {self.id} tests {self.knob} on {self.scope}, not {knob} on {role}"
         if not same_value(self.candidate, value):
             return f"stale evidence {self.id}: it tested {show(self.candidate)}, the change sets {show(value)}"
-        return None
+        return self.claims_nothing
 
     def departures_from(self, original: "Evidence") -> list[str]:
         """The measured parts (MEASURED) in which this re-judgement differs from `original`, the

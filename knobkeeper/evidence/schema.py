@@ -60,6 +60,19 @@ One JSON object:
     anomalies   [{"arm", "from_concurrency", "to_concurrency", "change", "p_value", "confidence"}]
                 throughput falling as concurrency rises, per arm
     source      {"tool": str, "raw_files": [relative paths], "format": str|null}
+    sweep       optional (source tool "knobkeeper sweep", knobkeeper/evidence/sweep.py):
+                {"plan": the plan as committed (changelog/plans/), "plan_path", "plan_commit",
+                 "status": "complete"|"interrupted", "blocks": [{"repeat", "order": [arms]}],
+                 "runs": [runs of every arm, "arm" its letter, A the control], "warmups",
+                 "sequential", "looks": [{"repeat", "survivors", "leader", "eliminated", "settled",
+                 "stop"}], "failed": {arm: {"repeat", "cause", "detail"}}, "judgement": {arm:
+                 a judgement as above, one family over every arm}, "scores", "pick": {"outcome":
+                 "adopt"|"keep the control"|"no pick", "arm", "knobs", "reason", "rule", "tied",
+                 "confirmed"}, "confirm": {"arm", ...}|null, "fingerprint", "stopped", "wall_s"};
+                the file's own arms/runs/judgement are then the confirming A/B of the pick (or,
+                without one, the search's runs of the control and the leading candidate)
+    interrupted optional: {"by": "Ctrl-C"|"SIGTERM"|..., "at", "blocks"}: stopped before its end,
+                the runs measured until then (`ab run`, `sweep`)
 
 Fields marked optional were added to schema 2 after its first files: a file without them reads as
 before (a count null with `not_recorded`, the setup's bench tool, served name and dataset).
@@ -74,7 +87,7 @@ import math
 import re
 from typing import Any, Callable
 
-from knobkeeper.evidence.model import SCHEMA, SCHEMA_1, SCHEMAS, VERDICTS, plain
+from knobkeeper.evidence.model import PICK_OUTCOMES, SCHEMA, SCHEMA_1, SCHEMAS, VERDICTS, plain
 
 _NUM = (int, float)
 
@@ -162,6 +175,18 @@ RULES: tuple[tuple[str, bool, Callable[[Any, Any], bool], str, bool], ...] = (
      '{"unit_noise": a log-sd from 0 to 1, "alpha": a probability between 0 and 1}', False),
     ("rejudges", OPTIONAL, lambda v, _: isinstance(v, str) and bool(re.fullmatch(r"[0-9a-f]+", v)),
      "the hex id of the evidence it re-judges", True),
+    ("sweep", OPTIONAL, _object, "an object", False),
+    ("sweep.plan", REQUIRED, _object, "the sweep's plan (an object)", False),
+    ("sweep.plan.arms", REQUIRED, lambda v, _: isinstance(v, dict) and "A" in v and len(v) >= 2,
+     "an object with the control A and at least one candidate", False),
+    ("sweep.runs", REQUIRED, _list, "a list", False),
+    ("sweep.runs[*].arm", REQUIRED, lambda v, holder: isinstance(v, str) and bool(v), "an arm's letter", False),
+    ("sweep.runs[*].repeat", REQUIRED, _integer, "an integer", False),
+    ("sweep.runs[*].concurrency", REQUIRED, _integer, "an integer", False),
+    ("sweep.pick", REQUIRED, lambda v, _: isinstance(v, dict) and v.get("outcome") in PICK_OUTCOMES,
+     f"an object whose outcome is one of {', '.join(PICK_OUTCOMES)}", False),
+    ("sweep.status", REQUIRED, _one_of("complete", "interrupted"), "'complete' or 'interrupted'", True),
+    ("interrupted", OPTIONAL, _object, "an object", False),
     ("anomalies", REQUIRED, _list, "a list", False),
     ("source", REQUIRED, _object, "an object", False),
     ("source.tool", REQUIRED, lambda v, _: isinstance(v, str), "a string", False),

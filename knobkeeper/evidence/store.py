@@ -24,7 +24,7 @@ from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge as J
 from knobkeeper.evidence import validity as V
 from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, Evidence, Gain, Typed, Run,
-                                       Sequential, Setup, Source, Workload, plain, typed)
+                                       Sequential, Setup, Source, SweepPlan, Workload, plain, typed)
 from knobkeeper.evidence.schema import validate
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, iso, new_id, parse_time, utcnow
@@ -148,6 +148,10 @@ def verify(doc: Evidence | Mapping[str, Any]) -> list[str]:
     if stored.schema != SCHEMA_1:
         problems += _compare_rows(stored.judgement.guards, fresh.guards, lambda g: (g.concurrency, g.metric),
                                   lambda k: f"for {k[1]} at {k[0]}", claims + ("p_adjusted",))
+    if stored.sweep is not None:
+        from knobkeeper.evidence.sweep import verify_sweep
+
+        problems += verify_sweep(stored)
     return problems
 
 
@@ -191,6 +195,13 @@ def commit_summary(doc: Evidence) -> str:
     regressions = doc.judgement.regressions
     if regressions:
         what += ", but " + ", ".join(f"{g.label} {fmt.pct(g.effect, 0)} @{g.concurrency}" for g in regressions)
+    if doc.sweep is not None:   # the sweep's outcome first; the levels are its confirming A/B's (or the leader's)
+        block = doc.sweep
+        outcome = (f"pick {fmt.value(doc.candidate)}" + (" confirmed" if block.pick.confirmed else "")
+                   if block.pick.adopted else block.pick.outcome)
+        what = f"sweep of {len(block.plan.candidates)}: {outcome}; {what}"
+    if doc.interrupted:
+        what = f"interrupted by {doc.interrupted.get('by')}: {what}"
     canary = doc.canary
     if canary is not None and canary.verdict == "worse":
         # the canary's own failures, outside the judgement (its regressions are said above): the
@@ -230,6 +241,8 @@ def write(project: Project, doc: Evidence, raw_files: Iterable[tuple[str, Path |
     files[path] = json.dumps(data, indent=2, allow_nan=False) + "\n"
     trailers = [("Evidence", doc.id), ("Knob", doc.knob), ("Role", doc.role)]
     body = doc.summary_line()
+    if doc.sweep is not None:
+        trailers.append(("Plan", doc.sweep.plan.id))
     if doc.rejudges:
         trailers.append(("Rejudges", doc.rejudges))
         body = (f"The runs of evidence {doc.rejudges} judged again by today's method; that file is kept as it "
@@ -249,6 +262,37 @@ def rejudge_file(project: Project, ident: str, *, no_commit: bool = False) -> Ev
                         f"({old.summary_line()}); nothing written")
     path = write(project, again, no_commit=no_commit)
     return read(path, project.rel(path))
+
+
+# ---------------------------------------------------------------- a sweep's plan
+
+def plan_path(project: Project, plan: SweepPlan) -> Path:
+    return project.plans_dir / f"{file_stem(parse_time(plan.created), plan.id)}.json"
+
+
+def write_plan(project: Project, plan: SweepPlan, summary: str, *, no_commit: bool = False) -> Path:
+    """Write the plan (changelog/plans/<stem>.json) and commit exactly it, before any data."""
+    path = plan_path(project, plan)
+    text = json.dumps(plan.to_json(), indent=2, allow_nan=False) + "\n"
+    commit_change(project, {path: text}, Message(summary, "", [("Plan", plan.id), ("Knob", plan.knob),
+                                                               ("Role", plan.role)]), no_commit=no_commit)
+    return path
+
+
+def read_plan(path: Path, where: str) -> SweepPlan:
+    """The plan in the file at `path`, or UserError naming `where`."""
+    from knobkeeper.changelog.filecache import plain_file
+    from knobkeeper.evidence.model import PLAN_SCHEMA
+
+    try:
+        data = json.loads(plain_file(path).read_text())
+    except OSError as exc:
+        raise UserError(f"{where}: cannot be read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
+        raise UserError(f"{where}: schema: expected {PLAN_SCHEMA!r}")
+    return SweepPlan.from_json(data)
 
 
 # ---------------------------------------------------------------- reading

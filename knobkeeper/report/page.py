@@ -491,7 +491,33 @@ def _evidence_block(doc) -> str:
         extra.append('<li>guard metrics:<table class="guards"><thead><tr><th>metric</th><th>concurrency</th>'
                      '<th>effect</th><th>95% CI</th><th>p adjusted</th><th>verdict</th></tr></thead>'
                      f'<tbody>{grows}</tbody></table></li>')
-    return head + chart + f'<div>{table}<ul class="notes">{"".join(extra)}</ul></div></div></div>'
+    return head + chart + f'<div>{table}<ul class="notes">{"".join(extra)}</ul></div></div>{_sweep_block(doc)}</div>'
+
+
+def _sweep_block(doc) -> str:
+    """A sweep's table (every arm's effect against the control per level, with the family's
+    simultaneous intervals, and its fate) and its elimination timeline; "" for an A/B."""
+    block = doc.sweep
+    if block is None:
+        return ""
+    plan = block.plan
+    rows = []
+    for arm in plan.arms:
+        cells = "".join(f'<td class="v-{esc(v.split()[0])}">{fmt.pct(e)}'
+                        + (f' <span class="who">[{fmt.pct(i[0])}..{fmt.pct(i[1])}]</span>' if i else "")
+                        + f' {esc(v)}</td>' for _, e, i, v in block.cells(arm))
+        cells = cells or "".join("<td></td>" for _ in plan.levels)
+        rows.append(f'<tr><td><code>{esc(plan.arm_text(arm))}</code></td>{cells}<td>{esc(block.fate(arm))}</td></tr>')
+    head = "".join(f"<th>@{esc(c)} effect [simultaneous 95%] verdict</th>" for c in plan.levels)
+    timeline = "".join(f"<li>{esc(line)}</li>" for line in block.timeline())
+    status = " (interrupted)" if block.status == "interrupted" else ""
+    return (f'<div class="sweep"><h4>sweep of {len(plan.candidates)} candidates{esc(status)}: '
+            f'{esc(block.pick_text())}</h4><table class="levels"><thead><tr><th>arm</th>{head}<th>fate</th></tr>'
+            f'</thead><tbody>{"".join(rows)}</tbody></table><p class="who">plan {esc(plan.id)} (committed '
+            f'{esc((block.plan_commit or "not committed")[:10])}): delta {plan.delta:.1%}, alpha {plan.alpha:g}, up to '
+            f'{plan.max_repeats} blocks, seed {plan.seed}; the table above this one is '
+            f'{"the confirming A/B" if block.confirm else "the search runs of the control and " + esc(doc.arms["B"].label or "B")}'
+            f'</p><ol class="notes">{timeline}</ol></div>')
 
 
 # --------------------------------------------------------------------------- knobs

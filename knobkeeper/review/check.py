@@ -212,6 +212,28 @@ def check_abandoned_canary(run: _Run) -> None:
         run.add(run.rel(marker_path(run.project)), what, fix)
 
 
+def check_experiments(run: _Run) -> None:
+    """No ab run or sweep died with the stack on one of its arms (deploy/experiment_state), and every
+    sweep's evidence follows the plan committed before it (knobkeeper.evidence.sweep.plan_problems)."""
+    from knobkeeper.deploy.experiment_state import abandoned_line, marker_path
+    from knobkeeper.evidence import store
+    from knobkeeper.evidence.sweep import plan_problems
+
+    line = abandoned_line(run.project)
+    if line:
+        what, _, fix = line.partition("; ")
+        run.add(run.rel(marker_path(run.project)), what, fix)
+    for path in store.paths(run.project):
+        rel = run.rel(path)
+        try:
+            doc = store.read(path, rel)
+        except UserError:
+            continue   # check_evidence names it
+        for text in plan_problems(run.project, doc, rel):
+            run.add(rel, f"sweep {doc.id}: {text}", "a sweep's evidence must follow the plan committed before its data: "
+                    "restore both from git, or run the sweep again")
+
+
 def check_entries(run: _Run) -> None:
     """Every entry file parses, and knobs.toml holds what the entries replay to."""
     from knobkeeper.changelog.entries import in_history_order
@@ -593,8 +615,9 @@ def _role_of(render, host: str, service: str) -> str:
 
 
 CHECKS = (check_unfinished_change, check_catalog, check_declared, check_secret_store, check_refused_files,
-          check_abandoned_canary, check_entries, check_links, check_evidence, check_immutable_evidence,
-          check_rejudgements, check_incidents, check_immutable_entries, check_render, check_engine_contract)
+          check_abandoned_canary, check_experiments, check_entries, check_links, check_evidence,
+          check_immutable_evidence, check_rejudgements, check_incidents, check_immutable_entries, check_render,
+          check_engine_contract)
 
 
 def check(project: Project, base: str | None = None) -> CheckResult:

@@ -126,6 +126,28 @@ def _evidence_doc(ident: str, doc, w) -> None:
     else:
         w("Anomalies: none.")
     w("")
+    if doc.sweep is not None:
+        _sweep(doc, w)
+
+
+def _sweep(doc, w) -> None:
+    """A sweep's arms against the control per level (simultaneous intervals), their fate, the timeline."""
+    block, plan = doc.sweep, doc.sweep.plan
+    w(f"Sweep of {len(plan.candidates)} candidates{' (interrupted)' if block.status == 'interrupted' else ''}: "
+      f"**{fmt.cell(block.pick_text())}** (the table above is "
+      f"{'its confirming A/B' if block.confirm else 'the search runs of the control and arm B'}; plan `{plan.id}`, "
+      f"delta {plan.delta:.1%})")
+    w("")
+    w("| arm | " + " | ".join(f"@{c}: effect [simultaneous 95%] verdict" for c in plan.levels) + " | fate |")
+    w("|---|" + "---|" * len(plan.levels) + "---|")
+    for arm in plan.arms:
+        cells = [f"{fmt.pct(e)}" + (f" [{fmt.pct(i[0])}..{fmt.pct(i[1])}]" if i else "") + f" {v}"
+                 for _, e, i, v in block.cells(arm)] or [""] * len(plan.levels)
+        w(f"| {fmt.cell(plan.arm_text(arm))} | " + " | ".join(fmt.cell(c) for c in cells) + f" | {fmt.cell(block.fate(arm))} |")
+    w("")
+    for line in block.timeline():
+        w(f"- {fmt.cell(line)}")
+    w("")
 
 
 def _reverts(review: Review, w) -> None:
