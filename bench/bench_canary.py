@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from knobkeeper.evidence import canary as C  # noqa: E402
-from knobkeeper.evidence import metrics as M  # noqa: E402
+from knobkeeper.evidence import canary  # noqa: E402
+from knobkeeper.evidence import metrics  # noqa: E402
 from tests.procs import free_port, start, stop, wait_http  # noqa: E402
 from tests.test_canary import PY, Load, Worker  # noqa: E402
 
@@ -45,13 +45,13 @@ decode_step = {1 / 1.128:.6f}
 CASES = (("A/A", None), ("+5%", 105), ("+12.8%", 1128))
 
 
-def stats_of(doc, phase: str, upto: int, last: bool = False) -> dict[str, list[M.WindowStats]]:
+def stats_of(doc, phase: str, upto: int, last: bool = False) -> dict[str, list[metrics.WindowStats]]:
     """The first (or last) `upto` windows of one phase of a canary's evidence, as WindowStats."""
     rows = [w for w in doc.canary.windows if w.phase == phase]
-    out: dict[str, list[M.WindowStats]] = {}
+    out: dict[str, list[metrics.WindowStats]] = {}
     for w in (rows[-upto:] if last else rows[:upto]):
         for key, s in w.hosts.items():
-            out.setdefault(key, []).append(M.WindowStats(**s))
+            out.setdefault(key, []).append(metrics.WindowStats(**s))
     return out
 
 
@@ -85,14 +85,14 @@ def main() -> int:
                        tmp / "router.log", cwd=str(ROOT))
         wait_http(f"http://127.0.0.1:{rport}/readiness", timeout=90, proc=router)
         endpoint = f"http://127.0.0.1:{rport}"
-        span = 2 * args.windows * args.interval + max(args.interval, C.SETTLE_MIN_S if args.settle is None else args.settle)
+        span = 2 * args.windows * args.interval + max(args.interval, canary.SETTLE_MIN_S if args.settle is None else args.settle)
         total = len(cases) * args.runs * (span + 8)
         print(f"canary bench: {args.runs} runs x {len(cases)} cases, {args.windows} calibration + {args.windows} canary "
               f"windows of {args.interval:g} s, concurrency {args.concurrency} through the router "
               f"(about {total / 60:.0f} min)", flush=True)
         load = Load(endpoint, total * 1.5 + 60, concurrency=args.concurrency)
         time.sleep(3)
-        canary = decodes[1]
+        candidate = decodes[1]
         plan_targets = [d.target for d in decodes]
         prefixes = [n for n in (2, 4, 8, 16, 32) if n <= args.windows]
         designs = ("calibrated", "uncalibrated")
@@ -100,21 +100,21 @@ def main() -> int:
         to_verdict: list[float] = []
         for run in range(args.runs):
             for name, value in cases:
-                plan = C.Plan(KNOB, value, None, "decode", canary=[plan_targets[1]], baseline=[plan_targets[0]])
+                plan = canary.Plan(KNOB, value, None, "decode", canary=[plan_targets[1]], baseline=[plan_targets[0]])
 
                 def restart(env):
-                    canary.seed = rng.randrange(1 << 30)   # each restart draws its own run factor
-                    canary.restart(env)
+                    candidate.seed = rng.randrange(1 << 30)   # each restart draws its own run factor
+                    candidate.restart(env)
 
                 began = time.monotonic()
                 try:
-                    switch = C.Switch(lambda targets, knobs: restart({} if value is None else {KNOB: str(value)}),
-                                      lambda: restart({}))
-                    doc = C.measure(plan, M.ScrapeSource(plan.targets, 0.5), switch,
-                                    C.Options(duration=args.windows * args.interval, interval=args.interval,
-                                              settle=args.settle))
+                    switch = canary.Switch(lambda targets, knobs: restart({} if value is None else {KNOB: str(value)}),
+                                           lambda: restart({}))
+                    doc = canary.measure(plan, metrics.ScrapeSource(plan.targets, 0.5), switch,
+                                         canary.Options(duration=args.windows * args.interval, interval=args.interval,
+                                                        settle=args.settle))
                     restart({})
-                except C.CanaryWorse as worse:   # measure has put the canary back itself
+                except canary.CanaryWorse as worse:   # measure has put the canary back itself
                     doc = worse.doc
                 to_verdict.append(time.monotonic() - began)
                 for n in prefixes:
@@ -122,9 +122,9 @@ def main() -> int:
                     before, after = stats_of(doc, "calibration", n, last=True), stats_of(doc, "canary", n)
                     for design in designs:
                         calibration = before if design == "calibrated" else None
-                        runs, windows = C.window_runs(plan, after, calibration=calibration)
-                        judged = C.judgement(runs, plan.unit_noise(C.RESTART_NOISE, calibration is not None)) if runs else None
-                        verdicts[(design, name)][n].append(C.decide(plan, windows, judged)[0] if runs else "invalid")
+                        runs, windows = canary.window_runs(plan, after, calibration=calibration)
+                        judged = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, calibration is not None)) if runs else None
+                        verdicts[(design, name)][n].append(canary.decide(plan, windows, judged)[0] if runs else "invalid")
             print(f"  run {run + 1}/{args.runs} done", flush=True)
         # the load thread is a daemon: it ends with the workers stopped below, no need to wait it out
     finally:

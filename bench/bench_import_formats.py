@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from knobkeeper.evidence import importers as I  # noqa: E402
+from knobkeeper.evidence import importers  # noqa: E402
 from knobkeeper.evidence import store  # noqa: E402
 from tests.infra import make_infra_repo  # noqa: E402
 
@@ -105,12 +105,12 @@ def measure(fmt: str, levels: int, repeats: int, scratch: Path) -> tuple[float, 
     base.mkdir()
     cand.mkdir()
     files_a, files_b = CASES[fmt](base, levels, 1.0), CASES[fmt](cand, levels, 1.05)
-    read_s = _median(lambda: [I.read(p) for p in files_a], repeats)
+    read_s = _median(lambda: [importers.read(p) for p in files_a], repeats)
     counter = iter(range(10**6))
 
     def one_import():
         project = make_infra_repo(scratch / f"repo-{fmt}-{levels}-{next(counter)}")
-        store.import_files(project, baseline=I.expand(files_a), candidate=I.expand(files_b), role="decode",
+        store.import_files(project, baseline=importers.expand(files_a), candidate=importers.expand(files_b), role="decode",
                            knob=f"{KNOB}=512", keep_invalid=True)
 
     import_s = _median(one_import, repeats)

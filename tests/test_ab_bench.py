@@ -137,7 +137,7 @@ def test_a_failing_tools_last_lines_are_one_line_of_its_error(tmp_path):
     tool.write_text("#!/bin/sh\necho 'usage: vllm bench serve [options]'\n"
                     "echo '  error: unrecognized arguments: --no-such-flag' >&2\nexit 2\n")
     tool.chmod(0o755)
-    load = ToolLoad(Located(I.TOOLS["vllm"], str(tool), "0.32.0"), tmp_path)
+    load = ToolLoad(Located(importers.TOOLS["vllm"], str(tool), "0.32.0"), tmp_path)
     with pytest.raises(UserError) as failed:
         load("http://127.0.0.1:9", 8, requests=4, model="m", api="completions")
     assert str(failed.value) == ("--bench vllm: vllm bench serve 0.32.0 exited with status 2; its last lines: "

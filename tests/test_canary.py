@@ -456,15 +456,15 @@ def test_inconclusive_canary_says_how_long_would_decide(tmp_path):
     plan = _plan()
     calls = []
     out = canary.run(project, plan, FakeSource(_noisy(1), _noisy(11, 1.01)),
-                canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
-                canary.Options(duration=0.04, interval=0.01, settle=0, restart_noise=0.005))
+                     canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
+                     canary.Options(duration=0.04, interval=0.01, settle=0, restart_noise=0.005))
     assert out.verdict == "inconclusive" and out.action == "put back" and calls == ["apply", "restore"]
     lines = canary.report_lines(out)
     assert "windows: calibration 4 valid of 4, canary 4 valid of 4" in lines[2], lines
     assert any(" s of calibration (" in line and "would detect ±5%" in line for line in lines), lines
     assert store.verify(store.load(project, out.doc["id"])) == []
     out = canary.run(project, plan, FakeSource(_noisy(2), _noisy(12, 1.01)), canary.Switch(lambda t, k: None, lambda: None),
-                canary.Options(duration=0.04, interval=0.01, settle=0))
+                     canary.Options(duration=0.04, interval=0.01, settle=0))
     assert any("no canary length on 1 canary host(s) would detect ±5%" in line for line in canary.report_lines(out))
 
 
@@ -479,9 +479,9 @@ def test_failing_candidate_is_rolled_back_with_evidence(tmp_path):
         w.errors = 100
     calls = []
     out = canary.run(project, plan, FakeSource(_with_requests(_noisy(20)), windows),
-                canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore"),
-                         lambda: calls.append("promote")),
-                canary.Options(duration=0.04, interval=0.01, settle=0, promote=True))
+                     canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore"),
+                                   lambda: calls.append("promote")),
+                     canary.Options(duration=0.04, interval=0.01, settle=0, promote=True))
     assert out.verdict == "worse" and out.action == "rolled back" and out.exit_code == 1
     assert calls == ["apply", "restore"]
     doc = store.load(project, out.doc["id"])
@@ -507,7 +507,7 @@ def test_the_evidence_names_the_metrics_of_the_engine_family_it_measured(tmp_pat
         source = FakeSource(_noisy(1), _noisy(11, 1.01))
         source.name = kind
         out = canary.run(project, plan, source, canary.Switch(lambda t, k: None, lambda: None),
-                    canary.Options(duration=0.04, interval=0.01, settle=0))
+                         canary.Options(duration=0.04, interval=0.01, settle=0))
         recorded[kind] = store.load(project, out.doc["id"])["canary"]["queries"]
     for kind, queries in recorded.items():
         text = json.dumps(queries)
@@ -577,7 +577,7 @@ def test_aa_canary_is_never_better_and_is_put_back(pd, tmp_path):
     before = (project.root / "inventory" / "knobs.toml").read_text()
     load = _load_for_canary(pd)
     out = canary.run(project, plan, metrics.ScrapeSource(plan.targets, SCRAPE), canary.Switch(switch.apply, switch.restore),
-                canary.Options(duration=8, interval=INTERVAL, calibrate=8, settle=SETTLE, alpha=0.005))
+                     canary.Options(duration=8, interval=INTERVAL, calibrate=8, settle=SETTLE, alpha=0.005))
     load.join()
     assert out.doc["judge_options"]["alpha"] == 0.005 and store.verify(out.doc) == []
     assert out.verdict in ("no detectable change", "inconclusive"), (out.doc["judgement"], out.doc["canary"]["errors"])
@@ -592,7 +592,7 @@ def test_no_traffic_puts_the_canary_back_and_fails(pd, tmp_path):
     switch = Switch(pd["decodes"][1])
     with pytest.raises(UserError, match="no valid window .*no traffic"):
         canary.run(project, plan, metrics.ScrapeSource(plan.targets, SCRAPE), canary.Switch(switch.apply, switch.restore),
-              canary.Options(duration=2, interval=1, settle=0))
+                   canary.Options(duration=2, interval=1, settle=0))
     assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
     assert store.paths(project) == []
 
@@ -603,14 +603,14 @@ def test_unreachable_prometheus_or_missing_series_deploys_nothing(pd, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(UserError, match="unreachable"):
         canary.measure(plan, metrics.PrometheusSource(dead, plan.targets), canary.Switch(switch.apply, switch.restore),
-                  canary.Options(duration=4, interval=2))
+                       canary.Options(duration=4, interval=2))
     # a Prometheus that scrapes only one of the two workers: refused, naming the other
     prom = Prometheus(tmp_path, metrics.scrape_config_for(plan.baseline, SCRAPE))
     try:
         prom.wait_scraped(1)
         with pytest.raises(UserError, match=f"no sglang:generation_tokens_total series for {plan.canary[0].key}"):
             canary.measure(plan, metrics.PrometheusSource(prom.url, plan.targets), canary.Switch(switch.apply, switch.restore),
-                      canary.Options(duration=4, interval=2))
+                           canary.Options(duration=4, interval=2))
     finally:
         prom.stop()
     assert switch.calls == []
@@ -627,11 +627,11 @@ def test_interrupt_puts_the_canary_back(pd):
     switch = Switch(pd["decodes"][1])
     with pytest.raises(KeyboardInterrupt):
         canary.measure(plan, metrics.ScrapeSource(plan.targets, SCRAPE), canary.Switch(switch.apply, switch.restore),
-                  canary.Options(duration=4, interval=1, settle=0, on_window=interrupted))
+                       canary.Options(duration=4, interval=1, settle=0, on_window=interrupted))
     assert switch.calls == []
     with pytest.raises(KeyboardInterrupt):
         canary.measure(plan, metrics.ScrapeSource(plan.targets, SCRAPE), canary.Switch(switch.apply, switch.restore),
-                  canary.Options(duration=4, interval=1, calibrate=0, settle=0, on_window=interrupted))
+                       canary.Options(duration=4, interval=1, calibrate=0, settle=0, on_window=interrupted))
     assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
 
 
@@ -642,13 +642,13 @@ CANARY_KILLED_IN_PUT_BACK = textwrap.dedent(f"""
     import json, sys, time
     from types import SimpleNamespace
     import knobkeeper.deploy.api as api
-    import knobkeeper.deploy.status as S
-    import knobkeeper.evidence.canary as C
-    import knobkeeper.evidence.metrics as M
+    from knobkeeper.deploy import status
+    from knobkeeper.evidence import canary
+    from knobkeeper.evidence import metrics
     from knobkeeper.cli import main
 
     workers = json.loads(sys.argv[2])          # [canary, baseline]: (key, host, url)
-    M.targets_of = lambda stack, roles=None: [M.Target(key, host, "decode", url) for key, host, url in workers]
+    metrics.targets_of = lambda stack, roles=None: [metrics.Target(key, host, "decode", url) for key, host, url in workers]
 
     def deploy(project, inventory, **kw):      # the candidate is the worker already running
         phase = kw["extra_data"]["canary"]["phase"]
@@ -657,8 +657,8 @@ CANARY_KILLED_IN_PUT_BACK = textwrap.dedent(f"""
             time.sleep(120)                    # SIGKILL lands here
         return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
 
-    C.SETTLE_MIN_S = 0.0
-    S.stack_status = lambda project, inventory: []
+    canary.SETTLE_MIN_S = 0.0
+    status.stack_status = lambda project, inventory: []
     api.run_deploy = deploy
     main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "2s", "--duration", "20s", "--interval", "1s",
           "--scrape-interval", "0.25s", "--repo", sys.argv[1]])

@@ -324,13 +324,13 @@ def test_evidence_rewritten_and_rejudged_in_place_fails_check_naming_the_commit_
 def test_raw_files_are_append_only_and_untouched_old_files_pass(project):
     """A raw file beside the evidence is held like the JSON; a schema-1 and a schema-2 file committed
     by hand (plain git, no store commit) pass while untouched; with --base a deletion is named."""
-    from knobkeeper.evidence import judge as J
+    from knobkeeper.evidence import judge
     from knobkeeper.evidence.model import SCHEMA_1
 
     doc, rel, added = _stored(project, raw_files=[("A-1-bench.jsonl", b'{"output_throughput": 1000.0}\n')])
     two = write_evidence(project, ident="c0c0c0c0")
     one = {k: v for k, v in two.to_json().items() if k != "validity"}   # as schema 1 wrote it: per level, unadjusted
-    one.update(schema=SCHEMA_1, id="b1b1b1b1", judgement=J.judge(two.runs, two.metric, adjust=False).to_json())
+    one.update(schema=SCHEMA_1, id="b1b1b1b1", judgement=judge.judge(two.runs, two.metric, adjust=False).to_json())
     one = _write_doc(project, one)
     commit_all(project, "old evidence, added by hand")
     base = git(project.root, "rev-parse", "HEAD")

@@ -40,7 +40,7 @@ from click.testing import CliRunner
 
 from knobkeeper.cli.ab import ab as ab_group
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import ab
+from knobkeeper.evidence import ab, judge
 from knobkeeper.evidence import store
 from knobkeeper.evidence.model import Evidence
 from tests.infra import make_infra_repo
@@ -287,13 +287,13 @@ def test_ab_run_cli_errors_are_one_line_exit_2(short_tmp):
     project = make_infra_repo(short_tmp)
     runner = CliRunner()
     out = runner.invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
-                             "decode", "--set", f"{KNOB}=99999", "--requests", "10"])
+                                   "decode", "--set", f"{KNOB}=99999", "--requests", "10"])
     assert out.exit_code == 2 and "SGLANG_SM120_MMA_TARGET_CTAS=" in out.output and "8192" in out.output
     out = runner.invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
-                             "decode", "--set", f"{KNOB}=512"])
+                                   "decode", "--set", f"{KNOB}=512"])
     assert out.exit_code == 2 and "--requests or --duration" in out.output
     out = runner.invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
-                             "decode", "--set", f"{KNOB}=512", "--requests", "5", "--concurrency", "64,x"])
+                                   "decode", "--set", f"{KNOB}=512", "--requests", "5", "--concurrency", "64,x"])
     assert out.exit_code == 2 and "--concurrency" in out.output
 
 
@@ -304,7 +304,7 @@ def test_ab_run_library_defaults_to_the_sequential_design(tmp_path):
                     design=ab.Design([64, 96], requests=10), endpoint="http://x",
                     harness=ab.Harness(lambda arm: None, lambda: None, None, load=_fake_load(calls)))
     cap = doc["sequential"]["max_repeats"]
-    assert cap == ab.J.sequential_repeats(levels=2, guards=True)
+    assert cap == judge.sequential_repeats(levels=2, guards=True)
     assert doc["setup"]["schedule"]["design"] == "sequential"
     # the fake load's arms differ by a 0.5% wobble, nothing else: both levels settle as no change early
     assert doc["setup"]["schedule"]["blocks"] < 2 * cap
@@ -315,8 +315,8 @@ def test_ab_run_library_defaults_to_the_sequential_design(tmp_path):
 def test_ab_run_cli_refuses_repeats_with_max_repeats(tmp_path):
     project = make_infra_repo(tmp_path)
     out = CliRunner().invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
-                                  "decode", "--set", f"{KNOB}=512", "--requests", "5", "--repeats", "3",
-                                  "--max-repeats", "6"])
+                                        "decode", "--set", f"{KNOB}=512", "--requests", "5", "--repeats", "3",
+                                        "--max-repeats", "6"])
     assert out.exit_code == 2 and "--repeats and --max-repeats" in out.output
     with pytest.raises(UserError, match="give one of --repeats"):
         ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", load=_fake_load([])),

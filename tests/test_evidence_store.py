@@ -150,7 +150,7 @@ def test_evidence_files_are_append_only_and_a_rejudgement_is_a_new_file(project)
     `ab rejudge ID` writes the runs of ID judged by today's method as a NEW file naming ID, commits
     it alone, and leaves ID byte for byte as it was, cited by the entries that cite it."""
     from knobkeeper.changelog import ops
-    from knobkeeper.evidence import judge as J
+    from knobkeeper.evidence import judge
     from knobkeeper.evidence.model import SCHEMA_1
     from knobkeeper.review.check import check
     from tests.infra import git, snapshot
@@ -167,7 +167,7 @@ def test_evidence_files_are_append_only_and_a_rejudgement_is_a_new_file(project)
 
     # A schema-1 file (per level, unadjusted), committed by hand and cited by an entry.
     old = {k: v for k, v in doc.to_json().items() if k != "validity"}
-    old.update(schema=SCHEMA_1, id="0a0a0a0a", judgement=J.judge(doc.runs, doc.metric, adjust=False).to_json())
+    old.update(schema=SCHEMA_1, id="0a0a0a0a", judgement=judge.judge(doc.runs, doc.metric, adjust=False).to_json())
     old_path = path.with_name(path.name.replace(doc.id, "0a0a0a0a"))
     old_path.write_text(json.dumps(old, indent=2) + "\n")
     git(project.root, "add", "-A")

@@ -218,7 +218,7 @@ def test_snapshot_reads_the_incidents_or_the_deployed_stack_never_an_undeployed_
     monkeypatch.setattr(stack, "running_stack", lambda root, inventory: read.append(inventory) or inventory)
     monkeypatch.setattr(metrics, "snapshot", lambda _stack, window: {"window_s": window, "services": [
         {"host": "@local", "service": "knobkeeper-decode", "role": "decode", **answers}]})
-    inc = I.open_incident(project, "harness hangs").incident
+    inc = incidents.open_incident(project, "harness hangs").incident
     before = snapshot(project)
     refused = kk(project, "incident", "snapshot", inc.id, "--window", "0.01")
     assert refused.exit_code == 2 and read == [], refused.output
@@ -244,7 +244,7 @@ def test_snapshot_reads_the_incidents_or_the_deployed_stack_never_an_undeployed_
     answers = {"error": None, "running": 0, "queued": 0, "tokens_per_s": 0.0}
     kk(project, "incident", "snapshot", inc.id, "--window", "0.01")
     assert read[-1] == "inventory/local_vllm.py"  # the incident's own stack, not the one deployed since
-    other = I.open_incident(project, "another").incident
+    other = incidents.open_incident(project, "another").incident
     kk(project, "incident", "snapshot", other.id, "--window", "0.01")
     assert read[-1] == "inventory/local.py"  # a new incident: the stack deployed last
     stored = sorted(json.loads(p.read_text())["inventory"] for p in project.incidents_dir.rglob("snapshot-*.json"))

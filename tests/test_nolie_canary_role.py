@@ -30,11 +30,11 @@ TWO = {"KNOBKEEPER_LOCAL_WORKERS": "decode=2"}   # inventory/local.py: two decod
 CANARY = textwrap.dedent(f"""
     import sys, time
     from pathlib import Path
-    import knobkeeper.deploy.status as S
+    from knobkeeper.deploy import status
     from knobkeeper.evidence import canary
     from knobkeeper.project import Project
 
-    S.stack_status = lambda project, inventory: []        # every worker in sync (no hosts to look at here)
+    status.stack_status = lambda project, inventory: []        # every worker in sync (no hosts to look at here)
     def calibrating(*args, **kwargs):                     # stands for the calibration windows
         print("calibrating", flush=True)
         time.sleep(120)

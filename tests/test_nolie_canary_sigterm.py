@@ -20,8 +20,8 @@ CANARY = textwrap.dedent(f"""
     import sys
     from types import SimpleNamespace
     import knobkeeper.deploy.api as api
-    import knobkeeper.deploy.status as S
-    import knobkeeper.evidence.metrics as M
+    from knobkeeper.deploy import status
+    from knobkeeper.evidence import metrics
     from knobkeeper.cli import main
 
     class Source:                                  # windows are never asked for: SIGTERM comes first
@@ -35,8 +35,8 @@ CANARY = textwrap.dedent(f"""
         print(kw["extra_data"]["canary"]["phase"], flush=True)
         return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
 
-    S.stack_status = lambda project, inventory: []
-    M.ScrapeSource = Source
+    status.stack_status = lambda project, inventory: []
+    metrics.ScrapeSource = Source
     api.run_deploy = deploy
     main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "0", "--duration", "60s", "--interval", "30s",
           "--repo", sys.argv[1]])
@@ -68,9 +68,9 @@ CANARY_PUTBACK = textwrap.dedent(f"""
     import sys, time
     from types import SimpleNamespace
     import knobkeeper.deploy.api as api
-    import knobkeeper.deploy.status as S
-    import knobkeeper.evidence.canary as C
-    import knobkeeper.evidence.metrics as M
+    from knobkeeper.deploy import status
+    from knobkeeper.evidence import canary
+    from knobkeeper.evidence import metrics
     from knobkeeper.cli import main
     from tests.test_canary import _stats
 
@@ -90,9 +90,9 @@ CANARY_PUTBACK = textwrap.dedent(f"""
             time.sleep(60)                         # SIGTERM lands here
         return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
 
-    C.SETTLE_MIN_S = 0.0
-    S.stack_status = lambda project, inventory: []
-    M.ScrapeSource = Source
+    canary.SETTLE_MIN_S = 0.0
+    status.stack_status = lambda project, inventory: []
+    metrics.ScrapeSource = Source
     api.run_deploy = deploy
     main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "0", "--duration", "2s", "--interval", "1s",
           "--repo", sys.argv[1]])

@@ -50,7 +50,7 @@ class Exporter:
     @property
     def target(self) -> metrics.Target:
         return metrics.Target(key=f"{self.name}/decode", host=self.name, role="decode",
-                        url=f"http://127.0.0.1:{self.port}/metrics")
+                              url=f"http://127.0.0.1:{self.port}/metrics")
 
 
 @pytest.fixture(scope="module")
@@ -122,17 +122,17 @@ def test_a_candidate_crash_seen_through_prometheus_is_worse_and_stops_the_window
         threading.Timer(1.0, crash).start()
 
     out = canary.run(project, plan, metrics.PrometheusSource(prom.url, plan.targets, SCRAPE),
-                canary.Switch(apply, lambda: calls.append(("restore", git(project.root, "log", "-1", "--format=%s")))),
-                canary.Options(duration=40, interval=2, calibrate=4, settle=0))
+                     canary.Switch(apply, lambda: calls.append(("restore", git(project.root, "log", "-1", "--format=%s")))),
+                     canary.Options(duration=40, interval=2, calibrate=4, settle=0))
     assert out.verdict == "worse" and out.action == "rolled back"
     assert calls[0] == "apply" and calls[1][0] == "restore" and len(calls) == 2, calls
     cause = "the candidate died: h1/decode: its process was replaced between "
     assert out.doc.canary.failed_guards[0].startswith(cause), out.doc.canary.failed_guards
     assert f"canary worse: {cause}" in calls[1][1], calls          # committed before the put-back
-    canary = [w for w in out.doc.canary.windows if w.phase == "canary"]
-    assert 0 < len(canary) < 20, canary                             # not the 40 s of windows
-    after = [w for w in canary if w.end > crashed["at"]]
-    assert after and all(not w.valid and "the candidate died: h1/decode" in w.reasons for w in after), canary
+    in_canary = [w for w in out.doc.canary.windows if w.phase == "canary"]
+    assert 0 < len(in_canary) < 20, in_canary                          # not the 40 s of windows
+    after = [w for w in in_canary if w.end > crashed["at"]]
+    assert after and all(not w.valid and "the candidate died: h1/decode" in w.reasons for w in after), in_canary
     assert store.verify(store.load(project, out.doc.id)) == []
 
 
@@ -150,8 +150,8 @@ def test_prometheus_dying_mid_canary_stops_it_within_a_poll_and_puts_the_hosts_b
     began = time.monotonic()
     with pytest.raises(UserError) as caught:
         canary.run(project, plan, metrics.PrometheusSource(prom.url, plan.targets, SCRAPE),
-              canary.Switch(apply, lambda: calls.append("restore")),
-              canary.Options(duration=600, interval=120, calibrate=0, settle=0))
+                   canary.Switch(apply, lambda: calls.append("restore")),
+                   canary.Options(duration=600, interval=120, calibrate=0, settle=0))
     took = time.monotonic() - began
     prom.proc.wait(10)
     line = str(caught.value)

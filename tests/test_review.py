@@ -84,9 +84,9 @@ def test_a_range_that_changes_no_rendered_body_shows_no_rendered_file(short_tmp,
     git(project.root, "switch", "-q", "-c", "evidence")
     write_evidence(project)
     commit_all(project, "evidence only")
-    review = R.collect(project, base="main")
-    assert review.diffs == []
-    assert "No rendered file changes" in R.to_markdown(review)
+    collected = review.collect(project, base="main")
+    assert collected.diffs == []
+    assert "No rendered file changes" in review.to_markdown(collected)
 
 
 def test_the_body_names_no_absolute_path_of_this_machine(short_tmp, monkeypatch):
@@ -104,7 +104,7 @@ def test_the_body_names_no_absolute_path_of_this_machine(short_tmp, monkeypatch)
                 reason="faster", new=512)
     inv.write_text(inv.read_text().replace("/venvs/kk/bin/python", "/venvs/kk2/bin/python"))
     commit_all(project, "decode: CTAs=512, another venv")
-    body = R.review_body(project, base="main")
+    body = review.review_body(project, base="main")
     assert str(short_tmp) not in body
     launch = ".knobkeeper-state/local/services/knobkeeper-decode/launch.sh"
     assert f"`{launch}` on @local:" in body and f"--- a/{launch}\n+++ b/{launch}\n" in body
@@ -294,15 +294,15 @@ def test_review_warns_about_an_evidence_file_changed_or_removed_in_the_range(sho
     gone.unlink()
     commit_all(project, "tidy evidence")
     base = git(project.root, "rev-parse", "main")[:10]
-    review = R.collect(project, base="main")
+    collected = review.collect(project, base="main")
     rel = lambda p: p.relative_to(project.root).as_posix()  # noqa: E731
-    assert review.warnings == [
+    assert collected.warnings == [
         f"{rel(gone)}: a committed evidence file was deleted; evidence files are append-only (entries cite what it "
         f"held): restore it (`git checkout {base} -- {rel(gone)}`)",
         f"{rel(kept)}: a committed evidence file was modified; evidence files are append-only (entries cite what it "
         f"held): restore it (`git checkout {base} -- {rel(kept)}`); to judge its runs again, "
-        f"`knobkeeper ab rejudge e1e2e3e4` writes a new file"], review.warnings
-    body = R.review_body(project, base="main")
+        f"`knobkeeper ab rejudge e1e2e3e4` writes a new file"], collected.warnings
+    body = review.review_body(project, base="main")
     assert "; 2 warnings" in body and f"a committed evidence file was modified" in body
 
 

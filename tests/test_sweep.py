@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import search as S
+from knobkeeper.evidence import search
 from knobkeeper.evidence import store
-from knobkeeper.evidence import sweep as SW
+from knobkeeper.evidence import sweep
 from knobkeeper.evidence.model import ADOPT, KEEP, NO_PICK, Evidence
 from knobkeeper.evidence.search import Design, Harness
 from tests.infra import git, kk, make_infra_repo, refused, snapshot
@@ -107,8 +107,8 @@ def _checked(project) -> list[str]:
 
 def _sweep(project, fake: FakeStack, spec: str = SPEC, **kw):
     kw.setdefault("design", Design([64, 96], requests=50))
-    return SW.sweep(project, [spec], role="decode", inventory="inventory/local.py", harness=fake.harness(),
-                    seed=kw.pop("seed", 7), allow_undeclared=True, **kw)
+    return sweep.sweep(project, [spec], role="decode", inventory="inventory/local.py", harness=fake.harness(),
+                       seed=kw.pop("seed", 7), allow_undeclared=True, **kw)
 
 
 # ---------------------------------------------------------------- the library
@@ -158,7 +158,7 @@ def test_every_block_restarts_every_surviving_arm_in_the_plans_seeded_order(proj
     values = {a: block.plan.arms[a].knobs[KNOB] for a in block.plan.arms}
     switched = iter(fake.switches)
     for row in block.blocks:
-        assert row["order"] == S.block_order("random", block.plan.seed, row["repeat"], row["order"])
+        assert row["order"] == search.block_order("random", block.plan.seed, row["repeat"], row["order"])
         assert [next(switched) for _ in row["order"]] == [values[a] for a in row["order"]]
         assert "A" in row["order"]
     assert len(block.warmups) == sum(len(r["order"]) for r in block.blocks)
@@ -204,15 +204,15 @@ def test_ties_go_to_the_control_then_to_the_value_closest_to_the_engine_default(
     for repeat in range(1, 6):
         for arm, effect in (("A", 1.0), ("B", 1.3), ("C", 1.3)):
             speed = math.exp(rng.gauss(0, 0.01))
-            runs += [S.Run(arm=arm, repeat=repeat, concurrency=c, output_tokens_per_s=1000 * effect * speed)
+            runs += [search.Run(arm=arm, repeat=repeat, concurrency=c, output_tokens_per_s=1000 * effect * speed)
                      for c in (64, 96)]
-    judged = S.judge_family(runs, ["B", "C"], None)
-    picked = S.pick(runs, ["B", "C"], arms, judged, ["B", "C"], {}, [64, 96], None, 0.05, engine_default=4)
+    judged = search.judge_family(runs, ["B", "C"], None)
+    picked = search.pick(runs, ["B", "C"], arms, judged, ["B", "C"], {}, [64, 96], None, 0.05, engine_default=4)
     assert picked.outcome == ADOPT and sorted(picked.tied) == ["B", "C"] and picked.arm == "C", picked
-    assert S.pick(runs, ["B", "C"], arms, judged, ["B", "C"], {}, [64, 96], None, 0.05).arm == picked.best
-    same = [S.Run(arm=r.arm, repeat=r.repeat, concurrency=r.concurrency,
-                  output_tokens_per_s=r.output_tokens_per_s / (1.3 if r.arm != "A" else 1.0)) for r in runs]
-    kept = S.pick(same, ["B", "C"], arms, S.judge_family(same, ["B", "C"], None), ["B", "C"], {}, [64, 96], None, 0.05)
+    assert search.pick(runs, ["B", "C"], arms, judged, ["B", "C"], {}, [64, 96], None, 0.05).arm == picked.best
+    same = [search.Run(arm=r.arm, repeat=r.repeat, concurrency=r.concurrency,
+                       output_tokens_per_s=r.output_tokens_per_s / (1.3 if r.arm != "A" else 1.0)) for r in runs]
+    kept = search.pick(same, ["B", "C"], arms, search.judge_family(same, ["B", "C"], None), ["B", "C"], {}, [64, 96], None, 0.05)
     assert kept.outcome == KEEP and kept.arm == "A"
 
 
@@ -318,7 +318,7 @@ import sys, time
 sys.path.insert(0, {src!r})
 from pathlib import Path
 from knobkeeper.project import Project
-from knobkeeper.evidence import ab as AB
+from knobkeeper.evidence import ab
 
 def load(url, conc, **kw):
     return {{"output_tokens_per_s": 1000.0 + conc, "errors": 0, "completed": 10}}
@@ -328,9 +328,9 @@ def switch(arm):
         open({flag!r}, "w").write("on the candidate")
         time.sleep(300)          # killed here: on arm B
 
-AB.ab_run(Project(Path({root!r})), inventory="inventory/local.py", role="decode", set_spec="{knob}=512",
-          design=AB.Design([64], 2, requests=10), endpoint="http://x",
-          harness=AB.Harness(switch, lambda: None, None, load=load))
+ab.ab_run(Project(Path({root!r})), inventory="inventory/local.py", role="decode", set_spec="{knob}=512",
+          design=ab.Design([64], 2, requests=10), endpoint="http://x",
+          harness=ab.Harness(switch, lambda: None, None, load=load))
 """
 
 
@@ -340,7 +340,7 @@ def test_a_sigkilled_ab_run_leaves_a_marker_that_check_deploy_and_the_next_run_n
     deploy, set and the next ab run or sweep say so; `ab abort` puts the role back (a deploy) and keeps
     the runs as interrupted evidence."""
     from knobkeeper.deploy import experiment_state
-    from knobkeeper.evidence import ab as AB
+    from knobkeeper.evidence import ab
     from knobkeeper.review.check import check
 
     flag = tmp_path / "on-candidate"
@@ -377,13 +377,13 @@ def test_a_sigkilled_ab_run_leaves_a_marker_that_check_deploy_and_the_next_run_n
     import knobkeeper.deploy.api as api
 
     monkeypatch.setattr(api, "run_deploy", lambda project, inventory, **kw: deployed.append((inventory, kw)) or Done())
-    data, result, doc = AB.abort(project)
+    data, result, doc = ab.abort(project)
     assert deployed == [("inventory/local.py", {"only": "decode"})] and result.deploy_id == "d1"
     assert doc is not None and doc.interrupted["by"].startswith("SIGKILL") and len(doc.runs) >= 1
     assert experiment_state.read_marker(project) is None and experiment_state.abandoned_line(project) is None
     assert not [line for line in _checked(project) if "abandoned" in line]
     with pytest.raises(UserError, match="no abandoned ab run or sweep"):
-        AB.abort(project)
+        ab.abort(project)
 
 
 # ---------------------------------------------------------------- the seed's story on the sim (issue 39 item 10)
@@ -404,11 +404,11 @@ def test_the_seeds_story_on_the_sim_picks_512_among_four_values_and_shows_the_ot
     t0 = time.monotonic()
     try:
         with raised_priority():
-            out = SW.sweep(project, [SPEC], role="decode", inventory="inventory/local.py",
-                           design=Design([64, 96], max_repeats=5, duration=0.6, api="chat", input_len=8,
-                                         output_len=32, warmup_requests=16, load_options={"keepalive": True}),
-                           harness=Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()), confirm_repeats=6,
-                           seed=39, allow_undeclared=True)
+            out = sweep.sweep(project, [SPEC], role="decode", inventory="inventory/local.py",
+                              design=Design([64, 96], max_repeats=5, duration=0.6, api="chat", input_len=8,
+                                            output_len=32, warmup_requests=16, load_options={"keepalive": True}),
+                              harness=Harness(sw.switch, sw.restore, sw.endpoint, sw.probes()), confirm_repeats=6,
+                              seed=39, allow_undeclared=True)
     finally:
         sw.stop()
     doc, block = out.doc, out.doc.sweep
@@ -416,10 +416,10 @@ def test_the_seeds_story_on_the_sim_picks_512_among_four_values_and_shows_the_ot
     values = {a: block.plan.arms[a].knobs[KNOB] for a in block.plan.arms}
     assert values == {"A": 128, "B": 256, "C": 512, "D": 1024}      # the control is what the stack runs
     assert block.pick.outcome == ADOPT and block.pick.knobs == {KNOB: 512} and block.pick.confirmed, block.pick
-    assert doc.arms["B"].knobs == {KNOB: 512} and S.adoptable(doc.judgement, block.plan.delta)   # confirmed
+    assert doc.arms["B"].knobs == {KNOB: 512} and search.adoptable(doc.judgement, block.plan.delta)   # confirmed
     for arm in ("B", "D"):                                          # the others, shown and never picked
         assert [c for c, _, _, _ in block.cells(arm)] == [64, 96]
-        assert S.mean_score(block.runs, arm, [64, 96]) < S.mean_score(block.runs, "C", [64, 96])
+        assert search.mean_score(block.runs, arm, [64, 96]) < search.mean_score(block.runs, "C", [64, 96])
     assert "C" not in block.eliminated_at() and "C" not in block.failed
     assert {r.knob_seen.status for r in block.runs} == {"carried"}  # each run's engine had its arm's value
     assert sw.restored == 1 and store.verify(doc) == []
@@ -430,7 +430,7 @@ import math, sys, time
 sys.path.insert(0, {src!r})
 from pathlib import Path
 from knobkeeper.project import Project
-from knobkeeper.evidence import sweep as SW
+from knobkeeper.evidence import sweep
 from knobkeeper.evidence.experiment import Interrupted
 from knobkeeper.evidence.search import Design, Harness
 
@@ -450,7 +450,7 @@ def load(url, conc, **kw):
     return {{"output_tokens_per_s": 1000.0 * (1.3 if state["value"] == 512 else 1.0), "errors": 0, "completed": 10}}
 
 try:
-    SW.sweep(Project(Path({root!r})), ["{knob}=256,512"], role="decode", inventory="inventory/local.py",
+    sweep.sweep(Project(Path({root!r})), ["{knob}=256,512"], role="decode", inventory="inventory/local.py",
              design=Design([64, 96], requests=10), harness=Harness(switch, restore, "http://x", load=load),
              seed=1, allow_undeclared=True)
 except Interrupted as stopped:

@@ -271,13 +271,13 @@ def sequential_ab_run(comp: dict, design: str, effect: float, cap: int, draws: i
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from knobkeeper.evidence import judge as J
+    from knobkeeper.evidence import judge
     from knobkeeper.evidence.model import Look
 
     verdicts: dict[str, int] = defaultdict(int)
     used = []
     for _ in range(draws):
-        record = J.sequential_rule(cap)
+        record = judge.sequential_rule(cap)
         runs, verdict, repeats = [], "inconclusive", cap
         for repeat in range(1, cap + 1):
             for arm, shift in (("A", 0.0), ("B", effect)):
@@ -286,8 +286,8 @@ def sequential_ab_run(comp: dict, design: str, effect: float, cap: int, draws: i
                              "errors": 0})
             if repeat in record.planned_looks:
                 record.looks.append(Look(repeat, [16], {}))
-                level = J.judge(runs, sequential=record)["levels"][0]
-                if J.settled(level) or repeat == cap:
+                level = judge.judge(runs, sequential=record)["levels"][0]
+                if judge.settled(level) or repeat == cap:
                     verdict, repeats = level["verdict"], repeat
                     break
         verdicts[verdict] += 1
@@ -311,7 +311,7 @@ def summary(out: dict) -> str:
                      f"B/A observed {model['observed_B_over_A']}")
         for design, row in model["designs"].items():
             lines.append(f"  {design:16s} " + "  ".join(f"{n}: A/A {v['aa_false']:.3f} power {v['power_2x']:.3f}"
-                                                       for n, v in row.items()))
+                                                        for n, v in row.items()))
         lines.append("today's sequential ab run (judge.py), cap 10 repeats/arm:")
         for name, res in model.get("sequential_ab_run_cap10", {}).items():
             lines.append(f"  {name:20s} {res['verdicts']}  median repeats/arm {res['median_repeats_per_arm']}")
@@ -319,7 +319,7 @@ def summary(out: dict) -> str:
         if name.startswith("twins"):
             lines.append(f"twins (resampled real windows; {row['units']}):")
             lines.append(f"  {name:16s} " + "  ".join(f"{n}: A/A {v['aa_false']:.3f} power {v['power_2x']:.3f}"
-                                                     for n, v in row.items() if n.startswith("n=")))
+                                                      for n, v in row.items() if n.startswith("n=")))
     if out.get("twins"):
         lines.append(f"twin sessions: {json.dumps(out['twins'])}")
     return "\n".join(lines)

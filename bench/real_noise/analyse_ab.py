@@ -26,7 +26,7 @@ from statistics import mean, median, stdev
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from knobkeeper.evidence import judge as J  # noqa: E402
+from knobkeeper.evidence import judge  # noqa: E402
 from knobkeeper.evidence.model import Look  # noqa: E402
 from knobkeeper.evidence.defaults import REAL_MAX_REPEATS  # noqa: E402
 
@@ -68,7 +68,7 @@ def warmup_offsets(doc: dict) -> list[float]:
 
 
 def judged(runs: list[dict], sequential: dict | None = None) -> str:
-    return J.judge(runs, sequential=sequential)["levels"][0]["verdict"]
+    return judge.judge(runs, sequential=sequential)["levels"][0]["verdict"]
 
 
 def fixed_rate(pool: list[float], n: int, effect: float, draws: int, rng: random.Random) -> dict:
@@ -84,7 +84,7 @@ def fixed_rate(pool: list[float], n: int, effect: float, draws: int, rng: random
 def sequential_rate(pool: list[float], effect: float, cap: int, draws: int, rng: random.Random) -> dict:
     verdicts, used = defaultdict(int), []
     for _ in range(draws):
-        record = J.sequential_rule(cap)
+        record = judge.sequential_rule(cap)
         runs, verdict, repeats = [], "inconclusive", cap
         for repeat in range(1, cap + 1):
             for arm in "AB":
@@ -92,8 +92,8 @@ def sequential_rate(pool: list[float], effect: float, cap: int, draws: int, rng:
                              "output_tokens_per_s": math.exp(7.0 + (effect if arm == "B" else 0.0) + rng.choice(pool))})
             if repeat in record.planned_looks:
                 record.looks.append(Look(repeat, [16], {}))
-                level = J.judge(runs, sequential=record)["levels"][0]
-                if J.settled(level) or repeat == cap:
+                level = judge.judge(runs, sequential=record)["levels"][0]
+                if judge.settled(level) or repeat == cap:
                     verdict, repeats = level["verdict"], repeat
                     break
         verdicts[verdict] += 1
@@ -158,8 +158,8 @@ def main() -> int:
         per_repeat = per_restart + 2 * per_block_load
         n = max(2, int(TEN_MINUTES // per_repeat))
         sd = out["pools"]["all"]["sd_log"]
-        level_alpha = J.level_alpha(1, guards=True)
-        mde = next((m / 100 for m in range(1, 400) if J.power(n, sd, m / 100, level_alpha) >= 0.8), None)
+        level_alpha = judge.level_alpha(1, guards=True)
+        mde = next((m / 100 for m in range(1, 400) if judge.power(n, sd, m / 100, level_alpha) >= 0.8), None)
         out["ten_minutes"] = {"median_restart_s": round(per_restart, 1), "block_load_s": round(per_block_load, 1),
                               "per_repeat_s": round(per_repeat, 1), "repeats_in_600_s": n, "sd_log": sd,
                               "smallest_effect_80pct_power": mde,

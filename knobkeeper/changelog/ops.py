@@ -479,3 +479,17 @@ def record_edits(project: Project, reason: str | None, options: CommitOptions | 
             entries.append(_new_entry(project, action="record", knob=name, **_where(role), reason=reason,
                                       **_before(project, knob, role, old), new=new))
         return _write(project, catalog, entries, project.knobs_path.read_text(), options)
+
+
+def import_srtctl(project: Project, recipe_path: str | Path, *, commit: bool = True, **options):
+    """`knobkeeper import srtctl`: write inventory/<name>.py and the recipe's knobs (one entry each)
+    in one commit; `options` as deploy.slurm.srtctl.prepare_import takes them. Returns its Imported."""
+    # Lazy: the recipe reader (PyYAML) is start-up cost every other command would pay.
+    from knobkeeper.deploy.slurm.srtctl import prepare_import
+
+    imported, target, text = prepare_import(project, recipe_path, **options)
+    name = Path(recipe_path).name
+    change = set_knobs(project, imported.knobs, f"imported from the srtctl recipe {name}", extra_files={target: text},
+                       summary=f"import srtctl recipe {name} as {imported.inventory}", no_commit=not commit)
+    imported.commit = change.commit
+    return imported

@@ -9,7 +9,7 @@ import click
 from knobkeeper.cli.common import emit_json, example, json_option, repo_option
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import defaults as D
+from knobkeeper.evidence import defaults
 from knobkeeper.project import find_project
 from knobkeeper.timeutil import duration_words
 
@@ -29,21 +29,21 @@ def _seconds(text: str, option: str) -> float:
 @click.option("--inventory", default=DEFAULT_INVENTORY, show_default=True, help="The inventory to deploy.")
 @click.option("--hosts", "hosts", type=int, default=None, help="How many of the role's workers get the candidate (default 1).")
 @click.option("--host", "host_names", multiple=True, metavar="HOST", help="A canary host by name (repeatable).")
-@click.option("--duration", default=duration_words(D.CANARY_DURATION_S), show_default=True, help="How long to compare (30s, 10m, 1h).")
-@click.option("--interval", default=duration_words(D.CANARY_INTERVAL_S), show_default=True,
+@click.option("--duration", default=duration_words(defaults.CANARY_DURATION_S), show_default=True, help="How long to compare (30s, 10m, 1h).")
+@click.option("--interval", default=duration_words(defaults.CANARY_INTERVAL_S), show_default=True,
               help="Window length: one sample per host per window.")
 @click.option("--calibrate", default=None, metavar="DURATION",
               help="Windows before the deploy, every host at the declared value: they measure the hosts' "
                    "lasting differences (default: as long as --duration; 0: none, hosts assumed alike).")
-@click.option("--restart-noise", type=float, default=D.RESTART_NOISE, show_default=True,
+@click.option("--restart-noise", type=float, default=defaults.RESTART_NOISE, show_default=True,
               help=f"Log-sd of a restart's own speed offset, which no window averages out "
-                   f"({D.RESTART_NOISE:g}: {D.RESTART_NOISE:.0%}).")
-@click.option("--alpha", type=float, default=D.ALPHA, show_default=True,
+                   f"({defaults.RESTART_NOISE:g}: {defaults.RESTART_NOISE:.0%}).")
+@click.option("--alpha", type=float, default=defaults.ALPHA, show_default=True,
               help="Family-wise error rate of the judgement: how sure before it promotes or rolls back.")
 @click.option("--source", "source", nargs=2, default=None, metavar="prometheus URL",
               help="Read the metrics from a Prometheus scraping the workers (default: --scrape).")
 @click.option("--scrape", is_flag=True, help="knobkeeper scrapes every worker's /metrics itself (the default).")
-@click.option("--scrape-interval", default=duration_words(D.SCRAPE_INTERVAL_S), show_default=True,
+@click.option("--scrape-interval", default=duration_words(defaults.SCRAPE_INTERVAL_S), show_default=True,
               help="How often the scrape path samples.")
 @click.option("--promote", is_flag=True, help="On 'better': `set` the value with the evidence and deploy the whole role.")
 @click.option("--reason", default=None, help="The reason of the entry --promote writes.")
@@ -71,16 +71,16 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
     SIGTERM puts them back too. The evidence is written either way (changelog/evidence/, source
     "knobkeeper canary").
     """
-    from knobkeeper.evidence import canary as C
+    from knobkeeper.evidence import canary
 
     project = find_project(repo)
     if abort:
-        data, result = C.abort(project)
+        data, result = canary.abort(project)
         from knobkeeper.deploy.canary_state import phase_words
 
         what = (f"the promote finished: role {data.get('role')} deployed" if data.get("phase") == "promote"
                 else "put back to the declared state")
-        done = f"canary {data['knob']}={C._raw(data['value'])} on {', '.join(data.get('services') or [])} " \
+        done = f"canary {data['knob']}={canary._raw(data['value'])} on {', '.join(data.get('services') or [])} " \
                f"(abandoned {phase_words(data)}): {what} (deploy {result.deploy_id})"
         emit_json({"aborted": data, "deploy": result.deploy_id}) if as_json else click.echo(done)
         return
@@ -109,21 +109,21 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
         if not as_json:
             click.echo(f"  window {k}/{n}", err=True)
 
-    options = C.Options(duration=_seconds(duration, "--duration"), interval=_seconds(interval, "--interval"),
-                        calibrate=None if calibrate is None else 0.0 if calibrate.strip() == "0"
-                        else _seconds(calibrate, "--calibrate"),
-                        restart_noise=restart_noise, alpha=alpha, promote=promote, reason=reason,
-                        scrape_interval=_seconds(scrape_interval, "--scrape-interval"), on_window=progress)
+    options = canary.Options(duration=_seconds(duration, "--duration"), interval=_seconds(interval, "--interval"),
+                             calibrate=None if calibrate is None else 0.0 if calibrate.strip() == "0"
+                             else _seconds(calibrate, "--calibrate"),
+                             restart_noise=restart_noise, alpha=alpha, promote=promote, reason=reason,
+                             scrape_interval=_seconds(scrape_interval, "--scrape-interval"), on_window=progress)
     try:
-        out = C.canary(project, spec, role=role, inventory=inventory, hosts=hosts,
-                       host_names=list(host_names) or None, prometheus=prometheus, options=options)
-    except C.Interrupted as stopped:   # one line saying what was put back, not click's "Aborted!"
+        out = canary.canary(project, spec, role=role, inventory=inventory, hosts=hosts,
+                            host_names=list(host_names) or None, prometheus=prometheus, options=options)
+    except canary.Interrupted as stopped:   # one line saying what was put back, not click's "Aborted!"
         click.echo(stopped.line, err=True)
         sys.exit(130)
     if as_json:
         emit_json({"verdict": out.verdict, "action": out.action, "evidence": out.doc.id, "entry": out.entry})
     else:
-        for line in C.report_lines(out):
+        for line in canary.report_lines(out):
             click.echo(line)
     if out.exit_code:
         sys.exit(out.exit_code)

@@ -26,7 +26,7 @@ def import_group() -> None:
               help="The cluster's srtslurm.yaml: resolves model and container aliases, default account etc.")
 @click.option("--sglang-version", default=None, help="The sglang version the container runs (pins its parser for `check`).")
 @click.option("--prefix", default=None, help="Where on the shared filesystem the job's files go "
-                                              "(default: <repo>/.knobkeeper-state/<name>).")
+              "(default: <repo>/.knobkeeper-state/<name>).")
 @click.option("--login", default="@local", show_default=True, help="The pyinfra host that submits the job.")
 @click.option("--no-commit", is_flag=True, help="Write the files, do not commit them.")
 @repo_option
@@ -35,7 +35,7 @@ def import_group() -> None:
 def srtctl_cmd(recipe, name, router, srtslurm, sglang_version, prefix, login, no_commit, repo, as_json) -> None:
     """Write inventory/<name>.py (a Slurm stack) and the recipe's knobs (one entry each) in one commit;
     exit 2, naming the field, on anything that does not map."""
-    from knobkeeper.deploy.slurm.srtctl import import_srtctl
+    from knobkeeper.changelog.ops import import_srtctl
     from knobkeeper.project import find_project
 
     done = import_srtctl(find_project(repo), recipe, name=name, router=router, srtslurm=srtslurm,

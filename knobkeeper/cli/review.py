@@ -30,23 +30,23 @@ def review(base: str | None, head: str | None, output: str | None, gh: bool, rep
     """
     from pathlib import Path
 
-    from knobkeeper import review as R
+    from knobkeeper import review
 
     project = find_project(repo)
-    data = R.collect(project, base, head)
-    body = R.to_markdown(data)
+    data = review.collect(project, base, head)
+    body = review.to_markdown(data)
     if gh and output is None:
         output = str(project.private_dir / "review.md")
     if output:
         path = Path(output)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body)
-        click.echo(f"wrote {output}: {R.summary_line(data)}", err=gh)
+        click.echo(f"wrote {output}: {review.summary_line(data)}", err=gh)
     else:
         click.echo(body, nl=False)
     if gh:
         base_branch = base if base and "/" not in base and not _is_sha(base) else "main"
-        click.echo(R.gh_command(output, data, base_branch))
+        click.echo(review.gh_command(output, data, base_branch))
 
 
 def _is_sha(text: str) -> bool:
@@ -71,9 +71,9 @@ def check(base: str | None, repo: str | None, as_json: bool) -> None:
     supervisord sections parse. A linter that is not installed is skipped and said so. A change
     that failed before its commit (a full disk, a killed process) is rolled back first, and said.
     """
-    from knobkeeper import review as R
+    from knobkeeper import review
 
-    result = R.check(find_project(repo), base)
+    result = review.check(find_project(repo), base)
     if as_json:
         emit_json({"ok": result.ok, "problems": [p.__dict__ | {"line": p.line()} for p in result.problems],
                    "ran": result.ran, "skipped": result.skipped, "warnings": result.warnings, "counts": result.counts})

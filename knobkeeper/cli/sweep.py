@@ -9,7 +9,7 @@ import click
 from knobkeeper.cli.common import emit_json, example, json_option, repo_option
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import defaults as D
+from knobkeeper.evidence import defaults
 from knobkeeper.project import find_project
 
 
@@ -38,7 +38,7 @@ def _levels(text: str) -> list[int]:
 @click.option("--delta", type=float, default=None,
               help="The indifference margin, the smallest gain worth a change (0.05 = 5%%; default: the larger of 5%% "
                    "and one restart-to-restart sd of this stack's measured noise).")
-@click.option("--alpha", type=float, default=D.ALPHA, show_default=True,
+@click.option("--alpha", type=float, default=defaults.ALPHA, show_default=True,
               help="Family-wise error rate over every (candidate, level, guard).")
 @click.option("--max-arms", type=int, default=8, show_default=True, help="The cap on the grid's candidates.")
 @click.option("--confirm-repeats", type=int, default=None,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper import fmt
-from knobkeeper.changelog.store import LOOK_GRACE_S, atomic_write, lock_file, unlock_file
+from knobkeeper.fsio import LOOK_GRACE_S, atomic_write, lock_file, unlock_file
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import judge as J
-from knobkeeper.evidence import validity as V
+from knobkeeper.evidence import judge
+from knobkeeper.evidence import validity
 from knobkeeper.evidence.model import Arm, Evidence, KnobSeen, Run, Schedule, Sequential, Setup
 from knobkeeper.evidence.search import (CONTROL, Design, Harness, LoadFn, Probes, Rules, Search, Searched, Switch,
                                         _url, schedule, take_look)
@@ -49,16 +49,16 @@ __all__ = ["Design", "Harness", "LoadFn", "Probes", "Stopping", "Switch", "ab_ru
 
 def knob_seen(arm: Mapping, knob: str, running: dict | None, source: str) -> KnobSeen:
     """knob_seen of a run of `arm` (see validity.knob_seen): `running` is the engine's environment."""
-    return V.knob_seen(arm["knobs"].get(knob), knob, running, source)
+    return validity.knob_seen(arm["knobs"].get(knob), knob, running, source)
 
 
 class Stopping:
     """The sequential A/B's bookkeeping outside a harness (the benchmarks drive it with synthetic
     runs): which levels are still open, the looks taken — the search's look (search.take_look)."""
 
-    def __init__(self, levels: list[int], max_repeats: int, metric: str = J.METRIC):
+    def __init__(self, levels: list[int], max_repeats: int, metric: str = judge.METRIC):
         self.levels, self.metric = sorted(set(levels)), metric
-        self.record: Sequential = J.sequential_rule(max_repeats)
+        self.record: Sequential = judge.sequential_rule(max_repeats)
         self.open = list(self.levels)
 
     def after_repeat(self, repeat: int, runs: list[Run]) -> None:
@@ -300,8 +300,8 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
         started = started_knobs(project, inventory)  # started.sh, or the Slurm job's script
         for svc in services:
             result = knob_seen(arm, knob, started.get(svc.key), f"{svc.host}/{svc.name} {where}")
-            if worst is None or result.status == V.NOT_CARRIED or (
-                    result.status == V.UNVERIFIED and worst.status == V.CARRIED):
+            if worst is None or result.status == validity.NOT_CARRIED or (
+                    result.status == validity.UNVERIFIED and worst.status == validity.CARRIED):
                 worst = result
         return worst or knob_seen(arm, knob, None, f"no {role} service in {inventory}")
 
@@ -386,8 +386,8 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
         raise UserError("--requests or --duration: give one (how long each level is measured; on a real "
                         "engine the default is --duration 25)")
     if design.repeats is None and design.max_repeats is None:
-        design = dataclasses.replace(design, max_repeats=J.sequential_repeats(levels=len(set(design.levels)),
-                                                                              guards=True))
+        design = dataclasses.replace(design, max_repeats=judge.sequential_repeats(levels=len(set(design.levels)),
+                                                                                  guards=True))
     if bench is not None and design.requests is None:
         raise UserError(f"--bench {bench.tool.name}: give --requests (the tools run a number of prompts, "
                         f"not a duration)")

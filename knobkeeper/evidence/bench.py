@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import importers as I
+from knobkeeper.evidence import importers
 
 PYTHON_ENV = "KNOBKEEPER_BENCH_PYTHON"
 TAIL_LINES = 12
@@ -43,7 +43,7 @@ TAIL_LINES = 12
 
 @dataclass(frozen=True)
 class Located:
-    tool: I.BenchTool
+    tool: importers.BenchTool
     python: str
     version: str | None
 
@@ -65,9 +65,9 @@ def _shebang_python(script: str) -> str | None:
 
 def locate(name: str, python: str | None = None) -> Located:
     """The tool `name`'s python and version (see the module doc), or UserError naming what to do."""
-    if name not in I.TOOLS:
-        raise UserError(f"--bench {name!r}: expected loadgen or one of {', '.join(I.TOOLS)}")
-    tool = I.TOOLS[name]
+    if name not in importers.TOOLS:
+        raise UserError(f"--bench {name!r}: expected loadgen or one of {', '.join(importers.TOOLS)}")
+    tool = importers.TOOLS[name]
     python = python or os.environ.get(PYTHON_ENV) or None
     how = f"--bench-python {python}"
     if python is None:
@@ -139,8 +139,8 @@ class ToolLoad:
         self.calls += 1
         suffix = ".jsonl" if tool.name == "sglang" else "" if tool.name == "aiperf" else ".json"
         out = self.out_dir / f"{self.calls:03d}-c{concurrency}{suffix}"
-        load = I.Load(endpoint.rstrip("/"), model or served_model(endpoint), self.tokenizer, api, input_len,
-                      output_len, requests, concurrency, self.seed, out)
+        load = importers.Load(endpoint.rstrip("/"), model or served_model(endpoint), self.tokenizer, api, input_len,
+                              output_len, requests, concurrency, self.seed, out)
         argv = [self.located.python, *tool.python_args, *tool.command(load), *self.args]
         env = {**os.environ, **dict(tool.env)}
         started = time.monotonic()
@@ -158,10 +158,10 @@ class ToolLoad:
         if not result.exists():
             raise UserError(f"--bench {tool.name}: {self.label} exited 0 but wrote no {result}")
         if result.is_dir():   # aiperf's artifact directory: its one per-level file is the raw result
-            result = I.aiperf_files(result)[0]
-        _, imp = I.read(result, tool.name)
+            result = importers.aiperf_files(result)[0]
+        _, imp = importers.read(result, tool.name)
         if len(imp.runs) != 1 or int(imp.runs[0]["concurrency"]) != concurrency:
             levels = [r.get("concurrency") for r in imp.runs]
             raise UserError(f"{result}: {self.label} recorded levels {levels}, but it was run at {concurrency}")
         self.setup = self.setup or dict(imp.setup, model=load.model)
-        return {"run": I.evidence_fields(imp.runs[0]), "raw_file": result}
+        return {"run": importers.evidence_fields(imp.runs[0]), "raw_file": result}

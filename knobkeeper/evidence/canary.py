@@ -447,16 +447,16 @@ def _unjudged_runs(plan: Plan, windows: list[Window]) -> list[Run]:
 def judgement(runs: list[Run], unit_noise: float = 0.0, alpha: float = ALPHA) -> Judgement:
     """The evidence judgement of the runs: THE one call into knobkeeper.evidence.judge (the guards
     are in its family)."""
-    from knobkeeper.evidence import judge as J
+    from knobkeeper.evidence import judge
 
-    return J.judge(runs, METRIC, alpha=alpha, unit_noise=unit_noise)
+    return judge.judge(runs, METRIC, alpha=alpha, unit_noise=unit_noise)
 
 
 def errors_alpha(alpha: float = ALPHA) -> float:
     """The level of the errors test: the guards' share of the family's alpha (1% of 5%)."""
-    from knobkeeper.evidence import judge as J
+    from knobkeeper.evidence import judge
 
-    return alpha * (1 - J.THROUGHPUT_SHARE)
+    return alpha * (1 - judge.THROUGHPUT_SHARE)
 
 
 def errors_test(plan: Plan, windows: list[Window], alpha: float = ALPHA) -> ErrorsTest:
@@ -731,7 +731,7 @@ def longer_canary(doc: Evidence) -> str | None:
     """"a canary of ~N s would detect ±5%", from the observed window noise and the restart noise of
     the design (windows per arm: per phase, or host-windows / hosts uncalibrated); None when the
     verdict is settled or no length would do."""
-    from knobkeeper.evidence import judge as J
+    from knobkeeper.evidence import judge
 
     levels = doc.judgement.levels
     if not levels or levels[0].verdict != "inconclusive":
@@ -744,16 +744,16 @@ def longer_canary(doc: Evidence) -> str | None:
     sd = math.sqrt(pooled / (sum(len(v) for v in logs.values()) - 2))
     per_window = 1 if c.calibration_windows else min(len(c.hosts["canary"]), len(c.hosts["baseline"]))
     noise = float(doc.judgement.unit_noise or 0.0)
-    alpha = J.level_alpha(1, guards=bool(doc.judgement.guards), alpha=doc.judgement.alpha)
-    needed = J._recommended(float(f"{max(sd, 1e-6):.3g}"), J.MDE, alpha, J.POWER, noise)
-    if needed >= J.MAX_REPEATS:
-        return (f"no canary length on {len(c.hosts['canary'])} canary host(s) would detect ±{J.MDE:.0%}: "
+    alpha = judge.level_alpha(1, guards=bool(doc.judgement.guards), alpha=doc.judgement.alpha)
+    needed = judge._recommended(float(f"{max(sd, 1e-6):.3g}"), judge.MDE, alpha, judge.POWER, noise)
+    if needed >= judge.MAX_REPEATS:
+        return (f"no canary length on {len(c.hosts['canary'])} canary host(s) would detect ±{judge.MDE:.0%}: "
                 f"their restart noise (±{noise:.1%}) stays whatever the windows; use more canary hosts (--hosts)")
     windows = math.ceil(needed / per_window)
     if c.calibration_windows:
         return (f"a canary of about {windows * c.interval_s:.0f} s after {windows * c.interval_s:.0f} s of "
-                f"calibration ({windows} windows each) would detect ±{J.MDE:.0%}")
-    return f"a canary of about {windows * c.interval_s:.0f} s ({windows} windows) would detect ±{J.MDE:.0%}"
+                f"calibration ({windows} windows each) would detect ±{judge.MDE:.0%}")
+    return f"a canary of about {windows * c.interval_s:.0f} s ({windows} windows) would detect ±{judge.MDE:.0%}"
 
 
 # ---------------------------------------------------------------- the canary: measure, write, act

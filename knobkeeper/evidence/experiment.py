@@ -28,7 +28,7 @@ import signal
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from knobkeeper.deploy import experiment_state as S
+from knobkeeper.deploy import experiment_state
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.model import Evidence
 from knobkeeper.evidence.search import Harness, Searched
@@ -47,7 +47,7 @@ class Interrupted(Exception):
 
 def refuse_if_abandoned(project) -> None:
     """UserError naming an abandoned experiment (the stack may still run one of its arms)."""
-    line = S.abandoned_line(project)
+    line = experiment_state.abandoned_line(project)
     if line:
         raise UserError(line)
 
@@ -73,10 +73,10 @@ class Experiment:
 
     def __enter__(self) -> "Experiment":
         refuse_if_abandoned(self.project)
-        self.handle = S.hold(self.project)
+        self.handle = experiment_state.hold(self.project)
         now = iso(utcnow())
         self.data.update(started_at=now, seen_at=now)
-        S.write_marker(self.project, self.data)
+        experiment_state.write_marker(self.project, self.data)
         return self
 
     def marked(self, harness: Harness) -> Harness:
@@ -104,7 +104,7 @@ class Experiment:
 
     def _stamp(self, **fields: Any) -> None:
         self.data.update(fields, seen_at=iso(utcnow()))
-        S.write_marker(self.project, self.data)
+        experiment_state.write_marker(self.project, self.data)
 
     def put_back(self) -> None:
         """The declared state back, if the measuring did not restore it yet."""
@@ -116,7 +116,7 @@ class Experiment:
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
             if exc_type is None:
-                S.clear_marker(self.project)
+                experiment_state.clear_marker(self.project)
                 return False
             if issubclass(exc_type, KeyboardInterrupt):
                 self._interrupted(exc)
@@ -125,10 +125,10 @@ class Experiment:
             except UserError:
                 pass   # the original error is the one to say; the marker stays (put back not done)
             if self.restored:
-                S.clear_marker(self.project)
+                experiment_state.clear_marker(self.project)
             return False
         finally:
-            S.release(self.project, self.handle)
+            experiment_state.release(self.project, self.handle)
 
     def _interrupted(self, stop: BaseException) -> None:
         by, at = interrupted_by(stop), iso(utcnow())
@@ -146,7 +146,7 @@ class Experiment:
             path = self.write(doc)
             written = f"the {len(doc.runs) + (len(doc.sweep.runs) if doc.sweep else 0)} runs measured kept as " \
                       f"evidence {doc.id} marked interrupted ({self.project.rel(path)})"
-        S.clear_marker(self.project)
+        experiment_state.clear_marker(self.project)
         raise Interrupted(f"{self.kind} of {self.data['knob']} stopped by {by}: role {self.data['role']} put back to "
                           f"the declared state; {written}", doc)
 
@@ -158,14 +158,14 @@ def abort(project, partial_of: Callable[[str], Partial], write: Callable[[Eviden
     `partial_of(kind)`: the kind's partial-evidence builder."""
     from knobkeeper.deploy.api import run_deploy
 
-    data = S.abandoned(project)
+    data = experiment_state.abandoned(project)
     if data is None:
-        running = S.read_marker(project)
+        running = experiment_state.read_marker(project)
         if running is not None:
             raise UserError(f"ab abort: the {running.get('kind')} of {running.get('knob')} is still running (pid "
                             f"{running.get('pid')}); stop it (Ctrl-C puts the stack back)")
         raise UserError("ab abort: no abandoned ab run or sweep in this repo (nothing to put back)")
-    handle = S.hold(project)
+    handle = experiment_state.hold(project)
     try:
         result = run_deploy(project, data["inventory"], only=data["role"])
         if not result.ok:
@@ -176,7 +176,7 @@ def abort(project, partial_of: Callable[[str], Partial], write: Callable[[Eviden
             doc = partial_of(str(data.get("kind")))(data["journal"], "SIGKILL (abandoned)", str(data.get("seen_at")))
             if doc is not None:
                 write(doc)
-        S.clear_marker(project)
+        experiment_state.clear_marker(project)
         return data, result, doc
     finally:
-        S.release(project, handle)
+        experiment_state.release(project, handle)

@@ -8,7 +8,7 @@ from pathlib import Path
 from scipy import stats
 
 from knobkeeper import fmt
-from knobkeeper.evidence import judge as J
+from knobkeeper.evidence import judge
 from knobkeeper.evidence.model import Evidence, Run
 
 
@@ -22,7 +22,7 @@ def arm_levels(doc: Evidence, arm: str) -> list[tuple[int, float, float, float, 
             by.setdefault(int(r.concurrency), []).append(r)
     out = []
     for conc in sorted(by):
-        kept, _ = J._drop_outliers(by[conc], metric)
+        kept, _ = judge._drop_outliers(by[conc], metric)
         xs = [math.log(r[metric]) for r in kept]
         if not xs:
             continue

@@ -44,6 +44,7 @@ it at the last look's bound) are ties: broken toward the value closest to the en
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -53,11 +54,10 @@ from typing import Any, Callable, Mapping
 
 from knobkeeper import fmt
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import judge as J
-from knobkeeper.evidence import validity as V
+from knobkeeper.evidence import judge, validity
 from knobkeeper.evidence.defaults import ALPHA
-from knobkeeper.evidence.model import (ADOPT, KEEP, METRIC, ArmFailure, Judgement, KnobSeen, Look, Pick, Run,
-                                       Sequential, SweepLook, Workload)
+from knobkeeper.evidence.model import (ADOPT, KEEP, METRIC, NO_PICK, ArmFailure, Evidence, Judgement, KnobSeen, Look,
+                                       Pick, Run, Sequential, SweepBlock, SweepLook, SweepPlan, Workload)
 
 CONTROL = "A"
 Switch = Callable[[dict], None]
@@ -179,10 +179,10 @@ def block_scores(runs: list[Run], arm: str, levels: list[int], metric: str = MET
     return {rep: sum(vals.values()) / len(vals) for rep, vals in by.items() if len(vals) == len(levels)}
 
 
-def score_compare(runs: list[Run], x: str, y: str, levels: list[int], metric: str = METRIC) -> J.Comparison:
+def score_compare(runs: list[Run], x: str, y: str, levels: list[int], metric: str = METRIC) -> judge.Comparison:
     """Welch's t of arm x's per-restart scores against arm y's (effect: x over y, averaged over levels)."""
     sx, sy = block_scores(runs, x, levels, metric), block_scores(runs, y, levels, metric)
-    return J.compare([math.exp(v) for v in sy.values()], [math.exp(v) for v in sx.values()])
+    return judge.compare([math.exp(v) for v in sy.values()], [math.exp(v) for v in sx.values()])
 
 
 def mean_score(runs: list[Run], arm: str, levels: list[int], metric: str = METRIC) -> float | None:
@@ -195,7 +195,7 @@ def bound_level(alpha: float, share: float, candidates: int) -> float:
     return alpha * share / max(1, candidates)
 
 
-def interval(cmp: J.Comparison, one_sided: float) -> tuple[float, float] | None:
+def interval(cmp: judge.Comparison, one_sided: float) -> tuple[float, float] | None:
     return cmp.interval(one_sided) if cmp.p_value is not None else None
 
 
@@ -236,8 +236,8 @@ def adoptable(judged: Judgement | None, delta: float) -> bool:
 
 def pair_invalid(runs: list[Run], arm: str, metric: str = METRIC) -> dict[int, list[str]]:
     """The validity gates' invalid levels of the pair (control, `arm`) (validity.assess, B = the arm)."""
-    pair = [r if r.arm == CONTROL else J._as_arm(r, "B") for r in runs if r.arm in (CONTROL, arm)]
-    return V.assess(pair, metric)[1]
+    pair = [r if r.arm == CONTROL else judge._as_arm(r, "B") for r in runs if r.arm in (CONTROL, arm)]
+    return validity.assess(pair, metric)[1]
 
 
 def judge_family(runs: list[Run], candidates: list[str], sequential: Sequential | None,
@@ -247,9 +247,9 @@ def judge_family(runs: list[Run], candidates: list[str], sequential: Sequential 
     measured = [c for c in candidates if any(r.arm == c for r in runs)]
     if not measured:
         return {}
-    return J.judge_arms(runs, CONTROL, measured, metric, alpha=alpha,
-                        invalid={c: pair_invalid(runs, c, metric) for c in measured}, sequential=sequential,
-                        sizing=sizing)
+    return judge.judge_arms(runs, CONTROL, measured, metric, alpha=alpha,
+                            invalid={c: pair_invalid(runs, c, metric) for c in measured}, sequential=sequential,
+                            sizing=sizing)
 
 
 @dataclass
@@ -263,12 +263,12 @@ class Rules:
     order: str = "ABBA"
     seed: int = 0
     eliminate: bool = False
-    delta: float = J.MDE
+    delta: float = judge.MDE
     alpha: float = ALPHA
     fail_arms: bool = False
     minutes: float | None = None
     candidates: int = 1
-    first_look: int = J.FIRST_LOOK
+    first_look: int = judge.FIRST_LOOK
 
 
 def take_look(repeat: int, runs: list[Run], candidates: list[str], alive: list[str],
@@ -284,11 +284,11 @@ def take_look(repeat: int, runs: list[Run], candidates: list[str], alive: list[s
     opened = {arm: list(open_levels.get(arm, [])) for arm in alive}
     for arm in alive:
         for lv in judged[arm].levels if arm in judged else []:
-            if lv.concurrency in opened[arm] and J.settled(lv):
+            if lv.concurrency in opened[arm] and judge.settled(lv):
                 record.settled.setdefault(arm, {})[str(lv.concurrency)] = lv.verdict
     still = list(alive)
     if rules.eliminate:
-        share = J.spent(repeat, previous, int(sequential.max_repeats))
+        share = judge.spent(repeat, previous, int(sequential.max_repeats))
         one_sided = bound_level(rules.alpha, share, rules.candidates)
         record.leader = leader(runs, [CONTROL] + still, levels, metric)
         if record.leader is not None:
@@ -325,7 +325,7 @@ def stop_reason(record: SweepLook, alive: list[str], open_levels: Mapping[str, l
     if any(set(levels) - settled.get(arm, set()) for arm in alive):
         return None
     previous = next((lk.repeat for lk in reversed(sequential.looks) if lk.repeat < record.repeat), 0)
-    one_sided = bound_level(rules.alpha, J.spent(record.repeat, previous, int(sequential.max_repeats)),
+    one_sided = bound_level(rules.alpha, judge.spent(record.repeat, previous, int(sequential.max_repeats)),
                             rules.candidates)
     good = [arm for arm in alive if adoptable(judged.get(arm), rules.delta)]
     best = leader(runs, good, levels, metric) if good else None
@@ -387,7 +387,7 @@ class Search:
         self.alive = list(self.candidates)
         self.open = {arm: list(self.levels) for arm in self.candidates}
         self.settled: dict[str, set[int]] = {arm: set() for arm in self.candidates}
-        self.sequential = (J.sequential_rule(design.cap, rules.first_look) if design.max_repeats is not None
+        self.sequential = (judge.sequential_rule(design.cap, rules.first_look) if design.max_repeats is not None
                            else None)
         self.runs: list[Run] = []
         self.warmups: list[dict] = []
@@ -487,7 +487,7 @@ class Search:
                       lambda: bar.advance(task) if bar is not None else None)
         self.runs += runs
         if self.rules.fail_arms and arm != CONTROL:
-            reasons = [why for run in runs for why in V.run_reasons(run, self.metric)]
+            reasons = [why for run in runs for why in validity.run_reasons(run, self.metric)]
             if reasons:
                 self.fail(arm, repeat, "runs", reasons[0])
         if self.on_block is not None:
@@ -527,7 +527,7 @@ def pick(runs: list[Run], candidates: list[str], arms: Mapping[str, Mapping], ju
     last = sequential.looks[-1].repeat if sequential and sequential.looks else None
     if last is not None:
         previous = sequential.looks[-2].repeat if len(sequential.looks) > 1 else 0
-        one_sided = bound_level(alpha, J.spent(last, previous, int(sequential.max_repeats)), len(candidates))
+        one_sided = bound_level(alpha, judge.spent(last, previous, int(sequential.max_repeats)), len(candidates))
     else:
         one_sided = alpha / max(1, len(candidates))
     ties = [best] + [arm for arm in good if arm != best
@@ -652,3 +652,86 @@ def _progress(progress: bool | Any, total: int):
     console = progress if isinstance(progress, Console) else Console(stderr=True)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, transient=False)
+
+
+# ---------------------------------------------------------------- a sweep's pick, and its verification
+
+def final_pick(plan: SweepPlan, searched: Searched) -> Pick:
+    """The pick by the rule from the search's runs (pick, the plan's delta, alpha and default)."""
+    judged = judge_family(searched.runs, plan.candidates, searched.sequential, plan.metric, plan.alpha)
+    arms = {k: v.to_json() for k, v in plan.arms.items()}
+    return pick(searched.runs, plan.candidates, arms, judged, searched.alive, searched.failed, plan.levels,
+                searched.sequential, plan.delta, plan.alpha, plan.engine_default, plan.metric)
+
+
+def verify_sweep(doc: Evidence) -> list[str]:
+    """Every way a sweep's stored judgement, eliminations and pick depart from what its runs give."""
+    block = doc.sweep
+    if block is None:
+        return []
+    plan = block.plan
+    out: list[str] = []
+    fresh = judge_family(block.runs, plan.candidates, block.sequential, plan.metric, plan.alpha)
+    for arm in sorted(set(fresh) | set(block.judgement)):
+        if arm not in fresh or arm not in block.judgement:
+            out.append(f"sweep.judgement.{arm}: {'stored but not judgeable from the runs' if arm not in fresh else 'missing'}")
+            continue
+        mine = {lv.concurrency: lv for lv in block.judgement[arm].levels}
+        for lv in fresh[arm].levels:
+            stored = mine.get(lv.concurrency)
+            if stored is None or stored.verdict != lv.verdict:
+                out.append(f"sweep.judgement.{arm} at {lv.concurrency}: stored verdict "
+                           f"{stored.verdict if stored else 'none'} but the runs give {lv.verdict}")
+            elif not all(_close(getattr(stored, k), getattr(lv, k)) for k in ("effect", "p_value", "p_adjusted")):
+                out.append(f"sweep.judgement.{arm} at {lv.concurrency}: stored effect/p differ from what the runs give")
+    out += _replay_looks(block)
+    if block.status == "interrupted":
+        if block.pick.outcome != NO_PICK:
+            out.append(f"sweep.pick: an interrupted sweep picks nothing, it says {block.pick.outcome}")
+        return out
+    searched = Searched(block.runs, block.warmups, block.blocks, block.sequential, block.looks, block.failed, 0, 0.0,
+                        block.stopped, _alive_at_end(block))
+    again = final_pick(plan, searched)
+    stored = block.pick
+    if stored.confirmed is False:
+        again = dataclasses.replace(again, outcome=KEEP, arm=CONTROL)
+    if (stored.outcome, stored.arm) != (again.outcome, again.arm):
+        out.append(f"sweep.pick: stored {stored.outcome} {stored.arm} but the runs give {again.outcome} {again.arm}")
+    if block.confirm is not None and stored.confirmed is not None:
+        ok = adoptable(doc.judgement, plan.delta)
+        if ok != bool(stored.confirmed) and "failed" not in (stored.reason or ""):
+            out.append(f"sweep.pick.confirmed: stored {stored.confirmed} but the confirming runs give {ok}")
+    return out
+
+
+def _close(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
+
+
+def _alive_at_end(block: SweepBlock) -> list[str]:
+    gone = set(block.failed) | {arm for look in block.looks for arm in look.eliminated}
+    return [arm for arm in block.plan.candidates if arm not in gone]
+
+
+def _replay_looks(block: SweepBlock) -> list[str]:
+    """Each recorded look taken again on the runs up to it: the same leader and eliminations."""
+    plan = block.plan
+    if block.sequential is None:
+        return []
+    rules = Rules(order=plan.order, seed=plan.seed, eliminate=len(plan.candidates) > 1, delta=plan.delta,
+                  alpha=plan.alpha, fail_arms=True, candidates=len(plan.candidates))
+    sequential = Sequential.of(dict(block.sequential.to_json(), looks=[]))
+    alive, opened = list(plan.candidates), {arm: list(plan.levels) for arm in plan.candidates}
+    out = []
+    for look in block.looks:
+        alive = [arm for arm in alive if not (arm in block.failed and block.failed[arm].repeat <= look.repeat)]
+        runs = [r for r in block.runs if int(r.repeat) <= look.repeat]
+        record, opened, alive, _ = take_look(look.repeat, runs, plan.candidates, alive, opened, plan.levels,
+                                             sequential, rules, plan.metric)
+        if sorted(record.eliminated) != sorted(look.eliminated) or record.leader != look.leader:
+            out.append(f"sweep.looks after {look.repeat}: stored leader {look.leader}, dropped "
+                       f"{sorted(look.eliminated) or 'none'} but the runs give leader {record.leader}, dropped "
+                       f"{sorted(record.eliminated) or 'none'}")
+    return out

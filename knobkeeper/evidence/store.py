@@ -21,8 +21,7 @@ from typing import Any, Iterable, Mapping
 from knobkeeper import fmt
 from knobkeeper.changelog.store import Message, commit_change
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import judge as J
-from knobkeeper.evidence import validity as V
+from knobkeeper.evidence import judge, search, validity
 from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, Evidence, Gain, Typed, Run,
                                        Sequential, Setup, Source, SweepPlan, Workload, plain, typed)
 from knobkeeper.evidence.schema import validate
@@ -68,15 +67,15 @@ def build_doc(*, knob: str, role: str, arms: Mapping[str, Arm | Mapping], runs: 
 
 def _judge(doc: Evidence, notes: list[str]) -> None:
     """(Re)compute `doc`'s validity, judgement and anomalies from its runs, by today's method."""
-    validity, invalid = V.assess(doc.runs, doc.metric)
-    validity.reasons = notes + [n for n in V.knob_note(doc.runs) if n not in notes]
+    assessed, invalid = validity.assess(doc.runs, doc.metric)
+    assessed.reasons = notes + [n for n in validity.knob_note(doc.runs) if n not in notes]
     valid_runs = [r for r in doc.runs if int(r.concurrency) not in invalid]
     options = doc.judge_options or {}
     doc.schema = SCHEMA
-    doc.judgement = J.judge(doc.runs, doc.metric, alpha=float(options.get("alpha", J.ALPHA)), invalid=invalid,
-                            sequential=doc.sequential, unit_noise=float(options.get("unit_noise") or 0.0))
-    doc.anomalies = J.anomalies(valid_runs, doc.metric)
-    doc.validity = validity
+    doc.judgement = judge.judge(doc.runs, doc.metric, alpha=float(options.get("alpha", judge.ALPHA)), invalid=invalid,
+                                sequential=doc.sequential, unit_noise=float(options.get("unit_noise") or 0.0))
+    doc.anomalies = judge.anomalies(valid_runs, doc.metric)
+    doc.validity = assessed
 
 
 def rejudge(doc: Evidence) -> Evidence:
@@ -96,8 +95,8 @@ def _fresh_judgement(doc: Evidence) -> Evidence:
     """`doc` judged again by its own schema's method (schema 1: per level, unadjusted)."""
     if doc.schema == SCHEMA_1:
         again = copy.deepcopy(doc)
-        again.judgement = J.judge(doc.runs, doc.metric, adjust=False)
-        again.anomalies = J.anomalies(doc.runs, doc.metric)
+        again.judgement = judge.judge(doc.runs, doc.metric, adjust=False)
+        again.anomalies = judge.anomalies(doc.runs, doc.metric)
         return again
     again = copy.deepcopy(doc)
     _judge(again, [])
@@ -149,9 +148,7 @@ def verify(doc: Evidence | Mapping[str, Any]) -> list[str]:
         problems += _compare_rows(stored.judgement.guards, fresh.guards, lambda g: (g.concurrency, g.metric),
                                   lambda k: f"for {k[1]} at {k[0]}", claims + ("p_adjusted",))
     if stored.sweep is not None:
-        from knobkeeper.evidence.sweep import verify_sweep
-
-        problems += verify_sweep(stored)
+        problems += search.verify_sweep(stored)
     return problems
 
 
@@ -508,7 +505,7 @@ def _checked_value(project: Project, name: str, value: Any, role: str, where: st
 def _knob_seen(run: Run, knob: str, value: Any):
     """What the result file's server info (`server_env`) says the engine ran with, vs the arm."""
     env = run.extra.pop("server_env", None)
-    return V.knob_seen(value, knob, env if isinstance(env, dict) else None, "server info in the result file")
+    return validity.knob_seen(value, knob, env if isinstance(env, dict) else None, "server info in the result file")
 
 
 @dataclass
@@ -565,7 +562,7 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
              else _tool_arms(project, read_a, read_b, role, knob, baseline_value))
     if not found.runs_a or not found.runs_b:
         raise UserError(f"--{'baseline' if not found.runs_a else 'candidate'}: the files hold no runs of that arm")
-    runs, duplicates = V.dedupe(_arm_runs(found))
+    runs, duplicates = validity.dedupe(_arm_runs(found))
     found.setup.inventory = found.setup.inventory or inventory
     found.setup.stack = stack or found.setup.stack
     if engine:
@@ -587,7 +584,7 @@ def _read_files(baseline: list[str], candidate: list[str], fmt: str) -> tuple[li
     same file given twice in an arm counted once (a note says so)."""
     import hashlib
 
-    from knobkeeper.evidence import importers as I
+    from knobkeeper.evidence import importers
 
     notes: list[str] = []
     digests: dict[tuple[str, str], str] = {}
@@ -598,8 +595,8 @@ def _read_files(baseline: list[str], candidate: list[str], fmt: str) -> tuple[li
             try:
                 digest = hashlib.sha256(Path(p).read_bytes()).hexdigest()
             except OSError:
-                digest = None       # I.read names the file and why
-            form, imp = I.read(p, fmt)
+                digest = None       # importers.read names the file and why
+            form, imp = importers.read(p, fmt)
             if digest is not None and (arm, digest) in digests:
                 notes.append(f"arm {arm}: {Path(p).name} is the same file as {digests[arm, digest]}, counted once")
                 continue
@@ -691,11 +688,11 @@ def _arm_runs(found: _Arms) -> list[Run]:
     from knobkeeper.evidence.importers import evidence_fields
 
     runs = []
-    in_a = {V.record_key(r) for r in found.runs_a}
+    in_a = {validity.record_key(r) for r in found.runs_a}
     for arm, arm_runs in (("A", found.runs_a), ("B", found.runs_b)):
         for r in arm_runs:
             run = Run.from_json({**evidence_fields(r), "arm": arm, "repeat": 0, "concurrency": int(r["concurrency"])})
-            if arm == "B" and V.record_key(r) in in_a:
+            if arm == "B" and validity.record_key(r) in in_a:
                 run["same_record_as_arm_A"] = True
             if run.knob_seen is None or "server_env" in run.extra:
                 run.knob_seen = _knob_seen(run, found.knob, found.arms[arm].knobs.get(found.knob))

@@ -58,16 +58,15 @@ from typing import Any, Mapping
 
 from knobkeeper import fmt
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import judge as J
-from knobkeeper.evidence import search as S
+from knobkeeper.evidence import judge, search
 from knobkeeper.evidence.defaults import ALPHA
 from knobkeeper.evidence.model import (GUARDS, KEEP, METRIC, NO_PICK, Arm, Evidence, Pick, Setup, SweepBlock,
                                        SweepPlan)
-from knobkeeper.evidence.search import CONTROL, Design, Harness, Rules, Search, Searched
+from knobkeeper.evidence.search import CONTROL, Design, Harness, Rules, Search, Searched, final_pick
 from knobkeeper.timeutil import iso, new_id, utcnow
 
 MAX_ARMS = 8                  # the grid's default cap (--max-arms raises it)
-SIM_NOISE = J.DEFAULT_NOISE   # restart-to-restart log-sd assumed for the sim without stored evidence
+SIM_NOISE = judge.DEFAULT_NOISE   # restart-to-restart log-sd assumed for the sim without stored evidence
 # A real engine without stored evidence: the restart-to-restart log-sd measured on real vLLM (CPU
 # build, a loaded 2-core machine: bench/real_noise/README.md, knobkeeper.evidence.judge "Real noise").
 REAL_NOISE = 0.16
@@ -211,7 +210,7 @@ def stack_noise(project, inventory: str | None, role: str, simulated: bool | Non
 
 def default_delta(noise: float) -> float:
     """The larger of 5% and one restart-to-restart standard deviation (see the module doc)."""
-    return round(max(J.MDE, math.expm1(noise)), 3)
+    return round(max(judge.MDE, math.expm1(noise)), 3)
 
 
 def restart_seconds(project, inventory: str | None, role: str, simulated: bool | None) -> tuple[float, str]:
@@ -232,7 +231,7 @@ def restart_seconds(project, inventory: str | None, role: str, simulated: bool |
         seen += [float(r.gate.seconds) for r in record.services if r.role == role and r.acted and r.gate.seconds]
     if len(seen) >= 2:
         return statistics.median(seen) + DEPLOY_OVERHEAD_S, (f"the median gate of {len(seen)} recorded restarts of "
-                                                            f"{role}, plus {DEPLOY_OVERHEAD_S:g} s of deploy")
+                                                             f"{role}, plus {DEPLOY_OVERHEAD_S:g} s of deploy")
     default = REAL_RESTART_S if simulated is False else SIM_RESTART_S
     return default, f"{default:g} s assumed ({'a real engine' if simulated is False else 'the sim'}; no deploy records)"
 
@@ -252,14 +251,14 @@ def make_plan(*, knob: str, role: str, scope: str, inventory: str | None, arms: 
               estimate: Mapping[str, Any], guards: bool = True) -> SweepPlan:
     cap = design.cap
     candidates = len(arms) - 1
-    rule = J.sequential_rule(cap, SWEEP_FIRST_LOOK if candidates > 1 else J.FIRST_LOOK)
+    rule = judge.sequential_rule(cap, SWEEP_FIRST_LOOK if candidates > 1 else judge.FIRST_LOOK)
     return SweepPlan(id=new_id(), created=iso(utcnow()), knob=knob, role=role, scope=scope, inventory=inventory,
                      arms={k: Arm.of(v) for k, v in arms.items()}, levels=sorted(set(design.levels)), metric=METRIC,
                      guards=list(GUARDS) if guards else [], alpha=alpha, delta=delta, delta_source=delta_source,
                      noise=round(noise, 6), noise_source=noise_source, max_repeats=cap, minutes=minutes,
                      planned_looks=list(rule.planned_looks), spending=rule.spending,
                      order="random" if candidates > 1 else "ABBA", seed=seed, max_arms=max_arms,
-                     confirm={"max_repeats": confirm_repeats, "planned_looks": J.planned_looks(confirm_repeats),
+                     confirm={"max_repeats": confirm_repeats, "planned_looks": judge.planned_looks(confirm_repeats),
                               "order": "ABBA"} if candidates > 1 else {},
                      load=design.load_fields(), engine_default=engine_default, estimate=dict(estimate))
 
@@ -303,8 +302,8 @@ def scores_of(runs, arms: list[str], levels: list[int]) -> dict[str, dict[str, A
     """{arm: {"effect": its score against the control (mean over levels of the per-restart ratio), "n"}}."""
     out = {}
     for arm in arms:
-        n = len(S.block_scores(runs, arm, levels))
-        effect = S.score_compare(runs, arm, CONTROL, levels).effect if arm != CONTROL else 0.0
+        n = len(search.block_scores(runs, arm, levels))
+        effect = search.score_compare(runs, arm, CONTROL, levels).effect if arm != CONTROL else 0.0
         out[arm] = {"effect": effect, "n": n}
     return out
 
@@ -325,11 +324,11 @@ def sweep_doc(plan: SweepPlan, searched: Searched, pick: Pick, *, setup: Setup |
                            arms={CONTROL: arms[CONTROL], "B": arms[confirm_arm or pick.arm]}, setup=setup,
                            endpoint=endpoint, loadgen=loadgen, keep_invalid=True, tool="knobkeeper sweep")
     else:
-        pair = pick.arm if pick.adopted else (S.leader(searched.runs, [c for c in plan.candidates if any(
+        pair = pick.arm if pick.adopted else (search.leader(searched.runs, [c for c in plan.candidates if any(
             r.arm == c for r in searched.runs)], plan.levels) or plan.candidates[0])
         doc = searched_doc(searched, design, knob=plan.knob, role=plan.role, arms=arms, setup=setup, endpoint=endpoint,
                            loadgen=loadgen, pair=pair, keep_invalid=True, tool="knobkeeper sweep")
-    judged = S.judge_family(searched.runs, plan.candidates, searched.sequential, plan.metric, plan.alpha)
+    judged = search.judge_family(searched.runs, plan.candidates, searched.sequential, plan.metric, plan.alpha)
     doc.sweep = SweepBlock(plan=plan, plan_path=plan_path, plan_commit=plan_commit, status=status,
                            blocks=searched.blocks, runs=searched.runs, warmups=searched.warmups,
                            sequential=searched.sequential, looks=searched.looks, failed=searched.failed,
@@ -340,17 +339,9 @@ def sweep_doc(plan: SweepPlan, searched: Searched, pick: Pick, *, setup: Setup |
     return doc
 
 
-def final_pick(plan: SweepPlan, searched: Searched) -> Pick:
-    """The pick by the rule from the search's runs (search.pick, the plan's delta, alpha and default)."""
-    judged = S.judge_family(searched.runs, plan.candidates, searched.sequential, plan.metric, plan.alpha)
-    arms = {k: v.to_json() for k, v in plan.arms.items()}
-    return S.pick(searched.runs, plan.candidates, arms, judged, searched.alive, searched.failed, plan.levels,
-                  searched.sequential, plan.delta, plan.alpha, plan.engine_default, plan.metric)
-
-
 def confirmed_pick(pick: Pick, plan: SweepPlan, confirm_doc: Evidence, confirm: Searched) -> Pick:
     """The pick after its confirming A/B: adopted only if the A/B alone beats the control by delta too."""
-    ok = S.adoptable(confirm_doc.judgement, plan.delta) and "B" not in confirm.failed
+    ok = search.adoptable(confirm_doc.judgement, plan.delta) and "B" not in confirm.failed
     summary = confirm_doc.summary_line()
     if ok:
         return dataclasses.replace(pick, confirmed=True, confirm_summary=summary)
@@ -384,81 +375,6 @@ def partial_doc(journal: Mapping[str, Any], by: str, at: str) -> Evidence | None
 
 
 # ---------------------------------------------------------------- verify, and the plan it follows
-
-def verify_sweep(doc: Evidence) -> list[str]:
-    """Every way a sweep's stored judgement, eliminations and pick depart from what its runs give."""
-    block = doc.sweep
-    if block is None:
-        return []
-    plan = block.plan
-    out: list[str] = []
-    fresh = S.judge_family(block.runs, plan.candidates, block.sequential, plan.metric, plan.alpha)
-    for arm in sorted(set(fresh) | set(block.judgement)):
-        if arm not in fresh or arm not in block.judgement:
-            out.append(f"sweep.judgement.{arm}: {'stored but not judgeable from the runs' if arm not in fresh else 'missing'}")
-            continue
-        mine = {lv.concurrency: lv for lv in block.judgement[arm].levels}
-        for lv in fresh[arm].levels:
-            stored = mine.get(lv.concurrency)
-            if stored is None or stored.verdict != lv.verdict:
-                out.append(f"sweep.judgement.{arm} at {lv.concurrency}: stored verdict "
-                           f"{stored.verdict if stored else 'none'} but the runs give {lv.verdict}")
-            elif not all(_close(getattr(stored, k), getattr(lv, k)) for k in ("effect", "p_value", "p_adjusted")):
-                out.append(f"sweep.judgement.{arm} at {lv.concurrency}: stored effect/p differ from what the runs give")
-    out += _replay_looks(block)
-    if block.status == "interrupted":
-        if block.pick.outcome != NO_PICK:
-            out.append(f"sweep.pick: an interrupted sweep picks nothing, it says {block.pick.outcome}")
-        return out
-    searched = Searched(block.runs, block.warmups, block.blocks, block.sequential, block.looks, block.failed, 0, 0.0,
-                        block.stopped, _alive_at_end(block))
-    again = final_pick(plan, searched)
-    stored = block.pick
-    if stored.confirmed is False:
-        again = dataclasses.replace(again, outcome=KEEP, arm=CONTROL)
-    if (stored.outcome, stored.arm) != (again.outcome, again.arm):
-        out.append(f"sweep.pick: stored {stored.outcome} {stored.arm} but the runs give {again.outcome} {again.arm}")
-    if block.confirm is not None and stored.confirmed is not None:
-        ok = S.adoptable(doc.judgement, plan.delta)
-        if ok != bool(stored.confirmed) and "failed" not in (stored.reason or ""):
-            out.append(f"sweep.pick.confirmed: stored {stored.confirmed} but the confirming runs give {ok}")
-    return out
-
-
-def _close(a: Any, b: Any) -> bool:
-    if a is None or b is None:
-        return a is b
-    return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
-
-
-def _alive_at_end(block: SweepBlock) -> list[str]:
-    gone = set(block.failed) | {arm for look in block.looks for arm in look.eliminated}
-    return [arm for arm in block.plan.candidates if arm not in gone]
-
-
-def _replay_looks(block: SweepBlock) -> list[str]:
-    """Each recorded look taken again on the runs up to it: the same leader and eliminations."""
-    from knobkeeper.evidence.model import Sequential
-
-    plan = block.plan
-    if block.sequential is None:
-        return []
-    rules = Rules(order=plan.order, seed=plan.seed, eliminate=len(plan.candidates) > 1, delta=plan.delta,
-                  alpha=plan.alpha, fail_arms=True, candidates=len(plan.candidates))
-    sequential = Sequential.of(dict(block.sequential.to_json(), looks=[]))
-    alive, opened = list(plan.candidates), {arm: list(plan.levels) for arm in plan.candidates}
-    out = []
-    for look in block.looks:
-        alive = [arm for arm in alive if not (arm in block.failed and block.failed[arm].repeat <= look.repeat)]
-        runs = [r for r in block.runs if int(r.repeat) <= look.repeat]
-        record, opened, alive, _ = S.take_look(look.repeat, runs, plan.candidates, alive, opened, plan.levels,
-                                               sequential, rules, plan.metric)
-        if sorted(record.eliminated) != sorted(look.eliminated) or record.leader != look.leader:
-            out.append(f"sweep.looks after {look.repeat}: stored leader {look.leader}, dropped "
-                       f"{sorted(look.eliminated) or 'none'} but the runs give leader {record.leader}, dropped "
-                       f"{sorted(record.eliminated) or 'none'}")
-    return out
-
 
 def plan_problems(project, doc: Evidence, rel: str) -> list[str]:
     """Every way a sweep's evidence departs from its committed plan (`check`): the plan file, its
@@ -512,8 +428,8 @@ def plan_problems(project, doc: Evidence, rel: str) -> list[str]:
             out.append(f"a look after {look.repeat} blocks, not planned ({plan.planned_looks})")
     for row in block.blocks:
         order = list(row.get("order") or [])
-        if CONTROL not in order or set(order) - set(plan.arms) or order != S.block_order(plan.order, plan.seed,
-                                                                                          int(row["repeat"]), order):
+        if CONTROL not in order or set(order) - set(plan.arms) or order != search.block_order(plan.order, plan.seed,
+                                                                                              int(row["repeat"]), order):
             out.append(f"block {row.get('repeat')}'s restart order {order} is not the plan's (seed {plan.seed})")
             break
     for arm in (doc.sweep.judgement or {}).values():
@@ -647,15 +563,15 @@ def sweep(project, specs: list[str], *, role: str, inventory: str, design: Desig
     if design.max_repeats is None:
         from knobkeeper.evidence.defaults import REAL_MAX_REPEATS
 
-        cap = REAL_MAX_REPEATS if simulated is False else J.sequential_repeats(
+        cap = REAL_MAX_REPEATS if simulated is False else judge.sequential_repeats(
             noise, delta, alpha, levels=levels * candidates, guards=True)
         design = dataclasses.replace(design, max_repeats=cap)
     if design.max_repeats < 2:
         raise UserError(f"--max-repeats {design.max_repeats}: a sweep needs at least 2 blocks (Welch's t needs two "
                         f"restarts of each arm)")
     confirm_cap = confirm_repeats if confirm_repeats is not None else (
-        design.max_repeats if simulated is False else J.sequential_repeats(noise, delta, alpha, levels=levels,
-                                                                             guards=True))
+        design.max_repeats if simulated is False else judge.sequential_repeats(noise, delta, alpha, levels=levels,
+                                                                               guards=True))
     if confirm_cap < 2:
         raise UserError(f"--confirm-repeats {confirm_cap}: the confirming A/B needs at least 2 blocks")
     restart_s, restart_source = restart_seconds(project, inventory, role, simulated)
@@ -663,7 +579,7 @@ def sweep(project, specs: list[str], *, role: str, inventory: str, design: Desig
     if minutes is not None and minutes * 60 < block_s:
         raise UserError(f"--minutes {minutes:g}: the budget cannot hold one block (~{block_s:.0f} s: {len(arms)} "
                         f"restarts at ~{restart_s:.0f} s, {levels} levels each; {restart_source})")
-    needed = J.recommended_repeats(noise, delta, alpha, levels=levels * candidates, guards=True)
+    needed = judge.recommended_repeats(noise, delta, alpha, levels=levels * candidates, guards=True)
     estimate = {"block_s": round(block_s, 1), "restart_s": round(restart_s, 1), "restart_source": restart_source,
                 "needed_repeats": needed, "needed_minutes": round(needed * block_s / 60, 1),
                 "cap_minutes": round(design.max_repeats * block_s / 60, 1),
@@ -728,7 +644,7 @@ def run_plan(plan: SweepPlan, harness: Harness, design: Design, *, setup: Setup 
     arms = {k: v.to_json() for k, v in plan.arms.items()}
     rules = Rules(order=plan.order, seed=plan.seed, eliminate=len(plan.candidates) > 1, delta=plan.delta,
                   alpha=plan.alpha, fail_arms=True, minutes=plan.minutes, candidates=len(plan.candidates),
-                  first_look=plan.planned_looks[0] if plan.planned_looks else J.FIRST_LOOK)
+                  first_look=plan.planned_looks[0] if plan.planned_looks else judge.FIRST_LOOK)
     search = Search(harness, design, arms, rules, on_block=lambda s: note(s.so_far()), progress=progress,
                     label="sweep")
     searched = search.run(restore=False)
@@ -755,7 +671,7 @@ def run_plan(plan: SweepPlan, harness: Harness, design: Design, *, setup: Setup 
 def _deploy_harness(project, inventory: str, role: str, knobs: list[str]) -> Harness:
     """ab.deploy_harness with a knob probe over every knob of the grid (the worst of them)."""
     from knobkeeper.evidence import ab
-    from knobkeeper.evidence import validity as V
+    from knobkeeper.evidence import validity
 
     harness = ab.deploy_harness(project, inventory, role, knobs[0], what="sweep")
     if len(knobs) == 1:
@@ -764,7 +680,7 @@ def _deploy_harness(project, inventory: str, role: str, knobs: list[str]) -> Har
 
     def knob(arm: dict):
         seen = [p(arm) for p in probes]
-        return next((s for s in seen if s.status == V.NOT_CARRIED), None) or next(
-            (s for s in seen if s.status == V.UNVERIFIED), seen[0])
+        return next((s for s in seen if s.status == validity.NOT_CARRIED), None) or next(
+            (s for s in seen if s.status == validity.UNVERIFIED), seen[0])
 
     return dataclasses.replace(harness, probes=dataclasses.replace(harness.probes, knob=knob))

@@ -93,7 +93,7 @@ def load_stack_as(project: Project, inventory: str, data: dict | None = None, re
 def render_inventory(project: Project, inventory: str, source: Any = None, data: dict | None = None,
                      rebase: Path | None = None) -> InventoryRender:
     """Every file of every (host, service) of one inventory, via knobkeeper.deploy.render."""
-    from knobkeeper.deploy import render as R
+    from knobkeeper.deploy import render
 
     out = InventoryRender(inventory)
     try:
@@ -102,12 +102,12 @@ def render_inventory(project: Project, inventory: str, source: Any = None, data:
         out.error = relative(str(exc), project.root)
         return out
     out.order, out.roles = list(stack.order), dict(stack.roles)
-    source = source or R.source_of(project.root)
+    source = source or render.source_of(project.root)
     try:
-        rendered = R.render_stack(project, stack, source=source)
+        rendered = render.render_stack(project, stack, source=source)
         for plan in stack.hosts.values():
             if plan.supervisor is not None:
-                for path, text in R.render_supervisord(plan, source, project.templates_dir).items():
+                for path, text in render.render_supervisord(plan, source, project.templates_dir).items():
                     out.files[(plan.name, path)] = RenderedFile(inventory, plan.name, "", "", path, text)
     except UserError as exc:
         out.error = relative(str(exc), project.root)
@@ -122,22 +122,22 @@ def render_inventory(project: Project, inventory: str, source: Any = None, data:
 
 def render_errors_per_host(project: Project, inventory: str, source: Any = None) -> list[tuple[str, str]]:
     """(host, error) for every host whose files fail to render ('' as host when the inventory fails)."""
-    from knobkeeper.deploy import render as R
+    from knobkeeper.deploy import render
     from knobkeeper.deploy.stack import Stack, load_stack
 
     try:
         stack = load_stack(project.root, inventory)
     except UserError as exc:
         return [("", relative(str(exc), project.root))]
-    source = source or R.source_of(project.root)
+    source = source or render.source_of(project.root)
     errors = []
     for name, plan in stack.hosts.items():
         one = Stack(inventory=stack.inventory, roles=stack.roles, order=stack.order, hosts={name: plan},
                     commands={k: v for k, v in stack.commands.items() if k[0] == name})
         try:
-            R.render_stack(project, one, source=source)
+            render.render_stack(project, one, source=source)
             if plan.supervisor is not None:
-                R.render_supervisord(plan, source, project.templates_dir)
+                render.render_supervisord(plan, source, project.templates_dir)
         except UserError as exc:
             errors.append((name, relative(str(exc), project.root)))
     return errors

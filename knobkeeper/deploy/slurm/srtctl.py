@@ -356,11 +356,12 @@ def inventory_text(imported: Imported, source: str, login: str) -> str:
             f'"""\n\n_login = {body}\n\nprefill = [_login]\ndecode = [_login]\nrouter = [_login]\n')
 
 
-def import_srtctl(project: Any, recipe_path: str | Path, *, name: str | None = None, router: str | None = None,
-                  srtslurm: str | Path | None = None, sglang_version: str | None = None, prefix: str | None = None,
-                  login: str = "@local", commit: bool = True) -> Imported:
-    """Write inventory/<name>.py and the recipe's knobs (one entry each) in one commit."""
-    from knobkeeper.changelog.ops import set_knobs
+def prepare_import(project: Any, recipe_path: str | Path, *, name: str | None = None, router: str | None = None,
+                   srtslurm: str | Path | None = None, sglang_version: str | None = None, prefix: str | None = None,
+                   login: str = "@local") -> tuple[Imported, Path, str]:
+    """The recipe mapped: (what it imports, the inventory file to write, its text), the stack it
+    describes loaded and rendered like every other inventory; nothing written. The commit of the
+    inventory and the knobs is a knob change (changelog.ops.import_srtctl)."""
     from knobkeeper.knobs.catalog import load_catalog
 
     path = Path(recipe_path)
@@ -389,8 +390,4 @@ def import_srtctl(project: Any, recipe_path: str | Path, *, name: str | None = N
         render_stack(project, load_stack(project.root, trial))
     finally:
         trial.unlink()
-    reason = f"imported from the srtctl recipe {path.name}"
-    change = set_knobs(project, imported.knobs, reason, extra_files={target: text},
-                       summary=f"import srtctl recipe {path.name} as {imported.inventory}", no_commit=not commit)
-    imported.commit = change.commit
-    return imported
+    return imported, target, text

@@ -1,0 +1,43 @@
+"""The layers of docs/design.md hold: import-linter's contracts (pyproject.toml, [tool.importlinter])
+over the tree as it stands, and the same contracts failing, naming both modules and the line, on a
+scratch copy of the package that adds one upward import."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
+    assert LINT.exists(), f"{LINT}: missing; import-linter comes with the test extra (pip install -e '.[test]')"
+    env = dict(os.environ, PYTHONPATH=str(pythonpath), NO_COLOR="1")
+    return subprocess.run([str(LINT), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_tree_keeps_its_layers():
+    done = _lint(ROOT, ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "Contracts: 3 kept, 0 broken." in done.stdout
+
+
+def test_an_upward_import_fails_naming_both_modules(tmp_path):
+    """An engine family that imports the changelog (a layer above it): the contract is broken and the
+    output names the importer, the imported module and the line."""
+    shutil.copytree(ROOT / "knobkeeper", tmp_path / "knobkeeper", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    family = tmp_path / "knobkeeper" / "engine" / "family.py"
+    lines = family.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("from __future__"))
+    lines.insert(at + 1, "import knobkeeper.changelog.ops  # upward\n")
+    family.write_text("".join(lines))
+    done = _lint(tmp_path, tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "Contracts: 2 kept, 1 broken." in done.stdout
+    assert "knobkeeper.engine is not allowed to import knobkeeper.changelog.ops" in done.stdout
+    assert f"knobkeeper.engine.family -> knobkeeper.changelog.ops (l.{at + 2})" in done.stdout
