@@ -172,3 +172,14 @@ def test_unit_noise_keeps_the_error_rate_when_every_b_run_shares_one_offset():
     assert judge.recommended_repeats(SD) < judge._recommended(SD, 0.05, 0.05, 0.8, 0.01) < judge.MAX_REPEATS
     c = judge.compare([1.0, 1.1, 0.9], [1.0, 1.1, 0.9], unit_noise=0.02)
     assert c.unit_noise == 0.02 and c.se == pytest.approx(math.sqrt(judge.compare([1.0, 1.1, 0.9], [1.0, 1.1, 0.9]).se ** 2 + 0.0004))
+
+
+def test_an_interval_past_a_floats_range_is_unbounded_not_an_overflow():
+    """bench_sweep found it: a sweep's simultaneous interval after 2 blocks takes a tiny share of
+    alpha at 1 degree of freedom, t in the millions, and exp() overflowed (OverflowError ended the
+    sweep). That side of the interval has no bound: +inf in memory, null in the evidence."""
+    cmp = judge.Comparison(n_a=2, n_b=2, effect=0.105, ci_low=None, ci_high=None, p_value=0.2, df=1.0,
+                           sd_log=0.3, d=0.1, se=0.3)
+    low, high = cmp.interval(1e-9)
+    assert high == math.inf and -1.0 <= low < 0, (low, high)
+    assert cmp.interval(0.025)[1] < 100        # an ordinary 95% interval is untouched

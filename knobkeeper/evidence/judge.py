@@ -207,7 +207,13 @@ class Comparison:
         from scipy import special
 
         t = float(special.stdtrit(self.df, 1 - one_sided))
-        return math.expm1(self.d - t * self.se), math.expm1(self.d + t * self.se)
+        return _expm1_or_inf(self.d - t * self.se), _expm1_or_inf(self.d + t * self.se)
+
+
+def _expm1_or_inf(x: float) -> float:
+    """exp(x) - 1, or +inf past a float's range: a tiny share of alpha at 1-2 degrees of freedom
+    puts t in the millions (a sweep's simultaneous interval after 2 blocks), and that bound is none."""
+    return math.inf if x > 709 else math.expm1(x)
 
 
 def _mean(xs: list[float]) -> float:
@@ -554,8 +560,8 @@ def judge_arms(runs: Runs, control: str, candidates: list[str], metric: str = ME
         for h in hyps[arm]:
             if h.metric == metric:
                 bounds = h.cmp.interval(alpha * h.weight * h.share / 2)
-                if bounds is not None:
-                    h.level.extra["simultaneous"] = [bounds[0], bounds[1]]
+                if bounds is not None:   # an unbounded side (inf: see _expm1_or_inf) is stored as null
+                    h.level.extra["simultaneous"] = [b if math.isfinite(b) else None for b in bounds]
     return judged
 
 
