@@ -335,12 +335,12 @@ def test_stray_server_on_the_decode_port_fails_the_deploy_before_the_router(stac
         # Issue 38 item 19: nothing was started, and neither the record nor the summary says it was.
         port = stack.ports["decode"]
         assert decode.action == "unchanged" and decode.restart_issued_at is None
-        assert decode.reason == (f"not started: port {port} taken by another process; it was to be started: "
-                                 f"not running (stopped)")
+        # ... and the port's holder is named (the answering server is this test's own thread)
+        assert decode.reason.startswith(f"not started: port {port} taken by pid {os.getpid()} ("), decode.reason
+        assert decode.reason.endswith("); it was to be started: not running (stopped)"), decode.reason
         from knobkeeper.cli.deploy import _summary
 
-        assert (f"  @local/knobkeeper-decode: unchanged (not started: port {port} taken by another process; it was "
-                f"to be started: not running (stopped)); gate failed") in _summary(result).splitlines()
+        assert f"  @local/knobkeeper-decode: unchanged ({decode.reason}); gate failed" in _summary(result).splitlines()
         trailers = git(stack.project.root, "log", "-1", "--format=%(trailers:key=Started,valueonly)", "--",
                        "changelog/deploys")
         assert "knobkeeper-decode" not in trailers
