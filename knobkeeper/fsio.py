@@ -19,11 +19,13 @@ a `git commit` whose parent was killed keeps the lock until it exits).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from knobkeeper.errors import UserError
 
@@ -122,3 +124,18 @@ def fsync_dir(folder: Path) -> None:
         pass  # some file systems refuse fsync on a folder; the rename is still atomic
     finally:
         os.close(fd)
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path` (a marker: the canary's, an experiment's), or None when there is
+    none, it is unreadable or not an object: a marker half written by a killed process is no marker."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json_object(path: Path, data: dict[str, Any], *, allow_nan: bool = True) -> None:
+    """`data` as one line of JSON, atomically (atomic_write)."""
+    atomic_write(path, json.dumps(data, allow_nan=allow_nan) + "\n")

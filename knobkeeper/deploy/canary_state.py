@@ -24,12 +24,11 @@ role) raise one line naming it. The canary's own process (its promote's `set`) a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from knobkeeper import fmt
-from knobkeeper.fsio import LOOK_GRACE_S, atomic_write, lock_file, unlock_file
+from knobkeeper.fsio import LOOK_GRACE_S, lock_file, read_json_object, unlock_file, write_json_object
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 
@@ -78,7 +77,7 @@ def release(project: Project, handle) -> None:
 
 
 def write_marker(project: Project, data: dict[str, Any]) -> None:
-    atomic_write(marker_path(project), json.dumps(data) + "\n")
+    write_json_object(marker_path(project), data)
 
 
 def clear_marker(project: Project) -> None:
@@ -86,11 +85,7 @@ def clear_marker(project: Project) -> None:
 
 
 def read_marker(project: Project) -> dict[str, Any] | None:
-    try:
-        data = json.loads(marker_path(project).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(marker_path(project))
 
 
 def _what(data: dict[str, Any]) -> str:
