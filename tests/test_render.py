@@ -556,8 +556,11 @@ def test_the_launch_script_stops_what_an_earlier_run_of_its_service_left_first(s
     there), lives on. Then it writes its own group."""
     stack = load_stack(shared.root, LOCAL, {"prefix": str(tmp_path / "p")})
     svc = stack.service("@local", "knobkeeper-decode")
-    item = render_service(svc, ["true"], knobs={}, catalog=catalog, provenance={}, source=Source("x"),
-                          templates_dir=shared.templates_dir)
+    item = render_service(svc, ["true"], knobs={"SGLANG_SM120_MMA_TARGET_CTAS": 512}, catalog=catalog,
+                          provenance={}, source=Source("x"), templates_dir=shared.templates_dir)
+    # ... before any knob is exported: its helpers (tr, cut, kill) never see the engine's environment,
+    # and shellcheck stays linear in a 64 KiB value (after the exports it took 20 s on one).
+    assert item.launch.index("kk_leftovers()") < item.launch.index("export ") < item.launch.index("\nexec ")
     script = tmp_path / "launch.sh"
     script.write_text(item.launch)
     Path(svc.service_dir).mkdir(parents=True)
