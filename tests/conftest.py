@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import tempfile
 from pathlib import Path
 
@@ -38,7 +39,14 @@ def bare(tmp_path):
 # --- the real vLLM stack (tests/real_vllm.py) ----------------------------------------------------------
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config):
+    # `make test` (scripts/test.sh) stops its background half with SIGTERM on a Ctrl-C: taken as an
+    # interrupt, so the session's fixtures (the real stack's above all) stop their processes by PID.
+    signal.signal(signal.SIGTERM, _interrupted)
     config.addinivalue_line("markers", "engine_env: needs the cached vLLM engine environment (runs after the "
                                        "tests that need none)")
     config.addinivalue_line("markers", "real_engine: runs against the session's real vLLM stack (run last)")
@@ -47,11 +55,13 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     """Three groups, in this order: the tests that need no real engine; those that need the engine
     environment (marked engine_env) or start engines of their own; those that use the session's
-    real stack.
+    real stack. `make test` runs the first group in one process and the other two in another, at
+    the same time (scripts/test.sh); in one process (pytest alone, `make test-real`) the order is
+    why the engine environment is ready when its first test runs.
 
-    Why the engine environment waits: `make test` installs it in the background while the first
-    group runs (tests/real_vllm.py `preinstall`, ~3 min cold), so the first test that needs it finds
-    it ready, or waits on the install's lock, instead of paying for it in series.
+    Why the engine environment waits: it installs in the background from the start (tests/real_vllm.py
+    `preinstall`, ~3 min cold), so the first test that needs it finds it ready, or waits on the
+    install's lock, instead of paying for it in series.
     Why the stack comes last: it (~6 GB, two engines) is then started once, late, and stopped as the
     session ends instead of idling meanwhile. Those that start engines of their own run before it:
     an idle real stack was not idle on this machine before nixl's progress thread slept (each vLLM

@@ -12,11 +12,13 @@ control. The candidates: "1" (decode on its own core, the stack's shipped value)
 (vLLM binds no thread: the OS spreads them). Measured first under the real-engine lock on
 2026-12-03 (two restarts each, 8-s runs at c=4, 32 in / 16 out, a loaded machine): 0-1 20 and 15
 output tok/s, nobind 182 and 225, 1 430 and 290, 0 309 and 118. So both candidates are an order of
-magnitude better than the control (decided in 3 blocks), "1" the best (nobind cannot be told from
-it in 3 blocks at this noise: a tie kept at the best by score, no engine default to break it).
+magnitude better than the control (decided in 3 blocks), "1" the better on a quiet machine, but
+nobind cannot be told from it in 3 blocks at this noise (a tie kept at the best by score, no engine
+default to break it), and `make test` runs the sim tests beside this module: the pick is either,
+confirmed; which one is not asserted.
 The design: `--max-repeats 3` (looks after 2 and 3 blocks), `--confirm-repeats 3` (the confirming
 A/B, ABBA, 3 per arm: with 2 a +912% once came out inconclusive, its slow arm's runs alike so
-Welch's df fell to 1), 10-s runs after the real engine's 5-s block warm-up (recorded, not judged),
+Welch's df fell to 1), 8-s runs after the real engine's 5-s block warm-up (recorded, not judged),
 c=4 with 32 in / 16 out (the slow arm's requests stay inside the load generator's timeout), and
 `--apply`: the pick is set (one commit, the evidence attached) before the stack is put back, so the
 put-back deploys it. Engine restarts in this module: decode 16 in the sweep (9 blocks of the
@@ -77,7 +79,7 @@ def judged(real_stack):
     # 1. sweep: the control = the declared "0-1", candidates "1" and "nobind"; arms switched by deploying decode.
     before = git(stack.root, "rev-parse", "HEAD")
     out = _ok(stack.kk("sweep", f"{KNOB}={GOOD},{OTHER}", "--stack", "vllm", "--role", "decode", "--inventory", inv,
-                       "--concurrency", "4", "--max-repeats", "3", "--confirm-repeats", "3", "--duration", "10",
+                       "--concurrency", "4", "--max-repeats", "3", "--confirm-repeats", "3", "--duration", "8",
                        "--api", "completions", "--input-len", "32", "--output-len", "16", "--order-seed", "39",
                        "--apply", "--reason", "sweep: decode on its own core", "--json"))
     result = json.loads(out[out.index("\n{") + 1:] if not out.startswith("{") else out)  # deploy lines first
@@ -89,16 +91,20 @@ def judged(real_stack):
           f"pick {block['pick']}", f"search {block['wall_s']} s, {len(block['blocks'])} blocks: {block['stopped']}",
           f"confirm {block['confirm']}", f"looks {block['looks']}")
     assert arms == {"A": BAD, "B": GOOD, "C": OTHER}                  # the control is what the stack declares
-    assert block["pick"]["outcome"] == "adopt" and block["pick"]["knobs"] == {KNOB: GOOD}, block["pick"]
-    assert block["pick"]["confirmed"] is True and block["confirm"]["arm"] == "B"
-    # the search: both candidates far better than the control at the family level; every look led by "1"
+    # the search: both candidates far better than the control at the family level (> 2x). Which of the
+    # two leads is the noise's: "1" beat "nobind" by ~1.7x on a quiet machine, too little to be told
+    # apart in 3 blocks, and the sim half of the suite runs beside this one (one core more or less
+    # for decode's own): the pick is the best by score of the two, whichever it is, and confirmed.
     for arm in ("B", "C"):
         [cell] = block["judgement"][arm]["levels"]
         assert cell["verdict"] == "better" and cell["effect"] > 1.0, (arm, cell)
-    assert {look["leader"] for look in block["looks"]} == {"B"}, block["looks"]
+    assert {look["leader"] for look in block["looks"]} <= {"B", "C"}, block["looks"]
+    picked = block["pick"]["knobs"][KNOB]
+    assert block["pick"]["outcome"] == "adopt" and picked in (GOOD, OTHER), block["pick"]
+    assert block["pick"]["confirmed"] is True and arms[block["confirm"]["arm"]] == picked
     assert not block["failed"] and all(row["order"][0:1] and "A" in row["order"] for row in block["blocks"])
     # the confirming A/B on fresh restarts is the evidence's own: the control against the pick, ABBA
-    assert doc["arms"]["A"]["knobs"] == {KNOB: BAD} and doc["arms"]["B"]["knobs"] == {KNOB: GOOD}
+    assert doc["arms"]["A"]["knobs"] == {KNOB: BAD} and doc["arms"]["B"]["knobs"] == {KNOB: picked}
     assert doc["setup"]["engine"] == "vllm" and doc["setup"]["engine_version"] == "0.32.0"
     runs = doc["runs"] + block["runs"]
     assert all(r["errors"] == 0 and r["completed"] > 0 for r in runs)
@@ -111,7 +117,7 @@ def judged(real_stack):
     subjects = git(stack.root, "log", "--format=%s", f"{before}..HEAD").splitlines()[::-1]
     assert [s.split(":")[0] for s in subjects] == ["sweep plan", "evidence", "vllm.decode"], subjects
     assert f"Evidence: {doc['id']}" in git(stack.root, "log", "-2", "--format=%(trailers)")
-    assert _declared(stack) == GOOD                              # --apply: the pick declared ...
+    assert _declared(stack) == picked                            # --apply: the pick declared ...
     assert {s.state for s in stack_status(stack.project, inv)} == {"in sync"}   # ... and deployed by the put-back
     print(f"real sweep: {time.monotonic() - t0:.0f} s")
     return stack, doc, level
@@ -132,7 +138,8 @@ def test_field_story_on_real_vllm(judged):
 
     # 2. The gain was set with that evidence by `sweep --apply` and deployed by its put-back.
     set_entry = load_entries(stack.project)[-1]
-    assert set_entry.action == "set" and set_entry.new == GOOD and set_entry.evidence == [ev]
+    picked = doc["sweep"]["pick"]["knobs"][KNOB]
+    assert set_entry.action == "set" and set_entry.new == picked and set_entry.evidence == [ev]
     shown = _ok(stack.kk("log", KNOB))                           # the change shows its evidence
     assert f"{ev}: " in shown and "@4 (95% CI" in shown and "p_adj" in shown, shown
 
@@ -182,7 +189,7 @@ def test_field_story_on_real_vllm(judged):
     _ok(stack.kk(*item["command"].split()[1:]))
     restore = load_entries(stack.project)[-1]
     assert restore.action == "restore" and restore.restores == revert.id and restore.evidence == [ev]
-    assert _declared(stack) == GOOD
+    assert _declared(stack) == picked
     record = _deploy(stack, restart="co")
     acted = [r for r in record.services if r.acted]
     assert [r.role for r in acted] == ["prefill", "decode", "router"], [(r.role, r.action) for r in acted]
@@ -195,7 +202,7 @@ def test_field_story_on_real_vllm(judged):
     healthy = [parse_time(r.healthy_at) for r in acted]
     assert issued == sorted(issued) and all(h <= i for h, i in zip(healthy, issued[1:])), (issued, healthy)
     assert record.pd_proof is not None, record
-    # The stack is left in its declared state (decode "1", as the session's fixture deployed it).
+    # The stack is left in its declared state (decode on the sweep's pick, as its put-back deployed it).
     states = stack_status(stack.project, inv)
     assert {s.state for s in states} == {"in sync"}, states
     assert "nothing to reclaim" in _ok(stack.kk("reclaimable"))
