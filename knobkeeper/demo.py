@@ -5,7 +5,7 @@ vLLM's CPU build as prefill and decode, vllm-router in front, the tiny model as 
 model, the CPU for your GPU), a streamed chat completion through the router, and the PD proof (the
 prompt's KV came over the connector). `make stop` stops whichever local stack runs.
 `make demo PROMETHEUS=1` (`--prometheus`) also starts a real Prometheus on 127.0.0.1:9090 scraping
-every engine and the router (the scrape config `knobkeeper canary --print-scrape-config` renders),
+every engine and the router (the scrape config `knobkeeper canary scrape-config` renders),
 queries it, and shows the canary command that reads it. `make stop` (`--stop`) stops the stack's
 supervisord, its programs and that Prometheus.
 """

@@ -709,7 +709,7 @@ def test_a_candidate_killed_mid_canary_is_worse_and_its_evidence_outlives_a_kill
     assert after and all(not w.valid and f"the candidate died: {worker.target.key}" in w.reasons for w in after)
     assert {r.extra.get("window") for r in doc.runs} <= {w.index for w in doc.canary.windows if w.valid}
     line = canary_state.abandoned_line(project)
-    assert line and "during its put-back; put back with `knobkeeper canary --abort`" in line, line
+    assert line and "during its put-back; put back with `knobkeeper canary abort`" in line, line
 
 
 # ---------------------------------------------------------------- the command: refusals before any deploy
@@ -766,8 +766,13 @@ def test_scrape_config_names_every_worker_and_the_router_metrics_port(tmp_path, 
     never its serving port's /metrics (404 on both routers)."""
     project = make_infra_repo(tmp_path)
     (project.root / "inventory" / "two.py").write_text(TWO_DECODE.replace('"router": "sglang-router"', f'"router": "{router}"'))
-    result = kk(project, "canary", "--role", "decode", "--inventory", "inventory/two.py", "--print-scrape-config")
-    config = json.loads(result.output)
+    result = kk(project, "canary", "scrape-config", "--inventory", "inventory/two.py")
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)
+    # the flag it replaced still works, saying so on stderr: the same configuration
+    old = kk(project, "canary", "--role", "decode", "--inventory", "inventory/two.py", "--print-scrape-config")
+    assert old.exit_code == 0 and old.stdout == result.stdout, old.output
+    assert old.stderr.strip() == "knobkeeper: canary --print-scrape-config is deprecated: use `knobkeeper canary scrape-config`"
     targets = {c["static_configs"][0]["labels"]["kk_target"]: c["static_configs"][0]["targets"][0]
                for c in config["scrape_configs"]}
     assert targets == {"prefill-1/knobkeeper-prefill": "127.0.0.2:30000", "decode-1/knobkeeper-decode": "127.0.0.4:30001",

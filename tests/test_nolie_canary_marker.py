@@ -1,7 +1,7 @@
 """Issue 25 finding 4: a canary that dies leaves a marker. A real second process stands for the
 canary: it holds the canary's lock and writes the marker as the candidate deploy starts, then is
 SIGKILLed by its PID. `check`, `plan` and the next canary then say "canary X=V on S abandoned at T;
-put back with `knobkeeper canary --abort`", and --abort deploys those services back (the deploy is
+put back with `knobkeeper canary abort`", and `canary abort` deploys those services back (the deploy is
 the only part stood in for: one call of run_deploy, checked for what it is asked) and clears it."""
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
     proc = subprocess.Popen([sys.executable, "-c", CANARY, str(project.root)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "deploying"
-        # Alive: not abandoned; another canary is refused, --abort too.
+        # Alive: not abandoned; another canary is refused, `canary abort` too.
         assert canary_state.abandoned_line(project) is None
         with pytest.raises(UserError, match=f"canary {KNOB}=512 on {SERVICE} is running"):
             canary_state.hold(project)
-        one_line_exit_2(cli(project, "canary", "--abort"), "is still running")
+        one_line_exit_2(cli(project, "canary", "abort"), "is still running")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -61,7 +61,7 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
 
     marker = canary_state.read_marker(project)
     line = (f"canary {KNOB}=512 on {SERVICE} abandoned at {marker['seen_at']} during its candidate deploy; put "
-            f"back with `knobkeeper canary --abort` (or a deploy of role decode)")
+            f"back with `knobkeeper canary abort` (or a deploy of role decode)")
     assert canary_state.abandoned_line(project) == line
     problems = [p.line() for p in check(project).problems]
     assert problems == [f"{project.rel(canary_state.marker_path(project))}: {line}"], problems
@@ -79,7 +79,7 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
 
     monkeypatch.setattr("knobkeeper.deploy.api.run_deploy", fake_deploy)
     monkeypatch.setattr(DeployResult, "ok", property(lambda self: True))
-    result = kk(project, "canary", "--abort")
+    result = kk(project, "canary", "abort")
     assert result.exit_code == 0, result.output
     assert result.output.strip() == (f"canary {KNOB}=512 on {SERVICE} (abandoned during its candidate deploy): "
                                      f"put back to the declared state (deploy d3p10y00)")
@@ -88,7 +88,12 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
     assert kw["extra_data"]["canary"] == {"knob": KNOB, "value": 512, "hosts": ["@local"], "services": [SERVICE],
                                           "phase": "abort", "abandoned": "candidate-deploy"}
     assert canary_state.read_marker(project) is None and check(project).ok
-    one_line_exit_2(cli(project, "canary", "--abort"), "no abandoned canary")
+    one_line_exit_2(cli(project, "canary", "abort"), "no abandoned canary")
+    # the flag `canary abort` replaced still works, saying so first
+    done = cli(project, "canary", "--abort")
+    assert done.returncode == 2 and done.stderr.decode().splitlines() == [
+        "knobkeeper: canary --abort is deprecated: use `knobkeeper canary abort`",
+        "error: canary abort: no abandoned canary in this repo (nothing to put back)"], done.stderr
 
 
 def test_a_canary_that_puts_back_leaves_no_marker(project):
@@ -105,7 +110,7 @@ def test_a_canary_that_puts_back_leaves_no_marker(project):
 
 
 # A canary killed in each deploy phase (a real second process, SIGKILL by PID while the step named
-# blocks): the marker says which deploy was in flight, and status, check and --abort use it.
+# blocks): the marker says which deploy was in flight, and status, check and `canary abort` use it.
 PHASED = textwrap.dedent(f"""
     import sys, time
     from pathlib import Path
@@ -158,7 +163,7 @@ def test_the_marker_says_which_deploy_was_in_flight(project, monkeypatch, phase,
     line = canary_state.abandoned_line(project)
     assert f"abandoned at {canary_state.read_marker(project)['seen_at']} {words}" in line, line
     if phase == "promote":
-        assert f"{KNOB} is set; the rest of role decode may not run it yet); finish with `knobkeeper canary --abort`" \
+        assert f"{KNOB} is set; the rest of role decode may not run it yet); finish with `knobkeeper canary abort`" \
             in line, line
     assert [p.line() for p in check(project).problems] == [f"{project.rel(canary_state.marker_path(project))}: {line}"]
     status = cli(project, "status", "inventory/local.py")
@@ -167,7 +172,7 @@ def test_the_marker_says_which_deploy_was_in_flight(project, monkeypatch, phase,
     monkeypatch.setattr("knobkeeper.deploy.api.run_deploy",
                         lambda project_, inventory, **kw: calls.append(kw) or DeployResult(0, "", None, "d3p10y00", 1.0))
     monkeypatch.setattr(DeployResult, "ok", property(lambda self: True))
-    result = kk(project, "canary", "--abort")
+    result = kk(project, "canary", "abort")
     assert result.exit_code == 0, result.output
     assert f"(abandoned {words}): " in result.output, result.output
     ((kw,),) = [(c,) for c in calls]

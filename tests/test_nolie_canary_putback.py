@@ -6,7 +6,7 @@ itself is stood in for by a `run_deploy` that fails as the real one does when th
 - the put-back waits for the lock (progress on stderr) and then succeeds; the evidence was
   written (committed) before the put-back started;
 - a lock held past the bound: the one-line error names the services left on the candidate and
-  `knobkeeper canary --abort`, the evidence is kept, the marker stays for --abort;
+  `knobkeeper canary abort`, the evidence is kept, the marker stays for `canary abort`;
 - the candidate deploy blocked past the bound: nothing was applied, so no rollback is attempted
   and nothing says "rollback deploy failed"."""
 
@@ -118,10 +118,10 @@ def test_a_put_back_that_cannot_get_the_lock_names_what_is_left_and_keeps_the_ev
     assert "\n" not in message and "rollback deploy failed" not in message
     assert message.startswith("canary: rollback not done (another deploy of this repo is running"), message
     assert "h1/decode (hosts h1) still on SGLANG_SM120_MMA_TARGET_CTAS=512; put them back with " \
-           "`knobkeeper canary --abort`; evidence " in message, message
+           "`knobkeeper canary abort`; evidence " in message, message
     ident = message.rsplit("evidence ", 1)[1].split(" ")[0]
     assert store.load(project, ident)["canary"]["verdict"] == "inconclusive"        # the windows are kept
-    assert canary_state.read_marker(project)["applied_at"]                    # for --abort
+    assert canary_state.read_marker(project)["applied_at"]                    # for `canary abort`
 
 
 def test_a_candidate_deploy_that_never_started_rolls_nothing_back(tmp_path, monkeypatch):

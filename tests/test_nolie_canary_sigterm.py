@@ -122,6 +122,6 @@ def test_sigterm_during_the_put_back_names_the_evidence_written(project):
     doc = store.read(path, project.rel(path))
     assert err.strip().splitlines()[-1] == (  # after the windows' progress lines
         f"canary {KNOB}=512 stopped by SIGTERM: @local/knobkeeper-decode may still be on the "
-                           f"candidate: put them back with `knobkeeper canary --abort`; evidence {doc.id} "
+                           f"candidate: put them back with `knobkeeper canary abort`; evidence {doc.id} "
                            f"({project.rel(path)}) written"), err
-    assert canary_state.read_marker(project) is not None   # the put-back did not finish: --abort finds it
+    assert canary_state.read_marker(project) is not None   # the put-back did not finish: `canary abort` finds it

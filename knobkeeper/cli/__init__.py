@@ -39,6 +39,6 @@ for command in [*catalog_cli.COMMANDS, *core.COMMANDS, *audit_cli.COMMANDS, *dep
     main.add_command(command)
 main.add_command(report_cli.report_cmd)
 main.add_command(model_cli.model_group)
-main.add_command(canary_cli.canary_cmd)
+main.add_command(canary_cli.canary_group)
 main.add_command(sweep_cli.sweep_cmd)
 main.add_command(import_cli.import_group)

@@ -1,4 +1,12 @@
-"""`knobkeeper canary`: a knob value on some of a role's hosts, judged against the rest on live traffic."""
+"""`knobkeeper canary`: a knob value on some of a role's hosts, judged against the rest on live traffic.
+
+    knobkeeper canary KNOB=VALUE --role R ...   (= `canary run`) the canary itself
+    knobkeeper canary abort                     put back what a canary that died left on its candidate
+    knobkeeper canary scrape-config             the prometheus.yml that scrapes an inventory's workers
+
+`--abort` and `--print-scrape-config` on the canary itself were the last two; they still work and
+say which command replaced them.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,7 @@ import sys
 
 import click
 
-from knobkeeper.cli.common import emit_json, example, json_option, repo_option
+from knobkeeper.cli.common import KKGroup, emit_json, example, json_option, repo_option
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import defaults
@@ -23,9 +31,35 @@ def _seconds(text: str, option: str) -> float:
         raise UserError(f"{option}: {exc}") from None
 
 
-@click.command("canary")
+class CanaryGroup(KKGroup):
+    """`canary KNOB=VALUE ...` is `canary run KNOB=VALUE ...`: a first word that is not one of the
+    group's commands (a KNOB=VALUE, an option, nothing) goes to `run`, so the canary keeps its
+    one-word form beside `canary abort` and `canary scrape-config`; `canary --help` is the group's."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or args[0] not in (*self.commands, "--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("canary", cls=CanaryGroup)
+@example("knobkeeper canary SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --hosts 1 --duration 10m")
+def canary_group() -> None:
+    """A knob value on some of a role's hosts, judged against the rest on live traffic.
+
+    `knobkeeper canary KNOB=VALUE --role R` runs one (`knobkeeper canary run --help`: its options);
+    `canary abort` puts back what one that died left; `canary scrape-config` prints a Prometheus
+    configuration for an inventory.
+    """
+
+
+def _deprecated(flag: str, command: str) -> None:
+    click.echo(f"knobkeeper: canary {flag} is deprecated: use `knobkeeper canary {command}`", err=True)
+
+
+@canary_group.command("run")
 @click.argument("spec", metavar="KNOB=VALUE", required=False)
-@click.option("--role", default=None, help="(required but with --abort) The role whose hosts are split into canary and baseline, e.g. decode.")
+@click.option("--role", default=None, help="The role whose hosts are split into canary and baseline, e.g. decode (required).")
 @click.option("--inventory", default=DEFAULT_INVENTORY, show_default=True, help="The inventory to deploy.")
 @click.option("--hosts", "hosts", type=int, default=None, help="How many of the role's workers get the candidate (default 1).")
 @click.option("--host", "host_names", multiple=True, metavar="HOST", help="A canary host by name (repeatable).")
@@ -47,11 +81,8 @@ def _seconds(text: str, option: str) -> float:
               help="How often the scrape path samples.")
 @click.option("--promote", is_flag=True, help="On 'better': `set` the value with the evidence and deploy the whole role.")
 @click.option("--reason", default=None, help="The reason of the entry --promote writes.")
-@click.option("--abort", "abort", is_flag=True,
-              help="Put back what a canary that died left on its candidate (a deploy of those services to the "
-                   "declared state), and clear its marker.")
-@click.option("--print-scrape-config", is_flag=True,
-              help="Print the prometheus.yml that scrapes this inventory's workers and router, and exit.")
+@click.option("--abort", "abort", is_flag=True, hidden=True, help="Deprecated: `knobkeeper canary abort`.")
+@click.option("--print-scrape-config", is_flag=True, hidden=True, help="Deprecated: `knobkeeper canary scrape-config`.")
 @repo_option
 @json_option
 @example("knobkeeper canary SGLANG_SM120_MMA_TARGET_CTAS=512 --role decode --hosts 1 --duration 10m "
@@ -71,28 +102,17 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
     SIGTERM puts them back too. The evidence is written either way (changelog/evidence/, source
     "knobkeeper canary").
     """
+    if abort:
+        _deprecated("--abort", "abort")
+        return _abort(find_project(repo), as_json)
+    if print_scrape_config:
+        _deprecated("--print-scrape-config", "scrape-config")
+        return _scrape_config(find_project(repo), inventory, scrape_interval)
     from knobkeeper.evidence import canary
 
     project = find_project(repo)
-    if abort:
-        data, result = canary.abort(project)
-        from knobkeeper.deploy.canary_state import phase_words
-
-        what = (f"the promote finished: role {data.get('role')} deployed" if data.get("phase") == "promote"
-                else "put back to the declared state")
-        done = f"canary {data['knob']}={canary._raw(data['value'])} on {', '.join(data.get('services') or [])} " \
-               f"(abandoned {phase_words(data)}): {what} (deploy {result.deploy_id})"
-        emit_json({"aborted": data, "deploy": result.deploy_id}) if as_json else click.echo(done)
-        return
     if role is None:
         raise UserError("--role: missing (the role whose hosts are split, e.g. --role decode)")
-    if print_scrape_config:
-        from knobkeeper.deploy.stack import load_stack
-        from knobkeeper.evidence.metrics import scrape_config
-
-        click.echo(scrape_config(load_stack(project.root, inventory), _seconds(scrape_interval, "--scrape-interval")),
-                   nl=False)
-        return
     if spec is None:
         raise UserError("KNOB=VALUE: missing (e.g. SGLANG_SM120_MMA_TARGET_CTAS=512)")
     prometheus = None
@@ -129,4 +149,47 @@ def canary_cmd(spec, role, inventory, hosts, host_names, duration, interval, cal
         sys.exit(out.exit_code)
 
 
-COMMANDS = [canary_cmd]
+@canary_group.command("abort")
+@repo_option
+@json_option
+@example("knobkeeper canary abort")
+def abort_cmd(repo, as_json) -> None:
+    """Put back what a canary that died left on its candidate: a deploy of those services to the
+    declared state (of the whole role when it died promoting), then its marker is cleared. Refused
+    while that canary still runs."""
+    _abort(find_project(repo), as_json)
+
+
+@canary_group.command("scrape-config")
+@click.option("--inventory", default=DEFAULT_INVENTORY, show_default=True, help="The inventory whose workers are scraped.")
+@click.option("--scrape-interval", default=duration_words(defaults.SCRAPE_INTERVAL_S), show_default=True,
+              help="The scrape interval the configuration asks for.")
+@repo_option
+@example("knobkeeper canary scrape-config --inventory inventory/prod.py > prometheus.yml")
+def scrape_config_cmd(inventory, scrape_interval, repo) -> None:
+    """Print the prometheus.yml that scrapes every engine worker and the router of an inventory, for
+    `knobkeeper canary --source prometheus URL`."""
+    _scrape_config(find_project(repo), inventory, scrape_interval)
+
+
+def _abort(project, as_json: bool) -> None:
+    from knobkeeper.deploy.canary_state import phase_words
+    from knobkeeper.evidence import canary
+
+    data, result = canary.abort(project)
+    what = (f"the promote finished: role {data.get('role')} deployed" if data.get("phase") == "promote"
+            else "put back to the declared state")
+    done = f"canary {data['knob']}={canary._raw(data['value'])} on {', '.join(data.get('services') or [])} " \
+           f"(abandoned {phase_words(data)}): {what} (deploy {result.deploy_id})"
+    emit_json({"aborted": data, "deploy": result.deploy_id}) if as_json else click.echo(done)
+
+
+def _scrape_config(project, inventory: str, scrape_interval: str) -> None:
+    from knobkeeper.deploy.stack import load_stack
+    from knobkeeper.evidence.metrics import scrape_config
+
+    click.echo(scrape_config(load_stack(project.root, inventory), _seconds(scrape_interval, "--scrape-interval")),
+               nl=False)
+
+
+COMMANDS = [canary_group]

@@ -12,7 +12,7 @@ flight (PHASES): "candidate-deploy" (started, not yet through), "candidate" (app
 measuring), "put-back" (the deploy back to the declared state started), "promote" (the value was
 `set`, the whole role's deploy started). A marker whose lock nobody holds is an
 abandoned canary (the lock dies with its process, whatever its PID is reused for): `status`, `plan`,
-`check` and the next canary say so, and `knobkeeper canary --abort` deploys those services back to
+`check` and the next canary say so, and `knobkeeper canary abort` deploys those services back to
 the declared state and removes it; one that never got to `applied_at` left nothing on and is removed
 by the first reader that finds it. Only this module reads or writes the two files.
 
@@ -43,7 +43,7 @@ def lock_path(project: Project) -> Path:
 
 # The marker's phases, as the lines below say them. A canary killed during "candidate-deploy" or
 # "put-back" left some of its services on the candidate and some not (a deploy goes host by host);
-# during "promote" the declared state already is the candidate, so its --abort deploys the whole role.
+# during "promote" the declared state already is the candidate, so its `canary abort` deploys the whole role.
 PHASES = {"calibrating": "calibrating", "candidate-deploy": "during its candidate deploy",
           "candidate": "on its candidate", "put-back": "during its put-back", "promote": "during its promote"}
 
@@ -155,13 +155,13 @@ def refuse_deploy(project: Project, inventory: str, roles: list[str], parent: in
 
 
 def abandoned_line(project: Project) -> str | None:
-    """`canary X=V on <services> abandoned at <time> <phase>; put back with `knobkeeper canary --abort` ...`."""
+    """`canary X=V on <services> abandoned at <time> <phase>; put back with `knobkeeper canary abort` ...`."""
     data = abandoned(project)
     if data is None:
         return None
     if data.get("phase") == "promote":
         return (f"canary {_what(data)} abandoned at {data.get('seen_at') or data.get('applied_at')} during its "
                 f"promote ({data.get('knob')} is set; the rest of role {data.get('role')} may not run it yet); finish "
-                f"with `knobkeeper canary --abort` (or a deploy of role {data.get('role')})")
+                f"with `knobkeeper canary abort` (or a deploy of role {data.get('role')})")
     return (f"canary {_what(data)} abandoned at {data.get('seen_at') or data.get('applied_at')} {phase_words(data)}; "
-            f"put back with `knobkeeper canary --abort` (or a deploy of role {data.get('role')})")
+            f"put back with `knobkeeper canary abort` (or a deploy of role {data.get('role')})")

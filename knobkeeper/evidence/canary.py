@@ -858,7 +858,7 @@ def deploy_switch(project, inventory: str, plan: Plan, lock_wait: float = Option
     role at the declared state (after the `set`), phase "promote". Every gate holds as usual. Each
     waits up to `lock_wait` s for another deploy of the repo to finish (progress on stderr) instead
     of failing on the deploy lock; a put-back that still fails names the services left on the
-    candidate and `knobkeeper canary --abort`; a candidate deploy that never started raises
+    candidate and `knobkeeper canary abort`; a candidate deploy that never started raises
     NothingApplied (nothing to roll back).
     """
     from knobkeeper.deploy import api
@@ -867,7 +867,7 @@ def deploy_switch(project, inventory: str, plan: Plan, lock_wait: float = Option
     services = [t.key for t in plan.canary]
     tag = {"knob": plan.knob, "value": plan.value, "hosts": hosts, "services": services}
     left_on = (f"{', '.join(services)} (hosts {', '.join(hosts)}) still on {plan.knob}={_raw(plan.value)}; put them "
-               f"back with `knobkeeper canary --abort`")
+               f"back with `knobkeeper canary abort`")
 
     def deploy(phase: str, overrides: dict | None, limit: list[str] | None) -> None:
         deadline = time.monotonic() + lock_wait
@@ -994,7 +994,7 @@ def _interrupted_line(plan: Plan, done: dict[str, bool], why: str) -> str:
     if done.get("put_back"):
         state = f"{services} put back to the declared state (a recorded deploy)"
     elif done.get("applied"):
-        state = f"{services} may still be on the candidate: put them back with `knobkeeper canary --abort`"
+        state = f"{services} may still be on the candidate: put them back with `knobkeeper canary abort`"
     else:
         state = "nothing was deployed"
     evidence = f"evidence {done['evidence']} written" if done.get("evidence") else "no evidence written"
@@ -1061,7 +1061,7 @@ def _heartbeat(project, options: Options) -> Options:
 
 
 def abort(project) -> tuple[dict, Any]:
-    """`knobkeeper canary --abort`: deploy the services an abandoned canary left on its candidate back
+    """`knobkeeper canary abort`: deploy the services an abandoned canary left on its candidate back
     to the declared state (recorded as a deploy, canary phase "abort", `abandoned`: the phase it died
     in), or, killed during its promote, the whole role at the declared state (the promote's deploy),
     and remove its marker; (the marker, the deploy result)."""
@@ -1071,9 +1071,9 @@ def abort(project) -> tuple[dict, Any]:
     if data is None:
         running = canary_state.read_marker(project)
         if running is not None:
-            raise UserError(f"--abort: canary {running.get('knob')}={running.get('value')} is still running "
+            raise UserError(f"canary abort: canary {running.get('knob')}={running.get('value')} is still running "
                             f"(pid {running.get('pid')}); stop it (Ctrl-C puts it back)")
-        raise UserError("--abort: no abandoned canary in this repo (nothing to put back)")
+        raise UserError("canary abort: no abandoned canary in this repo (nothing to put back)")
     tag = {k: data.get(k) for k in ("knob", "value", "hosts", "services")}
     # Killed during its promote: the value is declared, the canary hosts run it; the rest of the role
     # is what is not done. Otherwise the canary hosts go back to the declared state.
@@ -1081,7 +1081,7 @@ def abort(project) -> tuple[dict, Any]:
     result = run_deploy(project, data["inventory"], only=data["role"], limit=limit,
                         extra_data={"canary": {**tag, "phase": "abort", "abandoned": data.get("phase")}})
     if not result.ok:
-        raise UserError(f"--abort: the deploy of {', '.join(data.get('services') or [])} back to the declared state "
+        raise UserError(f"canary abort: the deploy of {', '.join(data.get('services') or [])} back to the declared state "
                         f"failed ({result.error}); they are still on {data['knob']}={data['value']}; run "
                         f"`knobkeeper deploy {data['inventory']} --only {data['role']}`")
     canary_state.clear_marker(project)

@@ -556,7 +556,7 @@ class PrometheusSource:
             if missing:
                 raise UserError(f"--source prometheus {self.url}: no {names.tokens} series for {', '.join(missing)} "
                                 f"(does its scrape config label targets {LABEL}=\"<host>/<service>\"? "
-                                f"see `knobkeeper canary --print-scrape-config`)")
+                                f"see `knobkeeper canary scrape-config`)")
 
     def start(self) -> None:
         pass
