@@ -33,18 +33,9 @@ except UserError as exc:
 plan = run.stack.hosts[host.name]
 
 kk.engine(run, plan)
-if run.slurm is not None:
-    # The stack runs as one Slurm job submitted from this (login) host: a change is a new job, gated
-    # role by role where Slurm placed it, then the old job is cancelled (knobkeeper/deploy/slurm/ops.py).
-    run.slurm.operations(plan)
-else:
-    kk.supervisord(run, plan)
-    kk.upload(run, plan)
-
-    for role in host.loop(run.order):
-        for batch in host.loop(run.batch_numbers(role)):
-            kk.restart(run, plan, role, batch)
-            kk.gate(run, plan, role, batch)
-    kk.pd_proof(run)
+# The target's operations: on hosts, the services' files, then role by role each restart and its gate
+# (knobkeeper/deploy/hosts.py); a Slurm stack is one job submitted from this (login) host, gated role by
+# role where Slurm placed it, then the old job cancelled (knobkeeper/deploy/slurm/ops.py).
+run.target_run.operations(plan)
 
 kk.finish(run)

@@ -23,21 +23,37 @@ def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
 def test_the_tree_keeps_its_layers():
     done = _lint(ROOT, ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "Contracts: 3 kept, 0 broken." in done.stdout
+    assert "Contracts: 4 kept, 0 broken." in done.stdout
+
+
+def _lint_with_import(tmp_path, module: str, line: str):
+    """lint-imports over a scratch copy of the tree whose `module` (a path under knobkeeper/) has
+    `line` right after its `from __future__` line; (its result, that line's number)."""
+    shutil.copytree(ROOT / "knobkeeper", tmp_path / "knobkeeper", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    path = tmp_path / "knobkeeper" / module
+    lines = path.read_text().splitlines(keepends=True)
+    at = next(i for i, text in enumerate(lines) if text.startswith("from __future__"))
+    lines.insert(at + 1, line + "\n")
+    path.write_text("".join(lines))
+    return _lint(tmp_path, tmp_path), at + 2
 
 
 def test_an_upward_import_fails_naming_both_modules(tmp_path):
     """An engine family that imports the changelog (a layer above it): the contract is broken and the
     output names the importer, the imported module and the line."""
-    shutil.copytree(ROOT / "knobkeeper", tmp_path / "knobkeeper", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    family = tmp_path / "knobkeeper" / "engine" / "family.py"
-    lines = family.read_text().splitlines(keepends=True)
-    at = next(i for i, line in enumerate(lines) if line.startswith("from __future__"))
-    lines.insert(at + 1, "import knobkeeper.changelog.ops  # upward\n")
-    family.write_text("".join(lines))
-    done = _lint(tmp_path, tmp_path)
+    done, line = _lint_with_import(tmp_path, "engine/family.py", "import knobkeeper.changelog.ops  # upward")
     assert done.returncode == 1, done.stdout[-3000:]
-    assert "Contracts: 2 kept, 1 broken." in done.stdout
+    assert "Contracts: 3 kept, 1 broken." in done.stdout
     assert "knobkeeper.engine is not allowed to import knobkeeper.changelog.ops" in done.stdout
-    assert f"knobkeeper.engine.family -> knobkeeper.changelog.ops (l.{at + 2})" in done.stdout
+    assert f"knobkeeper.engine.family -> knobkeeper.changelog.ops (l.{line})" in done.stdout
+
+
+def test_a_deploy_module_that_names_a_target_fails(tmp_path):
+    """status.py asking for the Slurm package by name (an `if is_slurm` coming back) breaks the
+    target contract: targets are reached through deploy.target only."""
+    done, line = _lint_with_import(tmp_path, "deploy/status.py", "import knobkeeper.deploy.slurm.job  # by name")
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "Deploy targets are reached through deploy.target, never by name BROKEN" in done.stdout
+    assert "knobkeeper.deploy.status is not allowed to import knobkeeper.deploy.slurm" in done.stdout
+    assert f"knobkeeper.deploy.status -> knobkeeper.deploy.slurm.job (l.{line})" in done.stdout

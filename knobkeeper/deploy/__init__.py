@@ -13,7 +13,10 @@ health-gated, recorded. Owns the facts of how a stack is laid out and started:
     observe    what a host runs (service state, started files), shell on any host of an inventory
     status     declared vs running per service
     record     deploy records (typed rows), written and read here only
+    target     where a stack runs, one interface (target_of): hosts.py (pyinfra's hosts) or slurm/;
+               the rest of deploy, and ab run, call its methods and never ask which kind it is
     operations the pyinfra operations deploy.py calls; api: run a deploy from Python
+    hosts      the hosts target: the restarts role by role on each host
     local      the local stack's supervisord (stop, pids)
     slurm/     Slurm as a target: the stack as one job, a change as a new job (see its docstring)
 

@@ -97,6 +97,7 @@ from knobkeeper.deploy.record import (DeployRecord, Gate, Rollback, ServiceRow, 
 from knobkeeper.deploy.observe import parse_service_state, state_command
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
 from knobkeeper.deploy.stack import stack_from_inventory
+from knobkeeper.deploy.target import target_of
 from knobkeeper.deploy.topology import downstream
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
@@ -170,10 +171,8 @@ class Run:
         self.order = list(self.stack.order)
         self.scope = self.options.scope(self.order)
         self.gated = set(self.scope) | downstream(self.order, self.stack.roles, self.scope)
-        from knobkeeper.deploy.slurm.job import is_slurm
-
-        slurm = is_slurm(self.stack)
-        if self.options.only and self.options.restart != "none" and not slurm:
+        self.target = target_of(self.stack)
+        if self.options.only and self.options.restart != "none" and self.target.partial_deploys:
             # Seconds, not a role's full gate: a partial deploy stands on roles it does not restart.
             require_up(self.stack, self.scope, self.inventory_path)
         self.lock = take_deploy_lock(self.project)
@@ -204,12 +203,9 @@ class Run:
         self._settle_failure: GateFailed | None = None
         current_state.add_callback_handler(_ErrorWatch(self))
         atexit.register(self.finish)
-        # A Slurm stack is one job: deploy.py hands the login host to its operations (deploy/slurm/ops.py).
-        self.slurm = None
-        if slurm:
-            from knobkeeper.deploy.slurm.ops import SlurmRun
-
-            self.slurm = SlurmRun(self)
+        # The target's operations for each host (deploy.py): the hosts' restarts in order (deploy/hosts.py),
+        # or a Slurm job submitted from its login host (deploy/slurm/ops.py).
+        self.target_run = self.target.begin(self)
 
     def preflight(self) -> None:
         """What can be known to fail before anything runs anywhere, one line each (UserError): no

@@ -28,6 +28,7 @@ from knobkeeper.deploy.observe import (failed_gate_words, hand_edits, host_shell
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.render import parse_meta, render_stack, strip_header
 from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
+from knobkeeper.deploy.target import target_of
 from knobkeeper.deploy.topology import Role, downstream
 from knobkeeper.project import Project
 
@@ -265,14 +266,10 @@ def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] 
     gated = set(scope) | downstream(stack.order, stack.roles, scope)
     roles = []
     counts = {"restart": 0, "start": 0, "unchanged": 0, "unknown": 0}
-    from knobkeeper.deploy.slurm.job import is_slurm
-
-    job = None
-    if is_slurm(stack):  # one job: a new one (and why) or the running one kept (deploy/slurm/decide.py)
-        from knobkeeper.deploy.slurm.status import job_plan
-
-        with host_shell(inventory) as shell:
-            job = job_plan(shell, stack, rendered, options.restart)
+    target = target_of(stack)
+    with host_shell(inventory) as shell:  # a Slurm stack: one job, a new one (and why) or the running one kept
+        job = target.job_plan(shell, rendered, options.restart)
+    if job is not None:                  # the unit restarts every role, gated
         scope, gated = list(stack.order), set(stack.order)
     with host_shell(inventory) as shell:
         for role in stack.order:
@@ -311,7 +308,7 @@ def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] 
                         "knob_overrides": options.knob_overrides},
             "counts": counts, "roles": roles, "unreachable": dict(shell.errors),
             "engine_warnings": engine_warnings(project, str(inventory_path)),
-            **({"slurm": {k: v for k, v in job.items() if k != "services"}} if job is not None else {})}
+            **({target.kind: {k: v for k, v in job.items() if k != "services"}} if job is not None else {})}
 
 
 def engine_warnings(project: Project, inventory_path: str) -> list[str]:

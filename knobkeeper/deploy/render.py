@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import jinja2
 
 from knobkeeper import gitio
+from knobkeeper.deploy.target import target_of
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import Catalog, Value
 
@@ -376,11 +377,10 @@ def render_stack(
                                     {svc.key: svc.role for svc in stack.services})
     source = source or source_of(project.root)
     out: dict[tuple[str, str], RenderedService] = {}
-    from knobkeeper.deploy.slurm.job import is_slurm, render_job, runtime_commands
-
-    # Under Slurm the job places the services: their launch scripts name their ports and a router's
-    # workers by placement tokens, filled on the nodes (deploy/slurm/job.py); elsewhere the inventory's.
-    commands = runtime_commands(stack) if is_slurm(stack) else stack.commands
+    target = target_of(stack)
+    # The target says each service's command line: the inventory's on hosts; under Slurm, where the
+    # job places the services, with placement tokens filled on the nodes (deploy/slurm/job.py).
+    commands = target.commands()
     for role in stack.order:
         key = stack.scope(role)  # [decode], or [vllm.decode] for an inventory of stack "vllm"
         values = dict(declared.get(key, {}))
@@ -408,9 +408,7 @@ def render_stack(
                     source=source, templates_dir=project.templates_dir, environment=env,
                     instance_env=svc.family.instance_environment(svc, plan.data), scope=key,
                 )
-    if is_slurm(stack):
-        # A Slurm stack runs as one job: its script (every component's launch script inside) is a
-        # rendered file too, keyed (login host, job name), role JOB_ROLE: review shows it, check lints it.
-        job = render_job(project, stack, out, source)
-        out[(job.service.host, job.service.name)] = job
+    # A Slurm stack's job script (every component's launch script inside) is a rendered file too,
+    # keyed (login host, job name): review shows it, check lints it.
+    out.update(target.extra_files(project, out, source))
     return out

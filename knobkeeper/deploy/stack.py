@@ -50,6 +50,7 @@ from typing import Any, Iterator, Mapping
 
 from knobkeeper.deploy.engines import engine_command, workers_of
 from knobkeeper.deploy.model import HostPlan, Service, Stack, Supervisor
+from knobkeeper.deploy.target import target_of
 from knobkeeper.deploy.topology import ROLE_PREFIX, Role, deploy_order, role_from_data
 from knobkeeper.engine import SIM, role_engine
 from knobkeeper.engine.pins import stack_of
@@ -199,10 +200,7 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
         raise UserError(f"inventory {name}: hosts name different stacks ({', '.join(sorted(s or '(none)' for s in named))}); "
                         f"set data stack once, in the inventory or group_data")
     stack = Stack(inventory=name, roles=roles, order=order, hosts=plans, stack=next(iter(named), ""))
-    from knobkeeper.deploy.slurm.job import is_slurm, settings_of
-
-    if is_slurm(stack):
-        settings_of(stack)  # the Slurm data is checked with the rest (knobkeeper/deploy/slurm/job.py)
+    target_of(stack).check()  # the target's own data (a Slurm job's settings) with the rest
     workers = workers_of(stack.services)
     for svc in stack.services:
         stack.commands[(svc.host, svc.name)] = engine_command(svc, stack.hosts[svc.host].data, workers)
@@ -286,10 +284,4 @@ def running_stack(project_root: Path, inventory_path: str | os.PathLike, data: M
     incident snapshots). A service of a Slurm stack that is not placed keeps the inventory's values."""
     inventory = load_inventory(project_root, inventory_path, data)
     stack = stack_from_inventory(inventory, Path(inventory_path).stem)
-    from knobkeeper.deploy.slurm.job import is_slurm
-
-    if not is_slurm(stack):
-        return stack
-    from knobkeeper.deploy.slurm.status import placed_stack
-
-    return placed_stack(inventory, stack)
+    return target_of(stack).placed(inventory)

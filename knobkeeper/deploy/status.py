@@ -36,6 +36,7 @@ from knobkeeper.deploy.plan import change_reasons
 from knobkeeper.changelog.secrets import secret_mismatch
 from knobkeeper.deploy.render import render_stack
 from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
+from knobkeeper.deploy.target import target_of
 from knobkeeper.knobs.catalog import load_catalog
 from knobkeeper.project import Project
 
@@ -123,53 +124,53 @@ def stack_status(project: Project, inventory_path: str, data: Mapping[str, Any] 
     stack = stack_from_inventory(inventory, Path(inventory_path).stem)
     rendered = render_stack(project, stack)
     secrets = secret_problems(project, stack)
-    from knobkeeper.deploy.slurm.job import is_slurm
-
-    if is_slurm(stack):  # one job for the stack: squeue, the script Slurm kept, the placements (deploy/slurm)
-        from knobkeeper.deploy.slurm.status import slurm_status
-
-        with host_shell(inventory) as shell:
-            return slurm_status(shell, stack, rendered, secrets)
-    out: list[ServiceStatus] = []
     with host_shell(inventory) as shell:
-        services = sorted(stack.services, key=lambda s: (stack.order.index(s.role), s.host, s.name))
-        seen = {svc.key: observe(shell, stack.hosts[svc.host], svc) for svc in services}
-        _mark_restart_loops(shell, stack, services, seen)
-        engines = {name: engine_drift(shell, plan) for name, plan in stack.hosts.items() if name not in shell.errors}
-        for svc in services:
-            want = rendered[(svc.host, svc.name)]
-            look = seen[svc.key]
-            if look is None:
-                out.append(ServiceStatus(svc.host, svc.name, svc.role, "unknown", None, "unreachable",
-                                         want.digest, None, [shell.errors.get(svc.host, "could not connect")]))
-                continue
-            started = look["started"] or {}
-            running_digest = started.get("digest")
-            diffs: list[str] = []
-            failed = look.get("failed_gate")
-            if not look["running"]:
-                state = "down"
-                if failed:
-                    diffs = [f"{str(look['state']).lower()}: {failed_gate_words(failed)}"]
-            else:
-                diffs = knob_drift(want.knobs, started.get("knobs") or {})
-                edits = hand_edits(want.launch, look["launch"])
-                if edits and (any(": running " in e for e in edits) or running_digest == want.digest):
-                    diffs = _merge(diffs, edits)
-                if running_digest != want.digest and not diffs:
-                    diffs = _file_changes(svc, want, look) if running_digest else ["started outside knobkeeper (no started.sh)"]
-                if failed:
-                    diffs.append(f"running without a passed gate ({failed_gate_words(failed)}): a deploy restarts it")
-                state = "drifted" if diffs else "in sync"
-            problems = secrets.get(svc.role, []) + engines.get(svc.host, [])
-            if problems:
-                diffs = diffs + problems
-                state = "drifted" if state == "in sync" else state
-            out.append(ServiceStatus(
-                host=svc.host, service=svc.name, role=svc.role, state=state, pid=look["pid"],
-                manager_state=look["state"], declared_digest=want.digest, running_digest=running_digest,
-                differences=diffs, started_from=started.get("source"),
-            ))
+        return target_of(stack).status(shell, rendered, secrets)
+
+
+def hosts_status(shell: HostShell, stack: Any, rendered: Mapping[tuple[str, str], Any],
+                 secrets: Mapping[str, list[str]]) -> list[ServiceStatus]:
+    """The hosts target's status (deploy/hosts.py): each service's manager state, started.sh and files
+    on its host, against the fresh render."""
+    out: list[ServiceStatus] = []
+    services = sorted(stack.services, key=lambda s: (stack.order.index(s.role), s.host, s.name))
+    seen = {svc.key: observe(shell, stack.hosts[svc.host], svc) for svc in services}
+    _mark_restart_loops(shell, stack, services, seen)
+    engines = {name: engine_drift(shell, plan) for name, plan in stack.hosts.items() if name not in shell.errors}
+    for svc in services:
+        want = rendered[(svc.host, svc.name)]
+        look = seen[svc.key]
+        if look is None:
+            out.append(ServiceStatus(svc.host, svc.name, svc.role, "unknown", None, "unreachable",
+                                     want.digest, None, [shell.errors.get(svc.host, "could not connect")]))
+            continue
+        started = look["started"] or {}
+        running_digest = started.get("digest")
+        diffs: list[str] = []
+        failed = look.get("failed_gate")
+        if not look["running"]:
+            state = "down"
+            if failed:
+                diffs = [f"{str(look['state']).lower()}: {failed_gate_words(failed)}"]
+        else:
+            diffs = knob_drift(want.knobs, started.get("knobs") or {})
+            edits = hand_edits(want.launch, look["launch"])
+            if edits and (any(": running " in e for e in edits) or running_digest == want.digest):
+                diffs = _merge(diffs, edits)
+            if running_digest != want.digest and not diffs:
+                diffs = _file_changes(svc, want, look) if running_digest else ["started outside knobkeeper (no started.sh)"]
+            if failed:
+                diffs.append(f"running without a passed gate ({failed_gate_words(failed)}): a deploy restarts it")
+            state = "drifted" if diffs else "in sync"
+        problems = secrets.get(svc.role, []) + engines.get(svc.host, [])
+        if problems:
+            diffs = diffs + problems
+            state = "drifted" if state == "in sync" else state
+        out.append(ServiceStatus(
+            host=svc.host, service=svc.name, role=svc.role, state=state, pid=look["pid"],
+            manager_state=look["state"], declared_digest=want.digest, running_digest=running_digest,
+            differences=diffs, started_from=started.get("source"),
+        ))
     return out
 
 
@@ -232,16 +233,15 @@ def started_knobs(project: Project, inventory_path: str, data: Mapping[str, Any]
     on its host, or (Slurm) the serving job's script. What `ab run` checks after each switch."""
     inventory = load_inventory(project.root, inventory_path, data)
     stack = stack_from_inventory(inventory, Path(inventory_path).stem)
-    from knobkeeper.deploy.slurm.job import is_slurm
-
     with host_shell(inventory) as shell:
-        if is_slurm(stack):
-            from knobkeeper.deploy.slurm.status import started_knobs as job_knobs
+        return target_of(stack).started_knobs(shell)
 
-            return job_knobs(shell, stack)
-        out: dict[str, Any] = {}
-        for svc in stack.services:
-            seen = observe(shell, stack.hosts[svc.host], svc)
-            started = (seen or {}).get("started") if seen and seen.get("running") else None
-            out[svc.key] = started.get("knobs") if isinstance(started, dict) else None
-        return out
+
+def hosts_started_knobs(shell: HostShell, stack: Any) -> dict[str, Any]:
+    """The hosts target's started knobs: each running service's started.sh record on its host."""
+    out: dict[str, Any] = {}
+    for svc in stack.services:
+        seen = observe(shell, stack.hosts[svc.host], svc)
+        started = (seen or {}).get("started") if seen and seen.get("running") else None
+        out[svc.key] = started.get("knobs") if isinstance(started, dict) else None
+    return out

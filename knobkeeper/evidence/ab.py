@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping
 
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge
+from knobkeeper.deploy.target import target_of
 from knobkeeper.evidence import validity
 from knobkeeper.evidence.model import Arm, Evidence, KnobSeen, Run, Schedule, Sequential, Setup
 from knobkeeper.evidence.search import (CONTROL, Design, Harness, LoadFn, Probes, Rules, Search, Searched, Switch,
@@ -212,10 +213,8 @@ def deploy_harness(project, inventory: str, role: str, knob: str, what: str = "a
 
     stack = load_stack(project.root, inventory)
     router = next((s for s in stack.services if s.role == "router"), None)
-    from knobkeeper.deploy.slurm.job import is_slurm
-
     endpoint: str | Callable[[], str] | None = router.url if router else None
-    if router is not None and is_slurm(stack):
+    if router is not None and target_of(stack).placed_per_run:
         def endpoint() -> str:  # a Slurm job's router moves with each job: where the running one is
             return next(s for s in running_stack(project.root, inventory).services if s.key == router.key).url
 
@@ -291,9 +290,8 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     stack = load_stack(project.root, inventory)
     services = [s for s in stack.services if s.role == role]
     prefills = [s for s in stack.services if s.role == "prefill"] if role != "prefill" else []
-    from knobkeeper.deploy.slurm.job import is_slurm
-
-    where = "the job's script" if is_slurm(stack) else "started.sh"
+    target = target_of(stack)
+    where = target.started_record
 
     def knob_probe(arm: dict) -> KnobSeen:
         worst = None
@@ -307,7 +305,7 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
 
     def prefill_tokens() -> float | None:
         total = 0.0
-        placed = {s.key: s for s in running_stack(project.root, inventory).services} if is_slurm(stack) else {}
+        placed = {s.key: s for s in running_stack(project.root, inventory).services} if target.placed_per_run else {}
         for svc in prefills:
             value = prompt_tokens_total(placed.get(svc.key, svc).url, svc.family.metrics.prompt_tokens)
             if value is None:
@@ -318,7 +316,7 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     from knobkeeper.evidence.metrics import ProcessWatch, targets_of
 
     def workers():   # every engine worker of the stack (a prefill crash spoils a decode A/B too)
-        return targets_of(running_stack(project.root, inventory) if is_slurm(stack) else stack)
+        return targets_of(running_stack(project.root, inventory) if target.placed_per_run else stack)
 
     return Probes(knob=knob_probe, prefill_tokens=prefill_tokens if prefills else None,
                   workers=ProcessWatch(workers))

@@ -70,10 +70,6 @@ JOB_GRACE_S = 30
 MAX_SCRIPT_SIZE = 4 * 1024 * 1024
 
 
-def is_slurm(stack: Any) -> bool:
-    return any(plan.manager == MANAGER for plan in stack.hosts.values())
-
-
 def token(service: str, name: str) -> str:
     """The placement token of one component's `name` (host, port, bootstrap_port, metrics_port)."""
     return f"@kk:{service}:{name}@"

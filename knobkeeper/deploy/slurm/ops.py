@@ -1,7 +1,7 @@
-"""The deploy of a Slurm stack, inside pyinfra: deploy.py calls `run.slurm.operations(plan)` for the
-login host instead of the per-host restarts. A job's environment cannot change (`scontrol update
-Environment=` is refused), so a change is a new job, and the old one serves until the new one passed
-every gate:
+"""The deploy of a Slurm stack, inside pyinfra: deploy.py calls `run.target_run.operations(plan)`, a
+SlurmRun for the login host (deploy/slurm/target.py), instead of the per-host restarts. A job's
+environment cannot change (`scontrol update Environment=` is refused), so a change is a new job, and
+the old one serves until the new one passed every gate:
 
     upload        the job script (and secrets, 0600) to {prefix}/slurm/ on the login host
     submit        the stack's jobs by name (squeue): one running the rendered digest -> keep it, submit
@@ -44,7 +44,7 @@ ENDING_WAIT_S = 10.0
 
 
 class SlurmRun:
-    """The Slurm half of one deploy run (operations.Run builds it for a Slurm stack)."""
+    """The Slurm target's part of one deploy run (SlurmTarget.begin, while deploy.py loads)."""
 
     def __init__(self, run: Any) -> None:
         self.run = run

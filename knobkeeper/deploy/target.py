@@ -1,0 +1,78 @@
+"""A stack's deploy target: where its services run and how a deploy reaches them.
+
+Two kinds, one interface:
+
+    hosts   pyinfra's hosts (over SSH, or @local): a supervisord or systemd service per engine process
+            on each, addressed as the inventory says (knobkeeper/deploy/hosts.py)
+    slurm   the whole stack as one Slurm job submitted from a login host; each job places the
+            services on its allocation's nodes anew (knobkeeper/deploy/slurm/target.py)
+
+The rest of the controller asks `target_of(stack)` and calls a method; it never asks which kind it
+holds. A third kind (Kubernetes) is a class with these methods and a row in TARGETS.
+
+    >>> target_of(stack).kind, target_of(stack).started_record
+    ('slurm', "the job's script")
+
+TARGETS names the implementations by module path, imported on first use (as pyinfra names its
+connectors): they import the modules that call them (render, plan, status, operations), so this
+module imports none of them and no import circle hides behind a function-level import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping, Protocol
+
+# A host's `manager` (inventory data) -> the target that deploys a stack with such a host. A stack
+# whose hosts name no manager here is deployed to its hosts (supervisord, systemd).
+TARGETS = {"slurm": "knobkeeper.deploy.slurm.target:SlurmTarget"}
+HOSTS = "knobkeeper.deploy.hosts:HostsTarget"
+
+Key = tuple[str, str]  # (host, service name), as render_stack keys its output
+
+
+class TargetRun(Protocol):
+    """A target's part of one deploy run, built while deploy.py loads (bad input: UserError, exit 2)."""
+
+    def operations(self, plan: Any) -> None:
+        """The pyinfra operations for `plan`'s host: upload, restart in order, gate (deploy.py)."""
+
+
+class Target(Protocol):
+    kind: str
+    started_record: str    # what holds a running service's started knob values (ab run's probe says it)
+    placed_per_run: bool   # each deploy places the services anew: their addresses come from the running stack
+    partial_deploys: bool  # `only=ROLE` restarts that role while the others keep serving (checked up first)
+
+    def check(self) -> None:
+        """The target's own inventory data, checked when the stack loads (UserError naming the key)."""
+
+    def commands(self) -> Mapping[Key, list[str]]:
+        """Each service's engine command line as its launch script runs it."""
+
+    def extra_files(self, project: Any, rendered: Mapping[Key, Any], source: Any) -> dict[Key, Any]:
+        """Rendered files beyond the services' own (a job script holding them): review shows them, check lints them."""
+
+    def begin(self, run: Any) -> TargetRun:
+        """This target's part of the deploy run `run` (operations.DeployRun)."""
+
+    def placed(self, inventory: Any) -> Any:
+        """The stack with every service where it runs now (a Stack)."""
+
+    def job_plan(self, shell: Any, rendered: Mapping[Key, Any], restart: str) -> dict[str, Any] | None:
+        """A target whose deploy is one unit plans it whole: {"services": {name: (action, reason,
+        changes)}, ...what `plan` shows of the unit}; None: each service is planned on its host."""
+
+    def status(self, shell: Any, rendered: Mapping[Key, Any], secrets: Mapping[str, Any]) -> list[Any]:
+        """`knobkeeper status`'s rows (deploy.status.ServiceStatus), in the stack's order."""
+
+    def started_knobs(self, shell: Any) -> dict[str, Any]:
+        """{service key: the knob values it was started with, or None when it does not run}."""
+
+
+def target_of(stack: Any) -> Target:
+    """The target that deploys `stack` (deploy.model.Stack)."""
+    managers = sorted({plan.manager for plan in stack.hosts.values()})
+    path = next((TARGETS[m] for m in managers if m in TARGETS), HOSTS)
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)(stack)
