@@ -91,16 +91,21 @@ def judged(real_stack):
           f"pick {block['pick']}", f"search {block['wall_s']} s, {len(block['blocks'])} blocks: {block['stopped']}",
           f"confirm {block['confirm']}", f"looks {block['looks']}")
     assert arms == {"A": BAD, "B": GOOD, "C": OTHER}                  # the control is what the stack declares
-    # the search: both candidates far better than the control at the family level (> 2x). Which of the
-    # two leads is the noise's: "1" beat "nobind" by ~1.7x on a quiet machine, too little to be told
-    # apart in 3 blocks, and the sim half of the suite runs beside this one (one core more or less
-    # for decode's own): the pick is the best by score of the two, whichever it is, and confirmed.
-    for arm in ("B", "C"):
-        [cell] = block["judgement"][arm]["levels"]
-        assert cell["verdict"] == "better" and cell["effect"] > 1.0, (arm, cell)
-    assert {look["leader"] for look in block["looks"]} <= {"B", "C"}, block["looks"]
+    # the search: the pick far better than the control at the family level (> 2x). Which of the two
+    # candidates leads is the noise's: "1" beat "nobind" by ~1.7x on a quiet machine, too little to be
+    # told apart in 3 blocks, and the sim half of the suite runs beside this one (one core more or less
+    # for decode's own): the pick is the best by score of the two, whichever it is, and confirmed. The
+    # other one is never worse than the control; better or inconclusive is the noise's (unbound
+    # threads beside the sim half came out inconclusive once: 3 runs an arm, Holm over the family).
     picked = block["pick"]["knobs"][KNOB]
     assert block["pick"]["outcome"] == "adopt" and picked in (GOOD, OTHER), block["pick"]
+    for arm in ("B", "C"):
+        [cell] = block["judgement"][arm]["levels"]
+        if arms[arm] == picked:
+            assert cell["verdict"] == "better" and cell["effect"] > 1.0, (arm, cell)
+        else:
+            assert cell["verdict"] in ("better", "inconclusive"), (arm, cell)
+    assert {look["leader"] for look in block["looks"]} <= {"B", "C"}, block["looks"]
     assert block["pick"]["confirmed"] is True and arms[block["confirm"]["arm"]] == picked
     assert not block["failed"] and all(row["order"][0:1] and "A" in row["order"] for row in block["blocks"])
     # the confirming A/B on fresh restarts is the evidence's own: the control against the pick, ABBA
