@@ -799,11 +799,17 @@ router = [("@local", _d)]
     from knobkeeper.changelog.incidents import load_incidents
 
     ident = load_incidents(project)[0].id
-    load = Load(pd["router"], 8, concurrency=16)
-    time.sleep(2)
-    busy = kk(project, "incident", "snapshot", ident, "--inventory", "inventory/snap.py", "--window", "1")
-    load.join()
-    time.sleep(1)
+    # The load runs until the busy snapshot is taken and is stopped by its PID before the idle one: a
+    # load of fixed length could end before a busy machine reached the snapshot's second scrape
+    # (a fresh clone's make test saw running 0 beside 2172 tok/s over the window).
+    load = load_process(pd)
+    try:
+        _wait_running(dec.port, lambda n: n > 0)
+        busy = kk(project, "incident", "snapshot", ident, "--inventory", "inventory/snap.py", "--window", "1")
+    finally:
+        stop(load)
+    _wait_running(dec.port, lambda n: n == 0)
+    time.sleep(0.5)   # the last tokens counted before the idle snapshot's first scrape
     idle = kk(project, "incident", "snapshot", ident, "--inventory", "inventory/snap.py", "--window", "1")
     assert busy.exit_code == 0 and idle.exit_code == 0, busy.output + idle.output
     snaps = sorted((project.root / "changelog" / "incidents").rglob("snapshot-*.json"))
@@ -819,6 +825,17 @@ router = [("@local", _d)]
     assert shown.count("snapshot (changelog/incidents/") == 2 and "running 0, queued 0, 0.0 tok/s" in shown, shown
     log = subprocess_log(project)
     assert log.count("Action: snapshot") == 2
+
+
+def _wait_running(port: int, ok, timeout: float = 60) -> None:
+    """Until the sim engine on `port` shows a running-requests gauge that `ok` accepts."""
+    deadline, seen = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        seen = metrics.parse(metrics.fetch(f"http://127.0.0.1:{port}/metrics"))["gauges"].get("sglang:num_running_reqs")
+        if seen is not None and ok(seen):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"decode on port {port}: running gauge {seen} after {timeout} s")
 
 
 def subprocess_log(project) -> str:

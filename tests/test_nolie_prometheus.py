@@ -136,6 +136,30 @@ def test_a_candidate_crash_seen_through_prometheus_is_worse_and_stops_the_window
     assert store.verify(store.load(project, out.doc.id)) == []
 
 
+def test_check_accepts_a_target_whose_last_scrape_failed(stack):
+    """One failed scrape marks a target's series stale until the next: an instant query misses it,
+    and check refused a target that was labelled right (a busy exporter past its 250-ms scrape
+    timeout, in a fresh clone's make test). Check asks for a sample within Prometheus's lookback."""
+    workers, prom = stack["workers"], stack["prom"]
+    source = metrics.PrometheusSource(prom.url, [w.target for w in workers], SCRAPE)
+    down = workers[1]
+    os.kill(down.proc.pid, signal.SIGKILL)
+    down.proc.wait(10)
+    try:
+        deadline = time.monotonic() + 30
+        while any(r["metric"].get(metrics.LABEL) == down.target.key for r in source.query("sglang:generation_tokens_total")):
+            assert time.monotonic() < deadline, "Prometheus never marked the killed exporter's series stale"
+            time.sleep(0.1)
+        source.check()   # the series is stale this instant, not missing
+        gone = metrics.PrometheusSource(prom.url, [metrics.Target(key="h3/decode", host="h3", role="decode",
+                                                                  url="http://127.0.0.1:1/metrics")], SCRAPE)
+        with pytest.raises(UserError, match="no sglang:generation_tokens_total series for h3/decode"):
+            gone.check()  # a target Prometheus never scraped is still refused
+    finally:
+        down.launch()
+        prom.wait_scraped(2)
+
+
 def test_prometheus_dying_mid_canary_stops_it_within_a_poll_and_puts_the_hosts_back(stack, tmp_path):
     """Last in the module: it kills the module's Prometheus."""
     project = make_infra_repo(tmp_path)

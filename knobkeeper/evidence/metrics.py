@@ -549,9 +549,15 @@ class PrometheusSource:
                                                  "step": duration_text(step)})["result"]
 
     def check(self) -> None:
-        """UserError when Prometheus is unreachable or holds no token series for some target."""
+        """UserError when Prometheus is unreachable or holds no token series for some target.
+
+        A series counts when Prometheus holds a sample of it within its own default lookback (5m),
+        not only when it is live this instant: one scrape that timed out marks a target's series
+        stale until the next, and a plain instant query then misses it (a fresh clone's make test
+        saw a busy exporter miss its 250-ms scrape timeout for 2.5 s, `up` 0, and check refuse a
+        target that was labelled right). A target never labelled has no sample at all."""
         for names in dict.fromkeys(t.metrics for t in self.targets):
-            found = {r["metric"].get(LABEL) for r in self.query(names.tokens)}
+            found = {r["metric"].get(LABEL) for r in self.query(f"last_over_time({names.tokens}[5m])")}
             missing = [t.key for t in self.targets if t.metrics == names and t.key not in found]
             if missing:
                 raise UserError(f"--source prometheus {self.url}: no {names.tokens} series for {', '.join(missing)} "
