@@ -13,7 +13,7 @@ import pytest
 
 from knobkeeper.evidence import store
 from knobkeeper.evidence import validity
-from knobkeeper.evidence.model import SCHEMA_1, Evidence, Family, KnobSeen, Setup, Workload
+from knobkeeper.evidence.model import SCHEMA_1, Evidence, Adjustment, KnobSeen, Setup, Workload
 from knobkeeper.evidence.schema import validate
 from tests.infra import git
 
@@ -44,7 +44,7 @@ def test_the_json_written_reads_back_as_the_same_evidence_and_keeps_what_it_does
     # read by key, as the file reads; a key written coerces to its typed part
     assert doc["judgement"]["levels"][0]["verdict"] == doc.judgement.levels[0].verdict == "better"
     doc["judgement"]["family"] = {"method": "holm", "alpha": 0.05, "size": 3}
-    assert isinstance(doc.judgement.family, Family) and doc.judgement.family.size == 3
+    assert isinstance(doc.judgement.family, Adjustment) and doc.judgement.family.size == 3
     assert "p_sequential" not in doc.judgement.levels[0] and "p_adjusted" in doc.judgement.levels[0]
     assert to_json_is_a_copy(doc)
 

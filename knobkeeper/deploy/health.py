@@ -31,7 +31,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +39,7 @@ from typing import Callable, Iterable
 
 from knobkeeper import fmt
 from knobkeeper.deploy.model import Service, Stack
+from knobkeeper.deploy.onhost import RunOnHost, say as say_line
 from knobkeeper.engine.routers import workers_healthy
 from knobkeeper.deploy.topology import downstream
 from knobkeeper.errors import UserError
@@ -54,9 +54,6 @@ GAVE_UP_EVERY_S = 3.0
 QUIET_S = 5.0  # a wait shorter than this prints nothing
 PROGRESS_EVERY_S = 10.0
 IDENTITY_MARKER = "knobkeeper-identity"
-
-RunOnHost = Callable[[str], list[str]]
-
 
 def probe(url: str, timeout: float = 2.0) -> tuple[int | None, str, bytes]:
     """(HTTP status or None, words for it, body)."""
@@ -228,10 +225,6 @@ class Settling:
     status: str           # the health answer seen
 
 
-def _say(text: str) -> None:
-    print(f"knobkeeper: {text}", file=sys.stderr, flush=True)
-
-
 # What a service manager says once it has given up starting a program (supervisord after its
 # startretries; systemd after its restart limit).
 GAVE_UP = ("FATAL", "FAILED")
@@ -345,7 +338,7 @@ def _from_marker(lines: list[str], marker: str, pid: int | None) -> list[str] | 
 
 
 def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: RunOnHost, ctl: str, *,
-              settle: float = 0.0, say: Callable[[str], None] = _say, restarted: bool = False,
+              settle: float = 0.0, say: Callable[[str], None] = say_line, restarted: bool = False,
               defer: bool = False) -> GateOutcome | Settling:
     """Wait (up to `timeout` s) until `svc` is healthy and it is the supervised process that answers;
     with `settle`, also until it stayed so (same PID) for that long: waited out here, or with `defer`

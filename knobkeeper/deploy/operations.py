@@ -35,7 +35,7 @@ A restart that was decided but never issued (a gate before it failed, or its por
 recorded as not done: the row says "unchanged" and why, never "restarted".
 
 Unreachable hosts: a host pyinfra could not connect to fails the run before any operation (config.py
-sets FAIL_PERCENT = 0; the Run checks too, naming the hosts).
+sets FAIL_PERCENT = 0; the DeployRun checks too, naming the hosts).
 
 Ordering: every host registers the gate of every role, even with no service of that role, so the
 gate is an operation all hosts share; pyinfra runs an operation on all its hosts and finishes it
@@ -95,6 +95,7 @@ from knobkeeper.deploy.plan import decide, role_batches
 from knobkeeper.deploy.record import (DeployRecord, Gate, Rollback, ServiceRow, drop_journal, journal_path,
                                       recover_interrupted, save, take_deploy_lock, write_journal)
 from knobkeeper.deploy.observe import parse_service_state, state_command
+from knobkeeper.deploy.onhost import GateFailed, on_host, say
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
 from knobkeeper.deploy.stack import stack_from_inventory
 from knobkeeper.deploy.target import target_of
@@ -109,10 +110,6 @@ PATH = "/usr/local/bin:/usr/bin:/bin"
 def _engine_label(svc: Service) -> str:
     """The engine and version the service's role pins, e.g. "vllm 0.32.0" (knobkeeper.engine.role_engine)."""
     return f"{svc.engine} {svc.engine_version}" if svc.engine_version else svc.engine
-
-
-class GateFailed(Exception):
-    """A service did not become healthy in time; the message names host, service, URL, last status."""
 
 
 # --- facts ---------------------------------------------------------------------------------------
@@ -147,7 +144,7 @@ class SupervisordPid(FactBase):
 # --- the run (controller side) ---------------------------------------------------------------------
 
 
-class Run:
+class DeployRun:
     """Everything one pyinfra process knows about its deploy; built once, shared by all hosts."""
 
     def __init__(self, inventory: Any) -> None:
@@ -270,7 +267,7 @@ class Run:
 
     def note_versions(self, host_name: str, venv: str, pinned: dict[str, str]) -> None:
         """Record what the venv has of every pinned distribution; a pin pip did not meet fails the run."""
-        installed = parse_versions(_on()(versions_command(venv, pinned)), pinned)
+        installed = parse_versions(on_host()(versions_command(venv, pinned)), pinned)
         self.record.engine_versions[host_name] = installed
         drift = version_drift(pinned, installed)
         if drift:
@@ -289,15 +286,15 @@ class Run:
         wheelhouse = plan.data.get("engine_wheelhouse")
         if wheelhouse and env.wheelhouse:
             vllm_install.preflight(env, Path(str(wheelhouse)).expanduser())
-        _say(f"installing {env.name} into {env.path} (cold: minutes; pip's log {env.path}.log)")
+        say(f"installing {env.name} into {env.path} (cold: minutes; pip's log {env.path}.log)")
         started = time.monotonic()
-        lines = _on(host)(vllm_install.install_command(env))
+        lines = on_host(host)(vllm_install.install_command(env))
         state, versions, error = vllm_install.parse_install(lines)
         if error is not None:
             self.error = self.error or vllm_install.failure_line(env, lines)
             raise UserError(self.error)
         self.note_engine(plan.name, env, state, versions)
-        _say(f"{env.name}: {state} in {time.monotonic() - started:.1f} s")
+        say(f"{env.name}: {state} in {time.monotonic() - started:.1f} s")
 
     def build_model(self, plan: HostPlan, env: Any, model: Path) -> None:
         from knobkeeper.engine import tiny_model as tm
@@ -305,7 +302,7 @@ class Run:
         if plan.name != "@local":
             raise UserError(f"host {plan.name}: data tiny_model_seed: the tiny model is built on the local host only")
         seed = int(plan.data["tiny_model_seed"])
-        _say(f"building the tiny model (a stand-in for your model, seed {seed}) into {model}")
+        say(f"building the tiny model (a stand-in for your model, seed {seed}) into {model}")
         try:
             tm.build(model, seed=seed, python=f"{env.bin}/python")
         except UserError as exc:
@@ -339,7 +336,7 @@ class Run:
 
     def wait(self, plan: HostPlan, svc: Service, settle: float, host: Any = None, restarted: bool = False,
              defer: bool = False) -> GateOutcome | Settling:
-        return wait_gate(svc, self.expected_workers(), svc.health_timeout, _on(host), plan.ctl, settle=settle,
+        return wait_gate(svc, self.expected_workers(), svc.health_timeout, on_host(host), plan.ctl, settle=settle,
                          restarted=restarted, defer=defer)
 
     def gate(self, host_name: str, role: str, batch: int = 0) -> None:
@@ -376,7 +373,7 @@ class Run:
             error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {outcome.status} "
                      f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
             if "log says" not in outcome.status and " ends: " not in outcome.status:
-                error += "; " + log_says(svc, outcome.pid or row.pid, _on(host))   # e.g. its worker's SIGILL
+                error += "; " + log_says(svc, outcome.pid or row.pid, on_host(host))   # e.g. its worker's SIGILL
             if row.acted:   # a process this run started: rolled back (rollback=true) or stopped, never left
                 back = self.roll_back(plan, svc, host) if self.options.rollback else None
                 if back is not None:
@@ -400,7 +397,7 @@ class Run:
             if self._settle_failure is not None:
                 raise self._settle_failure
             pending, self.settling = list(self.settling.values()), {}
-            looks = [gevent.spawn(settled, p, self.expected_workers(), _on(host), plan.ctl)
+            looks = [gevent.spawn(settled, p, self.expected_workers(), on_host(host), plan.ctl)
                      for host, plan, _, p, _, _ in pending]
             gevent.joinall(looks)
             for (host, plan, svc, _, started, healthy_at), look in zip(pending, looks):
@@ -469,7 +466,7 @@ class Run:
                                                [(s.key, s.url) for s in decodes],
                                                str(data.get("served_model_name") or ""))
         self.record.pd_proof = words
-        _say(words)
+        say(words)
         if not ok:
             words += self.deaths_of(workers)
             self.record.pd_proof = words
@@ -482,7 +479,7 @@ class Run:
         something behind it failed); "" when none did."""
         out = ""
         for svc in services:
-            on_host, pid = _on(self.state.inventory.get_host(svc.host)), self.row(svc).pid
+            on_host, pid = on_host(self.state.inventory.get_host(svc.host)), self.row(svc).pid
             if svc.family.deaths(own_lines(svc, pid, on_host)):
                 out += f"; {svc.role} {svc.name}: {log_says(svc, pid, on_host)}"
         return out
@@ -493,13 +490,13 @@ class Run:
         family's per-instance ports (vLLM's NIXL side channel: taken, vLLM waits at start-up forever)."""
         from knobkeeper.deploy.health import identity_command, parse_identity
 
-        lines = _on(host)(identity_command(svc, plan.ctl, [port for _, port in svc.ports]))
+        lines = on_host(host)(identity_command(svc, plan.ctl, [port for _, port in svc.ports]))
         for name, port in (("", svc.port), *svc.ports):
             ident = parse_identity(lines, port)
             what = f"port {port}" + (f" ({name.replace('_', ' ')})" if name else "")
             if ident.stray and ident.leftover:
                 # what a killed run of this very service left: its launch script stops it first
-                _say(f"{svc.key}: {what} is held by {ident.holder_words()}; the restart stops it")
+                say(f"{svc.key}: {what} is held by {ident.holder_words()}; the restart stops it")
                 continue
             if not ident.stray:
                 continue
@@ -555,7 +552,7 @@ class Run:
 
 
 class _ErrorWatch(BaseStateCallback):
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: DeployRun) -> None:
         self.run = run
 
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):  # type: ignore[override]
@@ -565,14 +562,14 @@ class _ErrorWatch(BaseStateCallback):
         self.run.error = f"operation {names} failed on host {host.name}"
 
 
-_RUN: Run | None = None
+_RUN: DeployRun | None = None
 _RUN_ERROR: UserError | None = None
-# pyinfra loads deploy.py for every host at once, in gevent greenlets; building the Run yields (git,
-# file reads), so without this lock a second host would build a second Run and fail on the deploy lock.
+# pyinfra loads deploy.py for every host at once, in gevent greenlets; building the DeployRun yields (git,
+# file reads), so without this lock a second host would build a second DeployRun and fail on the deploy lock.
 _RUN_LOCK = gevent.lock.RLock()
 
 
-def current_run(inventory: Any) -> Run:
+def current_run(inventory: Any) -> DeployRun:
     """The run of this pyinfra process (deploy.py is executed once per host; this is built once)."""
     global _RUN, _RUN_ERROR
     with _RUN_LOCK:
@@ -580,7 +577,7 @@ def current_run(inventory: Any) -> Run:
             raise _RUN_ERROR
         if _RUN is None:
             try:
-                _RUN = Run(inventory)
+                _RUN = DeployRun(inventory)
             except UserError as exc:
                 _RUN_ERROR = exc
                 raise
@@ -610,7 +607,7 @@ class EngineEnvState(FactBase):
 
 
 @operation(is_idempotent=False)
-def engine_env(run: Run, plan: HostPlan, env: Any):
+def engine_env(run: DeployRun, plan: HostPlan, env: Any):
     """Build the cached engine environment unless the probe (the fact) says it is ready with every
     pin met; either way its versions go into the record. Second deploy: the probe only (~0.1 s)."""
     from knobkeeper.engine import vllm_install
@@ -625,7 +622,7 @@ def engine_env(run: Run, plan: HostPlan, env: Any):
 
 
 @operation(is_idempotent=False)
-def tiny_model(run: Run, plan: HostPlan, env: Any):
+def tiny_model(run: DeployRun, plan: HostPlan, env: Any):
     """The tiny model (a stand-in for your model) built into data `model` when that folder is absent:
     engine/tiny_model.py, run by the engine environment's python (the controller never imports torch)."""
     from knobkeeper.engine import tiny_model as tm
@@ -637,7 +634,7 @@ def tiny_model(run: Run, plan: HostPlan, env: Any):
     yield FunctionCommand(run.build_model, (plan, env, model), {})
 
 
-def engine(run: Run, plan: HostPlan) -> None:
+def engine(run: DeployRun, plan: HostPlan) -> None:
     """a. A host whose engines run from cached environments (data `engine_root`: vLLM's CPU build,
     knobkeeper/engine/vllm_install.py): each environment probed and built only when not ready, its
     versions recorded; on the local host the tiny model built when data `tiny_model_seed` is set and
@@ -738,7 +735,7 @@ def wheel_installed(venv: str, wheel: str, sha256: str, pip_args: list[str]):
            f"{shlex.join(pip_args)} {q(wheel)}")
 
 
-def supervisord(run: Run, plan: HostPlan) -> None:
+def supervisord(run: DeployRun, plan: HostPlan) -> None:
     """The host's own supervisord, config under {prefix}/supervisor/, started when it is not running."""
     if plan.supervisor is None:
         return
@@ -764,7 +761,7 @@ def supervisord_running(plan: HostPlan):
     )
 
 
-def upload(run: Run, plan: HostPlan) -> None:
+def upload(run: DeployRun, plan: HostPlan) -> None:
     """b. restart=none (upload only): every rendered file of this host's services in scope (and their
     secrets, 0600). Otherwise nothing here: a service's files are uploaded by the step that
     restarts it (service_state), so that no run leaves a launch script beside a process that was
@@ -783,7 +780,7 @@ def upload(run: Run, plan: HostPlan) -> None:
                               _if=lambda: any(op.did_change() for op in unit_ops))
 
 
-def service_files(run: Run, svc: Service) -> list[tuple[str, Any, str]]:
+def service_files(run: DeployRun, svc: Service) -> list[tuple[str, Any, str]]:
     """(remote path, source, mode) of every file a service's restart uploads: its rendered files and
     its secrets (0600, from the repo's secret store: checked before the run)."""
     rendered = run.rendered[(svc.host, svc.name)]
@@ -795,7 +792,7 @@ def service_files(run: Run, svc: Service) -> list[tuple[str, Any, str]]:
     return out
 
 
-def restart(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
+def restart(run: DeployRun, plan: HostPlan, role: str, batch: int = 0) -> None:
     """c. Restart, start or leave each of this host's services of `role` (decided at run time), when
     this host is in `batch` of the role."""
     if run.batch_of(plan.name, role) != batch:
@@ -805,7 +802,7 @@ def restart(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
 
 
 @operation(is_idempotent=False)
-def service_state(run: Run, plan: HostPlan, svc: Service):
+def service_state(run: DeployRun, plan: HostPlan, svc: Service):
     """Bring one service to its rendered state: start it if down, restart it if its files changed
     (or on a co-restart), else nothing; its files are uploaded in this step, right before its
     restart, and only then. Records the decision and when the restart was issued."""
@@ -898,39 +895,23 @@ def stop_shell(plan: HostPlan, svc: Service, deploy_id: str, status: str) -> str
     return f"{write} && {{ {stop}; }}"
 
 
-def gate(run: Run, plan: HostPlan, role: str, batch: int = 0) -> None:
+def gate(run: DeployRun, plan: HostPlan, role: str, batch: int = 0) -> None:
     """c/d. The role's health gate, registered on EVERY host (so it is also the batch's barrier)."""
     label = f"knobkeeper: gate {role}" + (f" batch {batch + 1}" if len(run.batch_numbers(role)) > 1 else "")
     python.call(name=label, function=run.gate, host_name=plan.name, role=role, batch=batch)
 
 
-def pd_proof(run: Run) -> None:
+def pd_proof(run: DeployRun) -> None:
     """e. After the gates: when this run restarted a prefill or decode whose family can prove its PD
     path (vLLM: decode's prompt tokens came over the connector), one request through the router."""
     python.call(name="knobkeeper: PD proof", function=run.prove_pd, _run_once=True)
 
 
-def finish(run: Run) -> None:
+def finish(run: DeployRun) -> None:
     python.call(name="knobkeeper: deploy record", function=run.finish, _run_once=True)
 
 
 # --- helpers -------------------------------------------------------------------------------------------
-
-
-def _say(text: str) -> None:
-    print(f"knobkeeper: {text}", file=sys.stderr, flush=True)
-
-
-def _on(host: Any = None):
-    """`run(command) -> output lines` on `host` (a pyinfra Host), default the host whose operation
-    runs (health identity checks; a pending settle is checked on its own host from any operation)."""
-    target = host or current_host
-
-    def run(command: str) -> list[str]:
-        _, output = target.run_shell_command(StringCommand(command))
-        return list(output.stdout_lines) + list(output.stderr_lines)
-
-    return run
 
 
 def _sha256(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""The options of one deploy, parsed and validated once: the deploy (operations.Run, from pyinfra's
+"""The options of one deploy, parsed and validated once: the deploy (operations.DeployRun, from pyinfra's
 --data), `plan`, the API's preflight and the CLI's choices all use DeployOptions.
 
     restart         changed (files changed or not running) | co (everything, in order) | none (upload only)

@@ -276,7 +276,7 @@ def find_record(project: Project, deploy_id: str) -> DeployRecord | None:
     return None
 
 
-# How a deploy that found the deploy lock held fails (operations.Run; the canary waits and retries on it).
+# How a deploy that found the deploy lock held fails (operations.DeployRun; the canary waits and retries on it).
 DEPLOY_BUSY = "another deploy of this repo is running"
 
 

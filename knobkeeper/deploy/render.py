@@ -56,6 +56,20 @@ class Source:
         return self.commit + (" (dirty)" if self.dirty else "")
 
 
+@dataclass(frozen=True)
+class WholeStack:
+    """What a change of a whole-stack file means, in its target's words (review's restart plan):
+
+        unit     "new Slurm job"
+        how      "gated in it, then the old job is cancelled (one job carries every component)"
+        why      "its own files are unchanged; a job's environment cannot change"
+    """
+
+    unit: str
+    how: str
+    why: str
+
+
 @dataclass
 class RenderedService:
     service: Any  # knobkeeper.deploy.stack.Service
@@ -68,6 +82,10 @@ class RenderedService:
     # A file's text as a review diffs it, where that is not the text itself: a Slurm job script
     # without the headers of the launch scripts it embeds (review shows each launch script's own).
     reviewed: dict[str, str] = field(default_factory=dict)
+    templates: dict[str, str] = field(default_factory=dict)  # remote path -> the template under templates/
+    # Set on a file that carries every component (a Slurm job script): when it changes, every
+    # component restarts with it, its own files changed or not.
+    whole_stack: WholeStack | None = None
 
     @property
     def launch(self) -> str:
@@ -108,7 +126,7 @@ def _template(templates_dir: Path, name: str) -> jinja2.Template:
         raise UserError(f"{templates_dir}/{name}:{exc.lineno}: {exc.message}") from None
 
 
-def _render(templates_dir: Path, name: str, context: dict[str, Any]) -> str:
+def render_template(templates_dir: Path, name: str, context: dict[str, Any]) -> str:
     try:
         return _template(templates_dir, name).render(**context)
     except jinja2.UndefinedError as exc:
@@ -204,7 +222,7 @@ def render_service(
     paths = [(service.launch_path, LAUNCH_TEMPLATE, "0755"), (service.manager_file, manager_template, "0644")]
     if service.manager == "slurm":
         paths = paths[:1]  # a Slurm component has no unit: the stack's job script starts it (deploy/slurm)
-    bare = {path: strip_header(_render(templates_dir, tpl, {**context, "header": []})) for path, tpl, _ in paths}
+    bare = {path: strip_header(render_template(templates_dir, tpl, {**context, "header": []})) for path, tpl, _ in paths}
     digest = content_digest(bare, shown)
     meta = {
         "service": service.name, "role": service.role, "host": service.host,
@@ -217,10 +235,11 @@ def render_service(
         service.launch_path: common + knob_lines + [META_PREFIX[2:] + json.dumps(meta, sort_keys=True)],
         service.manager_file: common,
     }
-    files = {path: _render(templates_dir, tpl, {**context, "header": headers[path]}) for path, tpl, _ in paths}
+    files = {path: render_template(templates_dir, tpl, {**context, "header": headers[path]}) for path, tpl, _ in paths}
     return RenderedService(
         service=service, files=files, modes={path: mode for path, _, mode in paths}, secrets=secrets,
         knobs=shown, provenance={n: provenance.get(n, "") for n in knobs}, digest=digest,
+        templates={path: tpl for path, tpl, _ in paths},
     )
 
 
@@ -238,7 +257,7 @@ def render_supervisord(plan: Any, source: Source, templates_dir: Path) -> dict[s
         "header": [f"supervisord of {plan.name}: rendered by knobkeeper", f"source: {source.label}"],
         "root": sup.root, "socket": sup.socket, "pidfile": sup.pidfile,
     }
-    return {sup.conf: _render(templates_dir, SUPERVISORD_TEMPLATE, context)}
+    return {sup.conf: render_template(templates_dir, SUPERVISORD_TEMPLATE, context)}
 
 
 def parse_meta(script_text: str) -> dict[str, Any] | None:

@@ -148,7 +148,7 @@ from statistics import median
 from typing import Any, Iterable, Mapping
 
 from knobkeeper.evidence.defaults import ALPHA
-from knobkeeper.evidence.model import (GUARDS, METRIC, Anomaly, Dropped, Family, Guard, Judgement, Level, Run,
+from knobkeeper.evidence.model import (GUARDS, METRIC, Anomaly, Dropped, Adjustment, Guard, Judgement, Level, Run,
                                        Sequential)
 
 MDE = 0.05
@@ -631,7 +631,7 @@ def _family(pairs: list[tuple[str, list[Run], list[Run], Mapping[int, list[str]]
                 level.p_adjusted = None
         judged = Judgement(method=METHOD, alpha=alpha, mde=mde, unit_noise=unit_noise or None, levels=levels,
                            guards=guard_rows,
-                           family=Family(method="holm", alpha=alpha, size=len(hyps),
+                           family=Adjustment(method="holm", alpha=alpha, size=len(hyps),
                                          weights={"throughput": THROUGHPUT_SHARE if has_guards else 1.0,
                                                   "guards": round(1 - THROUGHPUT_SHARE, 6) if has_guards else 0.0},
                                          sequential=bool(sequential)))

@@ -452,7 +452,7 @@ class Guard(Typed):
 
 
 @typed
-class Family(Typed):
+class Adjustment(Typed):
     """What the family-wise adjustment covered: every level's throughput and guard tests."""
 
     method: str = "holm"
@@ -474,7 +474,7 @@ class Judgement(Typed):
     unit_noise: float | None = None     # a known offset no run averages out (a canary's restarts)
     levels: list[Level] = field(default_factory=list)
     guards: list[Guard] = field(default_factory=list)
-    family: Family | None = None        # None: schema 1, per level without adjustment
+    family: Adjustment | None = None        # None: schema 1, per level without adjustment
     OMIT = frozenset({"mde", "unit_noise", "guards", "family"})
     extra: dict[str, Any] = _extra()
 

@@ -560,10 +560,8 @@ def _lint_files(run: _Run, inv: str, render) -> list[RenderedFile]:
     for (path, _), group in groups.items():
         f = group[0]
         where = f"{inv} {_hosts(g.host for g in group)}" + (f" service {f.service}" if f.service else "")
+        tpl = f"templates/{f.template}"
         if path.endswith(".sh"):
-            from knobkeeper.deploy.slurm.job import JOB_ROLE, TEMPLATE
-
-            tpl = f"templates/{TEMPLATE}" if f.role == JOB_ROLE else "templates/launch.sh.j2"  # a Slurm job script
             for name, linter in (("bash -n", lint.bash_syntax), ("shellcheck", lint.shellcheck)):
                 for text in linter(f.text) or []:
                     run.add(tpl, f"rendered {path} ({where}) fails {name}: {text}",
@@ -571,7 +569,6 @@ def _lint_files(run: _Run, inv: str, render) -> list[RenderedFile]:
         elif path.endswith(".service"):
             units.append(f)
         elif path.endswith(".conf"):
-            tpl = "templates/supervisor.conf.j2" if f.service else "templates/supervisord.conf.j2"
             for text in lint.ini_parse(f.text):
                 run.add(tpl, f"rendered {path} ({where}) does not parse: {text}", "fix the template")
     return units

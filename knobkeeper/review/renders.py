@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from knobkeeper.deploy.render import strip_header
+from knobkeeper.deploy.render import SUPERVISORD_TEMPLATE, WholeStack, strip_header
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 
@@ -25,6 +25,8 @@ class RenderedFile:
     text: str
     knobs: str = ""  # the service's knob values as rendered (a secret: its fingerprint), JSON
     reviewed: str | None = None  # the text a review diffs, where not `text` (RenderedService.reviewed)
+    template: str = ""  # the template under templates/ it was rendered from: what a lint failure names
+    whole_stack: WholeStack | None = None  # RenderedService.whole_stack: its change restarts every component
 
     @property
     def shown(self) -> str:
@@ -108,7 +110,8 @@ def render_inventory(project: Project, inventory: str, source: Any = None, data:
         for plan in stack.hosts.values():
             if plan.supervisor is not None:
                 for path, text in render.render_supervisord(plan, source, project.templates_dir).items():
-                    out.files[(plan.name, path)] = RenderedFile(inventory, plan.name, "", "", path, text)
+                    out.files[(plan.name, path)] = RenderedFile(inventory, plan.name, "", "", path, text,
+                                                                template=SUPERVISORD_TEMPLATE)
     except UserError as exc:
         out.error = relative(str(exc), project.root)
         return out
@@ -116,7 +119,8 @@ def render_inventory(project: Project, inventory: str, source: Any = None, data:
         out.services[(host, name)] = svc.digest
         for path, text in svc.files.items():
             out.files[(host, path)] = RenderedFile(inventory, host, svc.service.role, name, path, text,
-                                                   json.dumps(svc.knobs, sort_keys=True), svc.reviewed.get(path))
+                                                   json.dumps(svc.knobs, sort_keys=True), svc.reviewed.get(path),
+                                                   svc.templates.get(path, ""), svc.whole_stack)
     return out
 
 

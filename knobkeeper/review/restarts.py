@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from knobkeeper.deploy.plan import change_plan, change_reasons
+from knobkeeper.deploy.render import WholeStack
 from knobkeeper.review.renders import InventoryRender
 
 
@@ -22,6 +23,7 @@ def plan_inventory(base: InventoryRender, head: InventoryRender) -> dict[str, An
     counts = {"restart": 0, "start": 0, "unchanged": 0}
     changed: dict[str, set[str]] = {}
     hosts: dict[str, set[str]] = {}
+    whole: list[tuple[WholeStack, dict]] = []   # the rows of files that carry every component
     for (host, service), digest in sorted(head.services.items()):
         new_files = head.service_files(host, service)
         old_files = base.service_files(host, service)
@@ -34,17 +36,21 @@ def plan_inventory(base: InventoryRender, head: InventoryRender) -> dict[str, An
         else:
             why = change_reasons({p: f.text for p, f in old_files.items()}, {p: f.text for p, f in new_files.items()})
             action, reason = "restart", "; ".join(why) or "files changed"
+        row = {"host": host, "service": service, "action": action, "reason": reason, "why": why, "digest": digest,
+               "gate": True}
+        unit = next((f.whole_stack for f in new_files.values() if f.whole_stack), None)
+        if unit is not None:
+            whole.append((unit, row))
+            continue
         counts[action] += 1
         if action != "unchanged":
             changed.setdefault(role, set()).add(service)
             hosts.setdefault(role, set()).add(host)
-        rows_by_role.setdefault(role, []).append({"host": host, "service": service, "action": action,
-                                                  "reason": reason, "why": why, "digest": digest, "gate": True})
-    new_job = _slurm_job(rows_by_role, counts, changed, hosts)
+        rows_by_role.setdefault(role, []).append(row)
+    unit = _whole_stack_changed(whole, rows_by_role, counts, changed, hosts)
     decided = change_plan(head.inventory, list(head.order), head.roles, changed, hosts)
-    if new_job:
-        decided["summary"] = (f"new Slurm job: {' -> '.join(head.order)} gated in it, then the old job is cancelled "
-                              "(one job carries every component)")
+    if unit is not None:
+        decided["summary"] = f"{unit.unit}: {' -> '.join(head.order)} {unit.how}"
     regated = [step["role"] for step in decided["steps"] if step["action"] == "gate"]
     roles = [{"role": role, "health": head.roles[role].health, "after": list(head.roles[role].after),
               "batches": [rows_by_role[role]]} for role in head.order]
@@ -52,26 +58,21 @@ def plan_inventory(base: InventoryRender, head: InventoryRender) -> dict[str, An
             "restarted": decided["restart"], "regated": regated, "summary": decided["summary"]}
 
 
-def _slurm_job(rows_by_role: dict[str, list[dict]], counts: dict[str, int], changed: dict[str, set[str]],
-               hosts: dict[str, set[str]]) -> bool:
-    """A Slurm stack's job script (role JOB_ROLE) is one job for every component: when it changes,
-    each component restarts in the new job, its own files changed or not (knobkeeper/deploy/slurm)."""
-    from knobkeeper.deploy.slurm.job import JOB_ROLE
-
-    job_rows = rows_by_role.pop(JOB_ROLE, [])
-    changed.pop(JOB_ROLE, None)
-    hosts.pop(JOB_ROLE, None)
-    for row in job_rows:
-        counts[row["action"]] -= 1
-    if not any(row["action"] != "unchanged" for row in job_rows):
-        return False
+def _whole_stack_changed(whole: list[tuple[WholeStack, dict]], rows_by_role: dict[str, list[dict]],
+                         counts: dict[str, int], changed: dict[str, set[str]],
+                         hosts: dict[str, set[str]]) -> WholeStack | None:
+    """A file that carries every component (RenderedService.whole_stack: a Slurm job script) that
+    changed restarts each component with it, its own files changed or not; the file itself is no
+    service of the plan. Its WholeStack, or None when no such file changed."""
+    unit = next((unit for unit, row in whole if row["action"] != "unchanged"), None)
+    if unit is None:
+        return None
     for role, rows in rows_by_role.items():
         for row in rows:
             if row["action"] == "unchanged":
                 counts["unchanged"] -= 1
                 counts["restart"] += 1
-                row.update(action="restart", reason="new Slurm job (its own files are unchanged; a job's "
-                                                    "environment cannot change)")
+                row.update(action="restart", reason=f"{unit.unit} ({unit.why})")
             changed.setdefault(role, set()).add(row["service"])
             hosts.setdefault(role, set()).add(row["host"])
-    return True
+    return unit

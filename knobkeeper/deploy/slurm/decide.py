@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from knobkeeper.deploy.plan import change_reasons
+from knobkeeper.deploy.render import strip_header
 from knobkeeper.deploy.slurm.client import Job
 from knobkeeper.deploy.slurm.job import DELIMITER, component_scripts, job_meta
 
@@ -83,8 +84,6 @@ def job_changes(old: str | None, new: str) -> list[str]:
     """What changed in the job script outside the components' launch scripts (allocations, layout)."""
     if not old:
         return []
-    from knobkeeper.deploy.render import strip_header
-
     def outside(text: str) -> list[str]:
         out, inside = [], False  # the job-level lines: not the embedded launch scripts, not blank lines
         for line in strip_header(text).splitlines():

@@ -47,9 +47,15 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from knobkeeper.deploy.engines import engine_command, workers_of
+from knobkeeper.deploy.render import (META_PREFIX, RenderedService, WholeStack, content_digest, parse_meta,
+                                      render_template, strip_header)
 from knobkeeper.errors import UserError
 
 MANAGER = "slurm"
+# What a changed job script means to a review's restart plan: every component restarts in the new job.
+NEW_JOB = WholeStack("new Slurm job", "gated in it, then the old job is cancelled (one job carries every component)",
+                     "its own files are unchanged; a job's environment cannot change")
 JOB_ROLE = "slurm-job"  # the role of the job script's entry in render_stack's output
 TEMPLATE = "slurm-job.sh.j2"
 LAYOUTS = ("hetjob", "steps")
@@ -267,8 +273,6 @@ def _tokened(svc: Any) -> Any:
 def runtime_commands(stack: Any) -> dict[tuple[str, str], list[str]]:
     """Every service's engine command with its own ports, and a router's workers, as placement tokens
     (the engine families build the commands; only what they are given differs)."""
-    from knobkeeper.deploy.engines import engine_command, workers_of
-
     tokened = [_tokened(svc) for svc in stack.services]
     workers = workers_of(tokened)
     return {(svc.host, svc.name): engine_command(svc, stack.hosts[svc.host].data, workers) for svc in tokened}
@@ -291,8 +295,6 @@ def job_service(stack: Any, settings: Settings) -> Any:
 def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any], source: Any) -> Any:
     """The job script of the stack as a RenderedService (files: {script path: text}), rendered by
     deploy/render.py from templates/slurm-job.sh.j2 with every component's rendered launch script."""
-    from knobkeeper.deploy.render import RenderedService, _render, content_digest, strip_header
-
     settings = settings_of(stack)
     services = list(stack.services)
     texts = {svc.name: rendered[(svc.host, svc.name)].launch for svc in services}
@@ -334,26 +336,25 @@ def render_job(project: Any, stack: Any, rendered: Mapping[tuple[str, str], Any]
         "components": components, "roles": roles,
     }
     templates = project.templates_dir
-    body = strip_header(_render(templates, TEMPLATE, {**context, "header": []}))
+    body = strip_header(render_template(templates, TEMPLATE, {**context, "header": []}))
     parts = {svc.name: rendered[(svc.host, svc.name)] for svc in services}
     digest = content_digest({settings.script_path: body}, {name: part.digest for name, part in parts.items()})
     header = _header(settings, stack, services, parts, source, digest)
     # What review diffs: the launch scripts' headers name the commit, so they change with every commit
     # (140 lines of a job script's diff, nothing else changed); each launch script's diff shows its own.
-    reviewed = _render(templates, TEMPLATE, {**context, "header": header})
+    reviewed = render_template(templates, TEMPLATE, {**context, "header": header})
     for component in components:  # what is submitted: each launch script with its header (provenance)
         component["script"] = embedded(texts[component["service"]])
-    text = _render(templates, TEMPLATE, {**context, "header": header})
+    text = render_template(templates, TEMPLATE, {**context, "header": header})
     _check_size(settings, text, stack, parts)
     return RenderedService(service=job, files={settings.script_path: text}, modes={settings.script_path: "0644"},
-                           knobs={}, digest=digest, reviewed={settings.script_path: reviewed})
+                           knobs={}, digest=digest, reviewed={settings.script_path: reviewed},
+                           templates={settings.script_path: TEMPLATE}, whole_stack=NEW_JOB)
 
 
 def _header(settings: Settings, stack: Any, services: list[Any], parts: Mapping[str, Any], source: Any,
             digest: str) -> list[str]:
     """The job script's header lines: what it is, the commit, the digests, the machine-readable line."""
-    from knobkeeper.deploy.render import META_PREFIX
-
     meta = {"kind": "slurm-job", "stack": stack.inventory, "job": settings.job_name, "source": source.commit,
             "dirty": source.dirty, "digest": digest,
             "components": [{"service": s.name, "role": s.role, "group": i, "digest": parts[s.name].digest,
@@ -459,8 +460,6 @@ def parse_placement(text: str) -> Placement | None:
 
 def job_meta(script: str | None) -> dict[str, Any] | None:
     """The machine-readable header line of a job script (the one Slurm stored for a job)."""
-    from knobkeeper.deploy.render import parse_meta
-
     meta = parse_meta(script or "")
     return meta if meta and meta.get("kind") == "slurm-job" else None
 

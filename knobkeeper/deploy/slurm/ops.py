@@ -28,7 +28,8 @@ from typing import Any
 from pyinfra import host as current_host
 from pyinfra.operations import files, python
 
-from knobkeeper.deploy.health import PROGRESS_EVERY_S, QUIET_S, _say, healthy_now
+from knobkeeper.deploy.health import PROGRESS_EVERY_S, QUIET_S, healthy_now
+from knobkeeper.deploy.onhost import GateFailed, on_host, say
 from knobkeeper.deploy.record import SlurmJob, SlurmRecord
 from knobkeeper.deploy.slurm.client import HOPELESS, Client, Job, SlurmError, no_reason
 from knobkeeper.deploy.slurm.decide import decide
@@ -96,9 +97,8 @@ class SlurmRun:
 
     def _client(self) -> Client:
         if self.client is None:
-            from knobkeeper.deploy.operations import _on
 
-            self.client = Client(self.settings, lambda command: _on()(command))  # the host whose operation runs, at each call
+            self.client = Client(self.settings, lambda command: on_host()(command))  # the host whose operation runs, at each call
         return self.client
 
     # --- submit -----------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ class SlurmRun:
         self.target = Job(id=ident, name=self.settings.job_name, digest=self.digest, submitted=issued, started=None)
         self.replaced = d.replace
         self.record.job = SlurmJob(id=ident, state="PENDING", digest=self.digest, submitted_at=issued)
-        _say(f"submitted job {ident} ({self.settings.job_name}): " + "; ".join(d.why))
+        say(f"submitted job {ident} ({self.settings.job_name}): " + "; ".join(d.why))
         for svc in self.services:
             action, reason, changes = d.services[svc.name]
             row = self._row(svc, action, f"new job {ident}: {reason}", job=ident)
@@ -170,13 +170,12 @@ class SlurmRun:
                                 f"({part.gres})")
         # The script travels as a file, as sbatch will read it: inline in the shell line, a large knob
         # value (its text is in the script up to 3 times) made that line "Argument list too long".
-        from knobkeeper.deploy.operations import _on
 
         copy = _put_temp(self.script)
         try:
             client.test(copy, s.script_path)
         finally:
-            _on()(f"rm -f {shlex.quote(copy)}")
+            on_host()(f"rm -f {shlex.quote(copy)}")
 
     # --- gates -------------------------------------------------------------------------------------------
 
@@ -218,7 +217,7 @@ class SlurmRun:
         while True:
             now = time.monotonic()
             if now >= next_say:
-                _say(f"waiting for job {job.id} {svc.name} ({now - began:.0f} s of {svc.health_timeout:g} s): "
+                say(f"waiting for job {job.id} {svc.name} ({now - began:.0f} s of {svc.health_timeout:g} s): "
                      f"last status {last}")
                 next_say = now + PROGRESS_EVERY_S
             state = self._state(client, job)
@@ -285,10 +284,9 @@ class SlurmRun:
         return ended_words(job.id, rows, state) + (f"; its output ends: {tail}" if tail else "")
 
     def _output_tail(self, job_id: str, lines: int = 4) -> str:
-        from knobkeeper.deploy.operations import _on
 
         path = self.settings.output_of(job_id)
-        out = _on()(f"tail -n 40 {path} 2>/dev/null || true")
+        out = on_host()(f"tail -n 40 {path} 2>/dev/null || true")
         mine = [line.strip() for line in out if line.strip()]
         told = [line for line in mine if line.startswith("knobkeeper:")]
         return " | ".join((told or mine)[-lines:])
@@ -350,7 +348,6 @@ class SlurmRun:
             self.record.job.cancelled_at, self.record.job.reason = iso(utcnow()), why
 
     def _fail(self, error: str, gate: bool = False) -> None:
-        from knobkeeper.deploy.operations import GateFailed
 
         self._note_calls()
         if self.submitted and not self.promoted:
@@ -394,9 +391,8 @@ def _put_temp(text: str) -> str:
 
 
 def _read_placement(path: str) -> Placement | None:
-    from knobkeeper.deploy.operations import _on
 
-    lines = _on()(f"cat {path} 2>/dev/null || true")
+    lines = on_host()(f"cat {path} 2>/dev/null || true")
     return parse_placement(" ".join(lines)) if lines else None
 
 

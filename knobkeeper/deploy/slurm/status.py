@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from knobkeeper.deploy.health import healthy_now
+from knobkeeper.deploy.observe import host_shell
 from knobkeeper.deploy.plan import change_reasons
 from knobkeeper.deploy.slurm.client import Client, Job, SlurmError
 from knobkeeper.deploy.slurm.decide import decide, job_changes
+from knobkeeper.deploy.status import ServiceStatus, knob_drift
 from knobkeeper.deploy.slurm.job import (Placement, Settings, component_scripts, job_meta, parse_placement,
                                          settings_of)
 
@@ -77,8 +79,6 @@ def observe(shell: Any, stack: Any) -> JobView:
 
 def placed_stack(inventory: Any, stack: Any) -> Any:
     """The stack with every service of the serving job at the address and ports it published."""
-    from knobkeeper.deploy.observe import host_shell
-
     with host_shell(inventory) as shell:
         view = observe(shell, stack)
     return with_placements(stack, view.placements)
@@ -95,8 +95,6 @@ def with_placements(stack: Any, placements: Mapping[str, Placement]) -> Any:
 def slurm_status(shell: Any, stack: Any, rendered: Mapping[tuple[str, str], Any],
                  problems: Mapping[str, list[str]] | None = None) -> list[Any]:
     """Per component: in sync / drifted (what differs) / pending (Slurm's reason) / down / unknown."""
-    from knobkeeper.deploy.status import ServiceStatus, knob_drift
-
     view = observe(shell, stack)
     settings = view.settings
     job_entry = rendered[(settings.host, settings.job_name)]
