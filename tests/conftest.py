@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -19,6 +20,17 @@ def project():
         yield make_infra_repo(Path(tmp))
 
 
+@pytest.fixture
+def short_tmp():
+    """An empty folder per test under a short path (/tmp/kkXXXXXXXX, not pytest's deep tmp_path):
+    inventory/local.py puts supervisord's unix socket under the repo made in it, whose path must stay
+    under 100 characters. Under /tmp itself, whatever TMPDIR says; removed after the test, whatever a
+    killed process left in it."""
+    path = Path(tempfile.mkdtemp(prefix="kk", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     """One repo per module for the cases that must write nothing (each checks that they did not)."""
@@ -28,8 +40,6 @@ def shared(tmp_path_factory):
 @pytest.fixture
 def bare(tmp_path):
     """An infra repo without any imported registry (inventory/engines/ removed and committed)."""
-    import shutil
-
     project = make_infra_repo(tmp_path, name="bare")
     shutil.rmtree(project.inventory_dir / "engines")
     git(project.root, "commit", "-q", "-am", "no registries")

@@ -1,7 +1,9 @@
 """The canary: metrics collection from real sim workers behind the real router (knobkeeper's own
 scrape and a real Prometheus agreeing), the window judgement, the orchestration's rollback
-guarantees and its refusals, and the evidence it writes. Every process is started on a free
-loopback port and stopped by PID."""
+guarantees and its refusals, and the evidence it writes; then what a canary holds against other
+processes: a worker restarted under it, its role, the marker a dead canary leaves, the put-back
+under the deploy lock, SIGTERM. Every process is started on a free loopback port and stopped by PID.
+With a real Prometheus watching worker restarts: tests/test_canary_prometheus.py."""
 
 from __future__ import annotations
 
@@ -15,14 +17,22 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from knobkeeper.changelog import ops
+from knobkeeper.deploy import canary_state
+from knobkeeper.deploy.api import DeployResult
+from knobkeeper.deploy.record import deploy_lock
+from knobkeeper.deploy.status import ServiceStatus
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import canary
 from knobkeeper.evidence import metrics
 from knobkeeper.evidence import store
-from tests.infra import git, kk, make_infra_repo
+from knobkeeper.fsio import lock_file, unlock_file
+from knobkeeper.review.check import check
+from tests.infra import cli, git, kk, make_infra_repo, one_line_exit_2, snapshot
 from tests.procs import free_port, start, stop, wait_http
 from tests.prometheus import Prometheus
 
@@ -723,17 +733,6 @@ router = [("router-1", {**_base, "ssh_hostname": "127.0.0.6"})]
 '''
 
 
-@pytest.fixture
-def short_tmp():
-    """A temp dir with a short path: the local inventory's supervisord socket must stay < 100 chars."""
-    import shutil
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="kkc", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.mark.parametrize("args, message", [
     (["NOPE_KNOB=1", "--role", "decode"], "unknown knob 'NOPE_KNOB'"),
     ([f"{KNOB}=512", "--role", "decode"], "--role decode: 1 worker(s); a canary needs at least 2"),
@@ -841,3 +840,624 @@ def _wait_running(port: int, ok, timeout: float = 60) -> None:
 def subprocess_log(project) -> str:
     return subprocess.run(["git", "-C", str(project.root), "log", "--format=%B"], capture_output=True,
                           text=True, check=True).stdout
+
+
+# ---------------------------------------------------------------- 5. a worker restarted mid-canary (issue 25, finding 6)
+# A worker crash mid-canary went unnoticed: supervisord restarted it, its counters started again from
+# 0, errors read 0 vs 0 and the crash window was dropped as "spread beyond 2x" with no restart note.
+# Here the scrapes of a worker that crashes between two samples (its counters reset, its
+# process_start_time_seconds changes) are parsed from Prometheus text as the scrape source reads them;
+# then the canary's protocol with prepared windows (the fakes above). Through a real Prometheus:
+# tests/test_canary_prometheus.py.
+
+def _scrape(tokens: float, requests: float, aborted: float, running: float, started: float, itl_sum: float,
+            itl_count: float) -> str:
+    return (f"# TYPE sglang:generation_tokens_total counter\nsglang:generation_tokens_total {tokens}\n"
+            f"# TYPE sglang:num_requests_total counter\nsglang:num_requests_total {requests}\n"
+            f"# TYPE sglang:num_aborted_requests_total counter\nsglang:num_aborted_requests_total {aborted}\n"
+            f"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs {running}\n"
+            f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started}\n"
+            f"# TYPE sglang:inter_token_latency_seconds histogram\n"
+            f"sglang:inter_token_latency_seconds_bucket{{le=\"+Inf\"}} {itl_count}\n"
+            f"sglang:inter_token_latency_seconds_sum {itl_sum}\nsglang:inter_token_latency_seconds_count {itl_count}\n")
+
+
+def _samples(crash_after: int | None) -> list:
+    """One sample a second for 9 s: 100 tokens/s, 2 requests/s, 8 in flight; a crash (restart) between
+    second `crash_after` and the next: the new process counts from 0 and started later."""
+    out = []
+    for t in range(9):
+        age, started = (t - crash_after - 0.5, 1000.5 + crash_after) if crash_after is not None and t > crash_after \
+            else (t + 10, 990.0)
+        out.append(metrics._Sample(float(t), metrics.parse(_scrape(100 * age, 2 * age, 0, 8, started, 0.08 * age, 100 * age))))
+    return out
+
+
+def test_a_restart_inside_a_window_is_counted_with_the_requests_it_failed():
+    steady = metrics.ScrapeSource._window(_samples(None), 4.0, 8.0)
+    assert steady.restarts == 0 and steady.errors == 0 and round(steady.output_tokens_per_s) == 100
+    crashed = metrics.ScrapeSource._window(_samples(5), 4.0, 8.0)
+    assert crashed.restarts == 1
+    assert crashed.errors == 8                      # the 8 in flight at the crash: the new process never counts them
+    assert 60 < crashed.output_tokens_per_s < 100   # summed sample to sample, not "the last value since the reset"
+    before = metrics.ScrapeSource._window(_samples(5), 0.0, 4.0)
+    assert before.restarts == 0 and before.errors == 0   # the window before the crash is untouched
+    assert crashed.as_dict()["restarts"] == 1 and "restarts" not in steady.as_dict()
+
+
+def test_a_restart_of_the_candidate_is_its_death_and_no_window_from_it_on_is_judged(tmp_path):
+    """Issue 38: a candidate's crash is itself the verdict. Seen afterwards in its windows (a source
+    that cannot watch): worse, "the candidate died" first among the failed guards and in the commit,
+    the windows from the crash on not judged (before: three restarts were needed, one cost a window)."""
+    project = make_infra_repo(tmp_path)
+    plan = _plan()
+    scraped = _with_requests(_noisy(31))
+    scraped["h1/decode"][1].restarts = 1            # the candidate crashes in the second canary window
+    calls = []
+    out = canary.run(project, plan, FakeSource(_with_requests(_noisy(30)), scraped),
+                canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
+                canary.Options(duration=0.04, interval=0.01, settle=0))
+    assert out.verdict == "worse" and out.action == "rolled back" and calls == ["apply", "restore"]
+    doc = store.load(project, out.doc["id"])
+    windows = [w for w in doc["canary"]["windows"] if w["phase"] == "canary"]
+    assert [w["reasons"] for w in windows] == [[], ["restarted: h1/decode (1x)", "the candidate died: h1/decode"],
+                                               ["the candidate died: h1/decode"], ["the candidate died: h1/decode"]]
+    assert doc["canary"]["failed_guards"][0] == "the candidate died: h1/decode: its process was replaced in window 5"
+    assert {r["window"] for r in doc["runs"] if r["arm"] == "B"} == {4}   # only the window before the crash
+    assert git(project.root, "log", "-1", "--format=%s").endswith(
+        "canary worse: the candidate died: h1/decode: its process was replaced in window 5, rolled back)")
+    assert store.verify(doc) == []
+
+
+def test_a_baseline_restart_is_an_invalid_window_not_a_failure():
+    """A baseline worker's crash is not the candidate's: it costs that window only."""
+    plan = _plan()
+    scraped = _with_requests(_noisy(41, n=6))
+    scraped["h2/decode"][2].restarts = 1
+    runs, windows = canary.window_runs(plan, scraped, calibration=_with_requests(_noisy(40, n=6)))
+    invalid = [w for w in windows if not w.valid]
+    assert [w.reasons for w in invalid] == [["restarted: h2/decode (1x)"]]
+    assert canary.candidate_death(plan, windows) is None and canary.restarts_of(plan, windows) == 0
+    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
+    assert not any(f.startswith("the candidate died") for f in failed), failed
+
+
+# ---------------------------------------------------------------- the candidate seen dying (metrics.lost)
+
+def _steady(until: int) -> list:
+    return [s for s in _samples(None) if s.t <= until]
+
+
+def test_lost_names_a_replaced_process_and_ignores_the_deploys_own_restart():
+    gone = metrics.lost("h1/decode", _samples(5), [], since=0.0, now=9.0, names=metrics.SGLANG_METRICS)
+    assert (gone.alive, gone.seen) == (5.0, 6.0)
+    assert gone.what.startswith("its process was replaced between 1970-01-01T00:00:05Z and 1970-01-01T00:00:06Z")
+    # the candidate deploy's own restart is before `since` (the moment the deploy returned)
+    assert metrics.lost("h1/decode", _samples(5), [], since=6.0, now=9.0, names=metrics.SGLANG_METRICS) is None
+
+
+def test_lost_a_refused_scrape_is_death_a_slow_one_is_not_until_it_lasts():
+    refused = [metrics.Unanswered(4.5, "connection refused", refused=True)]
+    gone = metrics.lost("h1/decode", _steady(4), refused, since=0.0, now=5.0, names=metrics.SGLANG_METRICS)
+    assert (gone.alive, gone.seen) == (4.0, 4.5) and "refused the connection at 1970-01-01T00:00:04Z" in gone.what
+    # one timeout, then answers again: alive (that window is "unanswered", not judged, but no death)
+    slow = [metrics.Unanswered(4.5, "timed out")]
+    assert metrics.lost("h1/decode", _samples(None), slow, since=0.0, now=9.0, names=metrics.SGLANG_METRICS) is None
+    # timeouts with no answer since: death only once they last UNANSWERED_GONE_S
+    streak = [metrics.Unanswered(4.0 + 0.5 * k, "timed out") for k in range(1, 30)]
+    limit = 4.5 + metrics.UNANSWERED_GONE_S
+    assert metrics.lost("h1/decode", _steady(4), streak, since=0.0, now=limit - 0.1, names=metrics.SGLANG_METRICS) is None
+    gone = metrics.lost("h1/decode", _steady(4), streak, since=0.0, now=limit, names=metrics.SGLANG_METRICS)
+    assert gone.alive == 4.0 and "has not answered since 1970-01-01T00:00:04Z" in gone.what, gone
+
+
+def test_a_window_with_a_failed_scrape_is_not_judged():
+    stats = metrics.ScrapeSource._window(_samples(None), 4.0, 8.0, unanswered=[metrics.Unanswered(5.5, "refused", True)])
+    assert stats.unanswered == 1 and stats.as_dict()["unanswered"] == 1
+    assert metrics.ScrapeSource._window(_samples(None), 0.0, 4.0, unanswered=[metrics.Unanswered(5.5, "x")]).unanswered == 0
+    plan = _plan()
+    rows = _noisy(50, n=3)
+    rows["h2/decode"][1].unanswered = 2
+    windows = canary.assess_windows(plan, rows, canary.CANARY)
+    assert [w.reasons for w in windows] == [[], ["unanswered: h2/decode (2 scrapes failed)"], []]
+
+
+# ---------------------------------------------------------------- 6. a canary owns its role (issue 25, findings 2, 3)
+# A real second process runs `knobkeeper.evidence.canary.canary` (only its measurement, `run`, and the
+# host look-up of `status` are stood in for: the point is what the canary holds from its start). While
+# it calibrates, a colleague's `set`, `unset`, `revert`, `restore` of a decode knob and a deploy of the
+# decode role are refused with one line naming the canary (exit 2, nothing written); prefill stays
+# free. Killed by its PID before its candidate went on, it leaves nothing to put back. A canary does
+# not start on a role whose workers are not in sync with what is declared.
+
+NCCL = "NCCL_MIN_NCHANNELS"
+TWO = {"KNOBKEEPER_LOCAL_WORKERS": "decode=2"}   # inventory/local.py: two decode workers (one canary, one baseline)
+
+CANARY_CALIBRATING = textwrap.dedent(f"""
+    import sys, time
+    from pathlib import Path
+    from knobkeeper.deploy import status
+    from knobkeeper.evidence import canary
+    from knobkeeper.project import Project
+
+    status.stack_status = lambda project, inventory: []        # every worker in sync (no hosts to look at here)
+    def calibrating(*args, **kwargs):                     # stands for the calibration windows
+        print("calibrating", flush=True)
+        time.sleep(120)
+    canary.run = calibrating
+    canary.canary(Project(Path(sys.argv[1])), "{KNOB}=512", role="decode", inventory="inventory/local.py")
+""")
+
+
+def test_a_running_canary_owns_its_role_and_a_dead_one_before_its_candidate_leaves_nothing(project, monkeypatch):
+    monkeypatch.setenv(*next(iter(TWO.items())))
+    ops.set_knob(project, NCCL, "8", "decode", "more channels")
+    ops.set_knob(project, KNOB, "256", "decode", "try 256")
+    ops.revert_knob(project, KNOB, "decode", "suspect")
+    proc = subprocess.Popen([sys.executable, "-c", CANARY_CALIBRATING, str(project.root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "calibrating"
+        before = snapshot(project)
+        owner = f"canary {KNOB}=512 on @local/knobkeeper-decode holds role decode (calibrating, pid {proc.pid}"
+        for args in (("set", f"{KNOB}=128", "--role", "decode", "--reason", "colleague"),
+                     ("unset", NCCL, "--role", "decode", "--reason", "colleague"),
+                     ("revert", NCCL, "--role", "decode", "--reason", "colleague"),
+                     ("restore", KNOB, "--role", "decode", "--reason", "colleague"),
+                     ("deploy", "inventory/local.py")):
+            done = cli(project, *args)
+            one_line_exit_2(done, owner)
+        assert snapshot(project) == before   # nothing written
+        with pytest.raises(UserError, match="deploy of inventory/local.py \\(roles decode\\): canary"):
+            canary_state.refuse_deploy(project, "inventory/local.py", ["decode"])
+        canary_state.refuse_deploy(project, "inventory/local.py", ["prefill"])            # not its role
+        canary_state.refuse_deploy(project, "inventory/local.py", ["decode"], proc.pid)   # its own deploy
+        ops.set_knob(project, NCCL, "4", "prefill", "prefill is not the canary's")         # not its role
+        with pytest.raises(UserError, match="canary .* is running"):                      # a second canary
+            canary.canary(project, f"{KNOB}=128", role="decode", inventory="inventory/local.py")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Killed while calibrating: its candidate never went on, so nothing is abandoned and the role is free.
+    assert canary_state.abandoned_line(project) is None and canary_state.read_marker(project) is None
+    ops.set_knob(project, KNOB, "128", "decode", "the canary is gone")
+
+
+def test_the_canary_process_itself_may_set_its_role(project):
+    """The promote's `set` runs in the canary's own process while it holds the role."""
+    handle = canary_state.hold(project)
+    try:
+        canary_state.write_marker(project, {"knob": KNOB, "value": 512, "role": "decode", "scope": "decode",
+                                            "inventory": "inventory/local.py", "pid": os.getpid()})
+        ops.set_knob(project, KNOB, "512", "decode", "promoted")
+    finally:
+        canary_state.clear_marker(project)
+        canary_state.release(project, handle)
+
+
+def test_a_canary_refuses_a_role_out_of_sync(project, monkeypatch):
+    """A worker left on an earlier candidate (drifted) is refused before anything is measured or deployed."""
+    monkeypatch.setenv(*next(iter(TWO.items())))
+    rows = [ServiceStatus("@local", "knobkeeper-decode", "decode", "drifted", 42, "RUNNING", "d1", "d2",
+                          [f"{KNOB}: running 512, declared unset"]),
+            ServiceStatus("@local", "knobkeeper-prefill", "prefill", "down", None, "STOPPED", "d3", None)]
+    monkeypatch.setattr("knobkeeper.deploy.status.stack_status", lambda project_, inventory: rows)
+    monkeypatch.setattr(canary, "run", lambda *a, **k: pytest.fail("the canary ran on a drifted role"))
+    with pytest.raises(UserError) as refused:
+        canary.canary(project, f"{KNOB}=256", role="decode", inventory="inventory/local.py")
+    assert str(refused.value) == (
+        f"canary: @local/knobkeeper-decode is drifted ({KNOB}: running 512, declared unset): the decode workers "
+        f"must run the declared state; run `knobkeeper deploy inventory/local.py --only decode` first "
+        f"(see `knobkeeper status inventory/local.py`)")
+    assert canary_state.read_marker(project) is None      # nothing left behind
+    canary_state.release(project, canary_state.hold(project))   # and the lock is free
+
+
+# ---------------------------------------------------------------- 7. a dead canary's marker (issue 25, finding 4)
+# A real second process stands for the canary: it holds the canary's lock and writes the marker as the
+# candidate deploy starts, then is SIGKILLed by its PID. `check`, `plan` and the next canary then say
+# "canary X=V on S abandoned at T; put back with `knobkeeper canary abort`", and `canary abort` deploys
+# those services back (the deploy is the only part stood in for: one call of run_deploy, checked for
+# what it is asked) and clears it.
+
+SERVICE = "@local/knobkeeper-decode"
+
+CANARY_IN_DEPLOY = textwrap.dedent(f"""
+    import sys, time
+    from pathlib import Path
+    from types import SimpleNamespace
+    from knobkeeper.deploy import canary_state
+    from knobkeeper.evidence import canary
+    from knobkeeper.project import Project
+
+    project = Project(Path(sys.argv[1]))
+    handle = canary_state.hold(project)
+    plan = canary.Plan({KNOB!r}, 512, None, "decode", [], [])
+    def candidate_deploy(targets, knobs):       # stands for the deploy in flight when the kill comes
+        print("deploying", flush=True)
+        time.sleep(120)
+    switch = canary.marked_switch(project, "inventory/local.py", plan, canary.Switch(apply=candidate_deploy, restore=lambda: None))
+    switch.apply([SimpleNamespace(key={SERVICE!r}, host="@local")], {{{KNOB!r}: 512}})
+""")
+
+
+def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, monkeypatch):
+    proc = subprocess.Popen([sys.executable, "-c", CANARY_IN_DEPLOY, str(project.root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "deploying"
+        # Alive: not abandoned; another canary is refused, `canary abort` too.
+        assert canary_state.abandoned_line(project) is None
+        with pytest.raises(UserError, match=f"canary {KNOB}=512 on {SERVICE} is running"):
+            canary_state.hold(project)
+        one_line_exit_2(cli(project, "canary", "abort"), "is still running")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    marker = canary_state.read_marker(project)
+    line = (f"canary {KNOB}=512 on {SERVICE} abandoned at {marker['seen_at']} during its candidate deploy; put "
+            f"back with `knobkeeper canary abort` (or a deploy of role decode)")
+    assert canary_state.abandoned_line(project) == line
+    problems = [p.line() for p in check(project).problems]
+    assert problems == [f"{project.rel(canary_state.marker_path(project))}: {line}"], problems
+    planned = cli(project, "plan", "inventory/local.py")
+    assert planned.returncode == 0 and f"warning: {line}" in planned.stderr.decode(), planned.stderr
+    with pytest.raises(UserError) as refused:           # the next canary, before anything deploys
+        canary.canary(project, f"{KNOB}=256", role="decode", inventory="inventory/local.py")
+    assert str(refused.value) == line
+
+    calls = []
+
+    def fake_deploy(project_, inventory, **kw):
+        calls.append((inventory, kw))
+        return DeployResult(0, "", None, "d3p10y00", 1.0)
+
+    monkeypatch.setattr("knobkeeper.deploy.api.run_deploy", fake_deploy)
+    monkeypatch.setattr(DeployResult, "ok", property(lambda self: True))
+    result = kk(project, "canary", "abort")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == (f"canary {KNOB}=512 on {SERVICE} (abandoned during its candidate deploy): "
+                                     f"put back to the declared state (deploy d3p10y00)")
+    ((inventory, kw),) = calls
+    assert inventory == "inventory/local.py" and kw["only"] == "decode" and kw["limit"] == ["@local"]
+    assert kw["extra_data"]["canary"] == {"knob": KNOB, "value": 512, "hosts": ["@local"], "services": [SERVICE],
+                                          "phase": "abort", "abandoned": "candidate-deploy"}
+    assert canary_state.read_marker(project) is None and check(project).ok
+    one_line_exit_2(cli(project, "canary", "abort"), "no abandoned canary")
+    # the flag `canary abort` replaced still works, saying so first
+    done = cli(project, "canary", "--abort")
+    assert done.returncode == 2 and done.stderr.decode().splitlines() == [
+        "knobkeeper: canary --abort is deprecated: use `knobkeeper canary abort`",
+        "error: canary abort: no abandoned canary in this repo (nothing to put back)"], done.stderr
+
+
+def test_a_canary_that_puts_back_leaves_no_marker(project):
+    plan = canary.Plan(KNOB, 512, None, "decode", [], [])
+    applied = []
+    switch = canary.marked_switch(project, "inventory/local.py", plan,
+                             canary.Switch(apply=lambda t, k: applied.append(k), restore=lambda: None))
+    from types import SimpleNamespace
+
+    switch.apply([SimpleNamespace(key=SERVICE, host="@local")], {KNOB: 512})
+    assert canary_state.read_marker(project)["services"] == [SERVICE] and applied
+    switch.restore()
+    assert canary_state.read_marker(project) is None
+
+
+# A canary killed in each deploy phase (a real second process, SIGKILL by PID while the step named
+# blocks): the marker says which deploy was in flight, and status, check and `canary abort` use it.
+PHASED = textwrap.dedent(f"""
+    import sys, time
+    from pathlib import Path
+    from types import SimpleNamespace
+    from knobkeeper.deploy import canary_state
+    from knobkeeper.evidence import canary
+    from knobkeeper.project import Project
+
+    project, stop_in = Project(Path(sys.argv[1])), sys.argv[2]
+    handle = canary_state.hold(project)
+    canary_state.write_marker(project, {{"knob": {KNOB!r}, "value": 512, "role": "decode", "scope": "decode",
+                                        "inventory": "inventory/local.py", "phase": "calibrating", "pid": 0}})
+    plan = canary.Plan({KNOB!r}, 512, None, "decode", [], [])
+    def step(name):
+        def run(*args):
+            if name == stop_in:
+                print("in " + name, flush=True)
+                time.sleep(120)
+        return run
+    switch = canary.marked_switch(project, "inventory/local.py", plan,
+                             canary.Switch(apply=step("candidate-deploy"), restore=step("put-back"),
+                                      promote_rest=step("promote")))
+    switch.apply([SimpleNamespace(key={SERVICE!r}, host="@local")], {{{KNOB!r}: 512}})
+    if stop_in == "candidate":
+        print("in candidate", flush=True)
+        time.sleep(120)
+    switch.promote_rest() if stop_in == "promote" else switch.restore()
+""")
+
+
+@pytest.mark.parametrize("phase, words, limit", [
+    ("candidate-deploy", "during its candidate deploy", ["@local"]),
+    ("candidate", "on its candidate", ["@local"]),
+    ("put-back", "during its put-back", ["@local"]),
+    ("promote", "during its promote", None)])
+def test_the_marker_says_which_deploy_was_in_flight(project, monkeypatch, phase, words, limit):
+    proc = subprocess.Popen([sys.executable, "-c", PHASED, str(project.root), phase], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == f"in {phase}"
+        running = canary_state.running(project)
+        assert running["phase"] == phase
+        with pytest.raises(UserError, match=f"holds role decode \\({words}, pid "):   # a `set` of the role meanwhile
+            canary_state.refuse_change(project, "decode", "set")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    line = canary_state.abandoned_line(project)
+    assert f"abandoned at {canary_state.read_marker(project)['seen_at']} {words}" in line, line
+    if phase == "promote":
+        assert f"{KNOB} is set; the rest of role decode may not run it yet); finish with `knobkeeper canary abort`" \
+            in line, line
+    assert [p.line() for p in check(project).problems] == [f"{project.rel(canary_state.marker_path(project))}: {line}"]
+    status = cli(project, "status", "inventory/local.py")
+    assert f"warning: {line}" in status.stderr.decode(), status.stderr
+    calls = []
+    monkeypatch.setattr("knobkeeper.deploy.api.run_deploy",
+                        lambda project_, inventory, **kw: calls.append(kw) or DeployResult(0, "", None, "d3p10y00", 1.0))
+    monkeypatch.setattr(DeployResult, "ok", property(lambda self: True))
+    result = kk(project, "canary", "abort")
+    assert result.exit_code == 0, result.output
+    assert f"(abandoned {words}): " in result.output, result.output
+    ((kw,),) = [(c,) for c in calls]
+    assert kw["limit"] == limit and kw["only"] == "decode" and kw["extra_data"]["canary"]["abandoned"] == phase
+    assert canary_state.read_marker(project) is None
+
+
+# ---------------------------------------------------------------- 8. the put-back and the deploy lock (issue 25, finding 5)
+# The put-back lost to the deploy lock. A real second process holds the repo's deploy lock (as a
+# running `deploy` does) while the canary puts its hosts back. The deploy itself is stood in for by a
+# `run_deploy` that fails as the real one does when the lock is held ("another deploy of this repo is
+# running"); the source and judgement are the fakes above.
+# - the put-back waits for the lock (progress on stderr) and then succeeds; the evidence was written
+#   (committed) before the put-back started;
+# - a lock held past the bound: the one-line error names the services left on the candidate and
+#   `knobkeeper canary abort`, the evidence is kept, the marker stays for `canary abort`;
+# - the candidate deploy blocked past the bound: nothing was applied, so no rollback is attempted and
+#   nothing says "rollback deploy failed".
+
+HOLDER = ("import fcntl, os, sys, time\n"
+          "os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)\n"
+          "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
+          "time.sleep(float(sys.argv[2]))\n")
+
+
+class Deploys:
+    """run_deploy as the real one behaves towards the lock; `on_candidate` runs as the candidate deploys."""
+
+    def __init__(self, project, on_candidate=lambda: None):
+        self.project, self.on_candidate, self.calls = project, on_candidate, []
+
+    def __call__(self, project, inventory, **kw):
+        phase = kw["extra_data"]["canary"]["phase"]
+        try:
+            handle = lock_file(deploy_lock(project), wait=False)
+        except UserError:
+            self.calls.append((phase, "busy"))
+            return DeployResult(1, f"knobkeeper: error: another deploy of this repo is running (lock x)\n",
+                                None, "d", 0.1)
+        unlock_file(handle)
+        self.calls.append((phase, git(project.root, "log", "-1", "--format=%s")))
+        if phase == "candidate":
+            self.on_candidate()
+        return DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d", 0.1)
+
+
+def _hold(project, seconds: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(deploy_lock(project)), str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _worse_source():
+    windows = _with_requests(_noisy(21))
+    for w in windows["h1/decode"]:
+        w.errors = 100
+    return FakeSource(_with_requests(_noisy(20)), windows)
+
+
+OPTIONS = dict(duration=0.04, interval=0.01, settle=0)
+
+
+def _switch(project, plan, lock_wait):
+    return canary.marked_switch(project, "inventory/local.py", plan,
+                           canary.deploy_switch(project, "inventory/local.py", plan, lock_wait=lock_wait))
+
+
+def test_the_put_back_waits_for_the_deploy_lock_after_the_evidence_is_written(tmp_path, monkeypatch, capsys):
+    project = make_infra_repo(tmp_path)
+    plan = _plan()
+    holders = []
+    deploys = Deploys(project, on_candidate=lambda: holders.append(_hold(project, 2.5)))
+    monkeypatch.setattr("knobkeeper.deploy.api.run_deploy", deploys)
+    try:
+        out = canary.run(project, plan, _worse_source(), _switch(project, plan, lock_wait=60), canary.Options(**OPTIONS))
+    finally:
+        for proc in holders:
+            _stop(proc)
+    assert out.verdict == "worse" and out.action == "rolled back"
+    rollback = [c for c in deploys.calls if c[0] == "rollback"]
+    assert len(rollback) == 1 and "canary worse" in rollback[0][1], deploys.calls   # evidence committed first
+    assert "knobkeeper: canary rollback: waiting for another deploy of this repo to finish" in capsys.readouterr().err
+    assert canary_state.read_marker(project) is None
+
+
+def test_a_put_back_that_cannot_get_the_lock_names_what_is_left_and_keeps_the_evidence(tmp_path, monkeypatch):
+    project = make_infra_repo(tmp_path)
+    plan = _plan()
+    holders = []
+    deploys = Deploys(project, on_candidate=lambda: holders.append(_hold(project, 60)))
+    monkeypatch.setattr("knobkeeper.deploy.api.run_deploy", deploys)
+    try:
+        with pytest.raises(UserError) as failed:
+            canary.run(project, plan, FakeSource(_noisy(1), _noisy(11, 1.01)), _switch(project, plan, lock_wait=1.5),
+                  canary.Options(**OPTIONS))
+    finally:
+        for proc in holders:
+            _stop(proc)
+    message = str(failed.value)
+    assert "\n" not in message and "rollback deploy failed" not in message
+    assert message.startswith("canary: rollback not done (another deploy of this repo is running"), message
+    assert "h1/decode (hosts h1) still on SGLANG_SM120_MMA_TARGET_CTAS=512; put them back with " \
+           "`knobkeeper canary abort`; evidence " in message, message
+    ident = message.rsplit("evidence ", 1)[1].split(" ")[0]
+    assert store.load(project, ident)["canary"]["verdict"] == "inconclusive"        # the windows are kept
+    assert canary_state.read_marker(project)["applied_at"]                    # for `canary abort`
+
+
+def test_a_candidate_deploy_that_never_started_rolls_nothing_back(tmp_path, monkeypatch):
+    project = make_infra_repo(tmp_path)
+    plan = _plan()
+    deploys = Deploys(project)
+    monkeypatch.setattr("knobkeeper.deploy.api.run_deploy", deploys)
+    holder = _hold(project, 60)
+    try:
+        with pytest.raises(UserError) as failed:
+            canary.run(project, plan, _worse_source(), _switch(project, plan, lock_wait=1), canary.Options(**OPTIONS))
+    finally:
+        _stop(holder)
+    message = str(failed.value)
+    assert message.startswith("canary: the candidate deploy of inventory/local.py did not start (another deploy") \
+        and message.endswith("nothing was applied, nothing to put back"), message
+    assert [c[0] for c in deploys.calls] == [], deploys.calls          # no rollback attempted
+    assert not (canary_state.read_marker(project) or {}).get("applied_at")
+
+
+# ---------------------------------------------------------------- 9. SIGTERM (issue 25, finding 10)
+# `knobkeeper canary` stopped by SIGTERM printed only click's "Aborted!". A real second process runs
+# the CLI (the deploy, the metrics source and the host look-up of `status` stood in for: the point is
+# the signal path); SIGTERM by its PID once the candidate is on: the canary hosts are put back (a
+# rollback deploy), and it says so in one line, exit 130.
+
+CANARY_CLI = textwrap.dedent(f"""
+    import sys
+    from types import SimpleNamespace
+    import knobkeeper.deploy.api as api
+    from knobkeeper.deploy import status
+    from knobkeeper.evidence import metrics
+    from knobkeeper.cli import main
+
+    class Source:                                  # windows are never asked for: SIGTERM comes first
+        name = "scrape"
+        def __init__(self, *a, **k): pass
+        def check(self): pass
+        def start(self): pass
+        def stop(self): pass
+
+    def deploy(project, inventory, **kw):
+        print(kw["extra_data"]["canary"]["phase"], flush=True)
+        return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
+
+    status.stack_status = lambda project, inventory: []
+    metrics.ScrapeSource = Source
+    api.run_deploy = deploy
+    main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "0", "--duration", "60s", "--interval", "30s",
+          "--repo", sys.argv[1]])
+""")
+
+
+def test_sigterm_says_what_was_put_back(project):
+    env = {**os.environ, "KNOBKEEPER_LOCAL_WORKERS": "decode=2"}
+    proc = subprocess.Popen([sys.executable, "-c", CANARY_CLI, str(project.root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "candidate"
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert out.strip() == "rollback", out
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip() == (f"canary {KNOB}=512 stopped by SIGTERM: @local/knobkeeper-decode put back to the "
+                           f"declared state (a recorded deploy); no evidence written"), err
+    assert "Aborted!" not in err and canary_state.read_marker(project) is None
+
+
+# The same CLI with windows to judge (test_canary's prepared numbers, keyed by the real targets) and
+# a put-back deploy that takes long enough for SIGTERM to land in it, after the evidence was written.
+CANARY_PUTBACK = textwrap.dedent(f"""
+    import sys, time
+    from types import SimpleNamespace
+    import knobkeeper.deploy.api as api
+    from knobkeeper.deploy import status
+    from knobkeeper.evidence import canary
+    from knobkeeper.evidence import metrics
+    from knobkeeper.cli import main
+    from tests.test_canary import _stats
+
+    class Source:
+        name = "scrape"
+        def __init__(self, targets, *a, **k): self.keys = [t.key for t in targets]
+        def check(self): pass
+        def start(self): pass
+        def stop(self): pass
+        def windows(self, edges):
+            return {{key: _stats(1000, 16, n=len(edges) - 1, seed=i) for i, key in enumerate(self.keys)}}
+
+    def deploy(project, inventory, **kw):
+        phase = kw["extra_data"]["canary"]["phase"]
+        print(phase, flush=True)
+        if phase == "rollback":
+            time.sleep(60)                         # SIGTERM lands here
+        return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
+
+    canary.SETTLE_MIN_S = 0.0
+    status.stack_status = lambda project, inventory: []
+    metrics.ScrapeSource = Source
+    api.run_deploy = deploy
+    main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "0", "--duration", "2s", "--interval", "1s",
+          "--repo", sys.argv[1]])
+""")
+
+
+def test_sigterm_during_the_put_back_names_the_evidence_written(project):
+    """Issue 25 finding 5 (rest): interrupted after the evidence was committed but before the put-back
+    finished, the line named no evidence ("no evidence written"); it names the one written."""
+    from knobkeeper.evidence import store
+
+    env = {**os.environ, "KNOBKEEPER_LOCAL_WORKERS": "decode=2"}
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-c", CANARY_PUTBACK, str(project.root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(root))
+    try:
+        assert proc.stdout.readline().strip() == "candidate"
+        assert proc.stdout.readline().strip() == "rollback"
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, err)
+    (path,) = store.paths(project)
+    doc = store.read(path, project.rel(path))
+    assert err.strip().splitlines()[-1] == (  # after the windows' progress lines
+        f"canary {KNOB}=512 stopped by SIGTERM: @local/knobkeeper-decode may still be on the "
+                           f"candidate: put them back with `knobkeeper canary abort`; evidence {doc.id} "
+                           f"({project.rel(path)}) written"), err
+    assert canary_state.read_marker(project) is not None   # the put-back did not finish: `canary abort` finds it

@@ -1,6 +1,7 @@
-"""Issue 25, the canary with `--source prometheus`: a real Prometheus scraping two real worker
+"""The canary with `--source prometheus` (issue 25): a real Prometheus scraping two real worker
 processes (tests/worker_exporter.py: SGLang's serving metrics at steady rates, a real process
-collector), every process stopped by its PID.
+collector), every process stopped by its PID. The canary's other tests: tests/test_canary.py;
+`Exporter` also stands for the workers of tests/test_evidence_ab.py's restart tests.
 
 - finding 6: a worker killed by PID and started again on its port (a crash supervisord restarted:
   new PID, new process_start_time_seconds, counters from 0) is a restart in the window it happened
@@ -55,7 +56,7 @@ class Exporter:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("nolie-prom")
+    tmp = tmp_path_factory.mktemp("canary-prom")
     workers = []
     prom = None
     try:

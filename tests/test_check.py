@@ -10,10 +10,16 @@ import pytest
 from click.testing import CliRunner
 
 from knobkeeper import lint
+from knobkeeper.changelog import ops
 from knobkeeper.cli import main
+from knobkeeper.deploy.record import load_records
+from knobkeeper.errors import UserError
+from knobkeeper.evidence import store
 from knobkeeper.knobs.catalog import fingerprint
+from knobkeeper.report import write_report
+from knobkeeper.review.check import check
 from knobkeeper.timeutil import file_stem, parse_time
-from tests.infra import git
+from tests.infra import cli, git, one_line_exit_2, snapshot
 from tests.review_fixtures import KNOB, commit_all, ctas_runs, write_entry, write_evidence, write_incident
 
 
@@ -400,6 +406,129 @@ def test_evidence_of_one_stack_backs_no_set_on_another(project, monkeypatch):
                                         f"not {nccl} on {other}" in line for line in out), out
 
 
+# --------------------------------------------------------------------------- evidence is bound to the change it backs (issue 25, finding 1)
+# `set` and `restore` refuse evidence of another knob, role or value (exit 2, one line naming both);
+# the canary's promote goes through the same `set`; `check` fails on an entry whose evidence does not
+# back it and on an evidence file whose knob, role or candidate was edited by hand after the commit
+# that added it. No process is started but git and the CLI.
+
+NCCL = "NCCL_MIN_NCHANNELS"
+
+
+def _evidence(project, value=512, knob=KNOB, role="decode") -> store.Evidence:
+    """An A/B of `knob`=`value` on `role`, written and committed by the store (as `ab import` does)."""
+    doc = store.build_doc(knob=knob, role=role, runs=ctas_runs(),
+                          arms={"A": {"label": "baseline", "knobs": {knob: None}},
+                                "B": {"label": "candidate", "knobs": {knob: value}}})
+    store.write(project, doc)
+    return doc
+
+
+def _hand_edit(project, doc, edit) -> str:
+    """Edit the committed evidence file of `doc` by hand and commit the edit with plain git."""
+    path = store.find(project, doc.id)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=2))
+    git(project.root, "commit", "-qam", "tweak evidence")
+    return project.rel(path)
+
+
+def test_set_restore_and_check_hold_evidence_to_its_change(project):
+    e512, e256 = _evidence(project), _evidence(project, 256)
+
+    # The hostile steps: another knob's A/B, and the 512 A/B behind a 256 change. Refused, nothing written.
+    before = snapshot(project)
+    done = cli(project, "set", f"{NCCL}=8", "--role", "decode", "--reason", "faster", "--evidence", e512.id)
+    one_line_exit_2(done, f"tests {KNOB} on decode, not {NCCL} on decode")
+    done = cli(project, "set", f"{KNOB}=256", "--role", "decode", "--reason", "faster", "--evidence", e512.id[:6],
+               "--allow-undeclared")
+    one_line_exit_2(done, f"evidence {e512.id}: it tested 512, the change sets 256")
+    done = cli(project, "set", f"{KNOB}=512", "--role", "prefill", "--reason", "x", "--evidence", e512.id,
+               "--allow-undeclared")
+    assert done.returncode == 2 and b"Traceback" not in done.stderr   # the catalog refuses the role first
+    assert snapshot(project) == before
+
+    # The evidence of this very change is accepted.
+    entry = ops.set_knob(project, KNOB, "512", "decode", "A/B", evidence=[e512.id], allow_undeclared=True).entry
+    assert entry.evidence == [e512.id]
+
+    # restore: extra evidence must back the value restored (512), not the 256 A/B.
+    ops.revert_knob(project, KNOB, "decode", "suspect")
+    before = snapshot(project)
+    done = cli(project, "restore", KNOB, "--role", "decode", "--reason", "back", "--evidence", e256.id)
+    one_line_exit_2(done, f"evidence {e256.id}: it tested 256, the change sets 512")
+    assert snapshot(project) == before
+    restored = ops.restore_knob(project, KNOB, "decode", "back", evidence=[e512.id]).entry
+    assert restored.evidence == [e512.id]
+
+    assert check(project).ok, [p.line() for p in check(project).problems]
+
+
+def test_restore_does_not_carry_a_landed_entry_s_wrong_evidence(project):
+    # An entry the landed code accepted: NCCL_MIN_NCHANNELS=8 "backed" by the TARGET_CTAS A/B.
+    e512 = _evidence(project)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "_check_evidence", lambda project, ids, *rest: list(ids))
+        ops.set_knob(project, NCCL, "8", "decode", "landed code", evidence=[e512.id])
+    ops.revert_knob(project, NCCL, "decode", "suspect")
+    change = ops.restore_knob(project, NCCL, "decode", "back")
+    assert change.entry.evidence == []
+    assert any(f"not carried over" in w and f"not {NCCL} on decode" in w for w in change.warnings), change.warnings
+    with pytest.raises(UserError, match=f"--evidence {e512.id}: evidence {e512.id} tests {KNOB}"):
+        ops.set_knob(project, NCCL, "4", "decode", "again", evidence=[e512.id])
+
+
+def test_check_fails_on_unbacked_entries_and_hand_edited_evidence(project):
+    e512 = _evidence(project)
+    with pytest.MonkeyPatch.context() as mp:   # entries written by the landed code, which checked nothing
+        mp.setattr(ops, "_check_evidence", lambda project, ids, *rest: list(ids))
+        wrong_knob = ops.set_knob(project, NCCL, "8", "decode", "x", evidence=[e512.id]).entry
+        stale = ops.set_knob(project, KNOB, "256", "decode", "x", evidence=[e512.id], allow_undeclared=True).entry
+
+    def rename_knob(d):
+        d["knob"] = NCCL
+        for arm in d["arms"].values():
+            arm["knobs"] = {NCCL: arm["knobs"][KNOB]}
+
+    edited_knob = _hand_edit(project, _evidence(project, 128), rename_knob)
+    edited_role = _hand_edit(project, _evidence(project, 64), lambda d: d.__setitem__("role", "prefill"))
+    edited_b = _hand_edit(project, _evidence(project, 32), lambda d: d["arms"]["B"]["knobs"].__setitem__(KNOB, 1024))
+
+    lines = [p.line() for p in check(project).problems]
+    def one(*needles):
+        hits = [line for line in lines if all(n in line for n in needles)]
+        assert len(hits) == 1, (needles, lines)
+
+    one(wrong_knob.id, "its evidence does not back it", f"tests {KNOB} on decode, not {NCCL} on decode")
+    one(stale.id, "its evidence does not back it", "it tested 512, the change sets 256")
+    one(edited_knob, "disagrees with itself: knob: the file says", f"says {KNOB}")
+    one(edited_role, "disagrees with itself: role: the file says prefill", "says decode")
+    one(edited_b, "disagrees with itself: arms.B.knobs", f"{KNOB}=1024", f"{KNOB}=32")
+    assert not any(e512.id in line and "disagrees" in line for line in lines), lines
+
+
+def test_the_canary_promotes_only_through_a_bound_set(project, monkeypatch):
+    """The promote's `set` carries the canary's own evidence; evidence for anything else is refused
+    there and the canary hosts are put back."""
+    from knobkeeper.evidence import canary
+
+    other = store.build_doc(knob=KNOB, role="decode", runs=ctas_runs(),
+                            arms={"A": {"label": "baseline", "knobs": {KNOB: None}},
+                                  "B": {"label": "candidate", "knobs": {KNOB: 256}}})
+    other["canary"] = {"verdict": "better"}
+    monkeypatch.setattr(canary, "measure", lambda *a, **k: other)
+    put_back = []
+    switch = canary.Switch(apply=lambda *a: None, restore=lambda: put_back.append("rollback"),
+                      promote_rest=lambda: put_back.append("promote"))
+    plan = canary.Plan(KNOB, 512, None, "decode", [], [])
+    before = git(project.root, "rev-parse", "HEAD")
+    with pytest.raises(UserError, match=f"it tested 256, the change sets 512"):
+        canary.run(project, plan, None, switch, canary.Options(promote=True, reason="canary"))
+    assert put_back == ["rollback"]
+    assert "set " not in git(project.root, "log", "--format=%s", f"{before}..HEAD")
+
+
 # --------------------------------------------------------------------------- a change that failed; an inventory that does not load
 
 def test_a_change_that_failed_on_a_full_disk_is_said_rolled_back_not_a_hand_edit(project, monkeypatch):
@@ -470,3 +599,75 @@ def test_an_inventory_that_does_not_load_is_named_with_its_line_and_the_others_a
     with pytest.raises(UserError, match=f"^inventory/new.py: line {python.value.lineno}: SyntaxError: .*; fix the "
                                         f"inventory first"):  # set cannot judge a knob against it: refused
         ops.set_knob(project, "VLLM_CPU_OMP_THREADS_BIND", "0", "vllm.decode", "x")
+
+
+# --------------------------------------------------------------------------- changelog files behind symbolic links (issue 25, finding 7)
+# Changelog files that are symbolic links, or resolve outside the repository, are refused by every
+# reader and named once each by `check` and by `report` (under its problems, instead of aborting). No
+# process is started but git and the CLI.
+
+def test_links_are_refused_by_readers_and_named_once_by_check_and_report(project, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ops.set_knob(project, KNOB, "512", "decode", "a plain entry", allow_undeclared=True)
+
+    # An outside entry that parses (its reason must never be read), and one to /etc/passwd.
+    stolen = outside / "entry.toml"
+    stolen.write_text('id = "0badc0de"\ntime = "2026-11-30T10:00:00.000000Z"\nauthor = "x <x@x>"\n'
+                      'action = "set"\nknob = "NCCL_DEBUG"\nrole = "decode"\nreason = "OUTSIDE-MARKER"\nnew = "INFO"\n')
+    entry_link = project.entries_dir / "20261130T100000.000000Z-0badc0de.toml"
+    passwd_link = project.entries_dir / "20261130T100001.000000Z-0badf00d.toml"
+    entry_link.symlink_to(stolen)
+    passwd_link.symlink_to("/etc/passwd")
+    # Evidence that would load, kept outside; an incident; a deploy record; and a dangling link.
+    doc = store.build_doc(knob=KNOB, role="decode", runs=ctas_runs(),
+                          arms={"A": {"label": "a", "knobs": {KNOB: None}}, "B": {"label": "b", "knobs": {KNOB: 512}}})
+    (outside / "ev.json").write_text(json.dumps(doc.to_json()))
+    evidence_link = project.evidence_dir / f"20261130T100000.000000Z-{doc.id}.json"
+    evidence_link.symlink_to(outside / "ev.json")
+    incident_link = project.incidents_dir / "20261130T100000.000000Z-1dead1de.toml"
+    incident_link.symlink_to(outside / "missing.toml")            # dangling, as in a fresh clone
+    record_link = project.deploys_dir / "20261130T100000.000000Z-2dead2de.json"
+    record_link.symlink_to(outside / "ev.json")
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-qm", "links")
+    links = [entry_link, passwd_link, evidence_link, incident_link, record_link]
+
+    lines = [p.line() for p in check(project).problems]
+    for link in links:
+        rel = project.rel(link)
+        hits = [line for line in lines if rel in line]
+        assert len(hits) == 1 and "a symbolic link (to " in hits[0] and "plain files in the repository" in hits[0], \
+            (rel, lines)
+    assert len(lines) == len(links), lines                         # nothing else: no "fails to render"
+    assert not any("render" in line for line in lines), lines
+
+    # The readers: the log leaves the outside entry out, `show` of it is refused in one line, the
+    # store and the deploy records do not read the links.
+    log = cli(project, "log")
+    assert log.returncode == 0 and b"OUTSIDE-MARKER" not in log.stdout and b"0badc0de" not in log.stdout
+    one_line_exit_2(cli(project, "show", "0badc0de"), "a symbolic link")
+    assert store.paths(project) == [] and load_records(project) == []
+    shown = cli(project, "ab", "show", doc.id)
+    assert shown.returncode == 2 and b"Traceback" not in shown.stderr
+
+    # The report is written, with one problem line per link.
+    html = write_report(project, tmp_path / "report.html").path.read_text()
+    problems = html.split('id="problems"', 1)[1].split("</section>", 1)[0]
+    for link in links:
+        assert problems.count(project.rel(link)) == 1, (link, problems)
+    assert "OUTSIDE-MARKER" not in html
+
+
+def test_a_folder_linked_out_of_the_repo_is_one_problem(project, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "20261130T100000.000000Z-3dead3de.toml").write_text("id = 1\n")
+    for child in project.incidents_dir.iterdir():
+        child.unlink()
+    project.incidents_dir.rmdir()
+    project.incidents_dir.symlink_to(elsewhere)
+    lines = [p.line() for p in check(project).problems]
+    assert lines == [f"{project.rel(project.incidents_dir)}: a symbolic link (to {elsewhere}); "
+                     f"changelog files are plain files in the repository (a clone gets nothing behind a link): "
+                     f"replace it with the file itself or delete it"], lines

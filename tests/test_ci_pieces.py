@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,14 +61,6 @@ def try_repo(project, tmp_path) -> subprocess.CompletedProcess:
            "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"), "PIP_NO_INDEX": "1"}
     return subprocess.run([tool("pre-commit"), "try-repo", str(ROOT), "knobkeeper-check"], cwd=project.root,
                           capture_output=True, text=True, env=env, timeout=240)
-
-
-@pytest.fixture
-def short_tmp():
-    """inventory/local.py puts a unix socket under the repo: its path must stay under 100 characters."""
-    path = Path(tempfile.mkdtemp(prefix="kk-pc-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_hook_fails_a_hand_edit_and_passes_a_recorded_change(short_tmp):

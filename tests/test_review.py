@@ -33,15 +33,6 @@ def normalise(text: str, project) -> str:
 
 
 @pytest.fixture
-def short_tmp():
-    """inventory/local.py puts a unix socket under the repo: keep the repo path short (< 100 chars)."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="kkr") as tmp:
-        yield Path(tmp)
-
-
-@pytest.fixture
 def branch_with_evidence(short_tmp, monkeypatch):
     """main: the infra repo; branch ctas: evidence + a set of the CTAs knob on decode, two commits."""
     pin_git_dates(monkeypatch)
