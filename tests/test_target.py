@@ -5,6 +5,7 @@ does is tested where it runs: tests/test_deploy_local.py and test_fleet.py (host
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +25,7 @@ MEMBERS = set(Target.__annotations__) | {name for name, value in vars(Target).it
 
 
 def test_the_interface_is_what_the_callers_use():
-    assert MEMBERS == {"kind", "started_record", "placed_per_run", "partial_deploys", "check", "commands",
+    assert MEMBERS == {"kind", "service_units", "started_record", "placed_per_run", "partial_deploys", "check", "commands",
                        "extra_files", "begin", "placed", "job_plan", "status", "started_knobs"}
 
 
@@ -48,6 +49,20 @@ def test_the_hosts_manager_picks_the_target():
     assert any("@kk:" in word for command in tokened.values() for word in command)
     assert (target_of(hosts).placed_per_run, target_of(slurm).placed_per_run) == (False, True)
     assert (target_of(hosts).partial_deploys, target_of(slurm).partial_deploys) == (True, False)
+    assert (target_of(hosts).service_units, target_of(slurm).service_units) == (True, False)
+
+
+def test_no_module_outside_the_targets_asks_which_target_it_is():
+    """The kind is the target's to know: a comparison of a manager, a plan's or a stack's kind with a
+    target's name outside the target modules is the `if is_slurm` of issue 37 coming back."""
+    package = ROOT / "knobkeeper"
+    targets = {package / "deploy" / "target.py", package / "deploy" / "hosts.py"}
+    asking = re.compile(r"""(==|!=|\bin)\s*\(?\s*["'](slurm|hosts)["']|is_slurm""")
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in sorted(package.rglob("*.py"))
+             if path not in targets and (package / "deploy" / "slurm") not in path.parents
+             for number, line in enumerate(path.read_text().splitlines(), 1) if asking.search(line)]
+    assert found == []
 
 
 class _ThirdTarget:

@@ -13,11 +13,13 @@ from typing import Any, Mapping
 from pyinfra import host as current_host
 
 from knobkeeper.deploy import operations as kk
+from knobkeeper.errors import UserError
 from knobkeeper.deploy.status import ServiceStatus, hosts_started_knobs, hosts_status
 
 
 class HostsTarget:
     kind = "hosts"
+    service_units = True
     started_record = "started.sh"
     placed_per_run = False
     partial_deploys = True
@@ -26,7 +28,16 @@ class HostsTarget:
         self.stack = stack
 
     def check(self) -> None:
-        """Nothing beyond the stack's own checks (deploy/stack.py)."""
+        """No two services of a host on one port (a Slurm job's components pick free ports on their nodes)."""
+        seen: dict[tuple[str, int], str] = {}
+        for svc in self.stack.services:
+            for port in (svc.port, svc.bootstrap_port, svc.metrics_port, *(p for _, p in svc.ports)):
+                if port is None:
+                    continue
+                other = seen.get((svc.address, port))
+                if other:
+                    raise UserError(f"port {port} on {svc.address}: used by both {other} and {svc.key}")
+                seen[(svc.address, port)] = svc.key
 
     def commands(self) -> Mapping[tuple[str, str], list[str]]:
         return self.stack.commands

@@ -307,7 +307,7 @@ def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] 
             "options": {"restart": options.restart, "only": options.only, "batch": options.batch,
                         "knob_overrides": options.knob_overrides},
             "counts": counts, "roles": roles, "unreachable": dict(shell.errors),
-            "engine_warnings": engine_warnings(project, str(inventory_path)),
+            "engine_warnings": engine_warnings(project, str(inventory_path)), "target": target.kind,
             **({target.kind: {k: v for k, v in job.items() if k != "services"}} if job is not None else {})}
 
 
@@ -359,13 +359,9 @@ def plan_text(plan: Mapping[str, Any]) -> str:
              + (f", only={opts['only']}" if opts["only"] else "") + "): "
              + f"{counts['restart']} to restart, {counts['start']} to start, {counts['unchanged']} unchanged"
              + (f", {counts['unknown']} unreachable" if counts["unknown"] else "")]
-    job = plan.get("slurm")
-    if job:  # a Slurm stack: the job is what restarts
-        words = {"new job": "NEW JOB", "keep": f"keep job {job['running']}", "none": "nothing submitted"}
-        lines.append(f"slurm job {job['job']}: {words.get(job['action'], job['action'])}"
-                     + (f" (cancels job {', '.join(job['replaces'])} after every gate passed)"
-                        if job["action"] == "new job" and job.get("replaces") else ""))
-        lines += [f"   why: {fmt.safe(w)}" for w in job["why"]]
+    job = plan.get(plan.get("target", ""))
+    if job:  # a target whose deploy is one unit (a Slurm job): the unit is what restarts, in its words
+        lines += job["lines"]
     for number, role in enumerate(plan["roles"], 1):
         after = f", after {', '.join(role['after'])}" if role["after"] else ""
         lines.append(f"{number}. {role['role']} (gate {role['health']}{after})")

@@ -165,13 +165,15 @@ def render_service(
     environment: Mapping[str, str] | None = None,
     instance_env: Mapping[str, str] | None = None,
     scope: str | None = None,
+    unit: bool = True,
 ) -> RenderedService:
     """{remote path: text} (plus modes, secrets, digest) for one (host, service). Pure.
 
     `knobs`: the role's knob values (a secret's value is its fingerprint); `provenance`: per knob the
     words that name where it came from ("entry 1a2b3c4d (set ... by ...)", "override (A/B run)");
     `instance_env`: what the engine family exports for this one instance (vLLM's NIXL side channel);
-    `scope`: the knobs.toml table the knobs come from (where a secret's value is stored).
+    `scope`: the knobs.toml table the knobs come from (where a secret's value is stored); `unit`: the
+    manager's file too (the target's service_units; a Slurm job's script starts the launch script).
     """
     instance = dict(instance_env or {})
     env_fixed = {**BASE_ENVIRONMENT, **instance, **(environment or {})}
@@ -220,8 +222,8 @@ def render_service(
     }
     manager_template = PROGRAM_TEMPLATE if service.manager == "supervisord" else UNIT_TEMPLATE
     paths = [(service.launch_path, LAUNCH_TEMPLATE, "0755"), (service.manager_file, manager_template, "0644")]
-    if service.manager == "slurm":
-        paths = paths[:1]  # a Slurm component has no unit: the stack's job script starts it (deploy/slurm)
+    if not unit:
+        paths = paths[:1]  # the target starts the launch script itself (a Slurm job's script: deploy/slurm)
     bare = {path: strip_header(render_template(templates_dir, tpl, {**context, "header": []})) for path, tpl, _ in paths}
     digest = content_digest(bare, shown)
     meta = {
@@ -426,6 +428,7 @@ def render_stack(
                     svc, commands[(svc.host, svc.name)], knobs=svc_values, catalog=catalog, provenance=svc_provenance,
                     source=source, templates_dir=project.templates_dir, environment=env,
                     instance_env=svc.family.instance_environment(svc, plan.data), scope=key,
+                    unit=target.service_units,
                 )
     # A Slurm stack's job script (every component's launch script inside) is a rendered file too,
     # keyed (login host, job name): review shows it, check lints it.

@@ -183,24 +183,12 @@ def stack_from_inventory(inventory: Any, name: str) -> Stack:
         data = _host_data(host)
         groups = sorted(members.get(host.name, []), key=order.index)
         plans[host.name] = host_plan(host.name, data, groups, roles, name)
-    seen: dict[tuple[str, int], str] = {}
-    for plan in plans.values():
-        if plan.manager == "slurm":
-            continue  # the job's components pick free ports on their own nodes (deploy/slurm/job.py)
-        for svc in plan.services:
-            for port in (svc.port, svc.bootstrap_port, svc.metrics_port, *(p for _, p in svc.ports)):
-                if port is None:
-                    continue
-                other = seen.get((svc.address, port))
-                if other:
-                    raise UserError(f"port {port} on {svc.address}: used by both {other} and {svc.key}")
-                seen[(svc.address, port)] = svc.key
     named = {stack_of(plan.data, f"inventory {name}, host {plan.name}") for plan in plans.values() if plan.services}
     if len(named) > 1:
         raise UserError(f"inventory {name}: hosts name different stacks ({', '.join(sorted(s or '(none)' for s in named))}); "
                         f"set data stack once, in the inventory or group_data")
     stack = Stack(inventory=name, roles=roles, order=order, hosts=plans, stack=next(iter(named), ""))
-    target_of(stack).check()  # the target's own data (a Slurm job's settings) with the rest
+    target_of(stack).check()  # the target's own data (ports shared on a host, a Slurm job's settings) with the rest
     workers = workers_of(stack.services)
     for svc in stack.services:
         stack.commands[(svc.host, svc.name)] = engine_command(svc, stack.hosts[svc.host].data, workers)

@@ -40,6 +40,8 @@ class TargetRun(Protocol):
 
 class Target(Protocol):
     kind: str
+    service_units: bool    # each service has its manager's file (a supervisord program, a systemd unit); else
+                           # the target starts the launch scripts itself (a Slurm job's script holds them)
     started_record: str    # what holds a running service's started knob values (ab run's probe says it)
     placed_per_run: bool   # each deploy places the services anew: their addresses come from the running stack
     partial_deploys: bool  # `only=ROLE` restarts that role while the others keep serving (checked up first)

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from knobkeeper import fmt
 from knobkeeper.deploy.health import healthy_now
 from knobkeeper.deploy.observe import host_shell
 from knobkeeper.deploy.plan import change_reasons
@@ -166,7 +167,8 @@ def started_knobs(shell: Any, stack: Any) -> dict[str, dict[str, str] | None]:
 
 def job_plan(shell: Any, stack: Any, rendered: Mapping[tuple[str, str], Any], restart: str) -> dict[str, Any]:
     """What a deploy would do with the stack's jobs now: {"action": "new job" | "keep" | "none" |
-    "unknown", "why": [...], "running": job id or None, "services": {name: (action, reason, changes)}}."""
+    "unknown", "why": [...], "running": job id or None, "services": {name: (action, reason, changes)},
+    "lines": what `plan` prints of it}."""
     settings = settings_of(stack)
     entry = rendered[(settings.host, settings.job_name)]
     client = client_for(shell, settings)
@@ -175,8 +177,18 @@ def job_plan(shell: Any, stack: Any, rendered: Mapping[tuple[str, str], Any], re
         d = decide(restart, jobs, entry.digest, list(stack.services), rendered, next(iter(entry.files.values())),
                    settings.job_name, client.batch_script)
     except SlurmError as exc:
-        return {"action": "unknown", "why": [str(exc)], "running": None, "job": settings.job_name,
-                "services": {s.name: ("unknown", str(exc), []) for s in stack.services}}
+        return _with_lines({"action": "unknown", "why": [str(exc)], "running": None, "job": settings.job_name,
+                            "services": {s.name: ("unknown", str(exc), []) for s in stack.services}})
     running = d.keep or d.previous
-    return {"action": d.action, "why": d.why, "running": running.id if running else None,
-            "replaces": [j.id for j in d.replace], "services": d.services, "job": settings.job_name}
+    return _with_lines({"action": d.action, "why": d.why, "running": running.id if running else None,
+                        "replaces": [j.id for j in d.replace], "services": d.services, "job": settings.job_name})
+
+
+def _with_lines(job: dict[str, Any]) -> dict[str, Any]:
+    """The job plan with the lines `plan` prints of it (the job is what restarts)."""
+    words = {"new job": "NEW JOB", "keep": f"keep job {job['running']}", "none": "nothing submitted"}
+    replaces = job.get("replaces")
+    lines = [f"slurm job {job['job']}: {words.get(job['action'], job['action'])}"
+             + (f" (cancels job {', '.join(replaces)} after every gate passed)"
+                if job["action"] == "new job" and replaces else "")]
+    return {**job, "lines": lines + [f"   why: {fmt.safe(w)}" for w in job["why"]]}

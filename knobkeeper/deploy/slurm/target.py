@@ -19,6 +19,7 @@ from knobkeeper.deploy.slurm.status import started_knobs as job_started_knobs
 
 class SlurmTarget:
     kind = "slurm"
+    service_units = False
     started_record = "the job's script"
     placed_per_run = True
     partial_deploys = False
