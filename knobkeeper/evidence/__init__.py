@@ -8,7 +8,7 @@ and writer of changelog/evidence/ (store.py: `find`, `load`, `list_all`, `summar
 `verify`, `import_files`), the family-wise judgement (judge.py: Welch t on log throughput, Holm
 over every level x judged metric, guard metrics, the sequential design; it returns a Judgement),
 the validity gates (validity.py), importers of the benchmark tools people already use
-(importers.py), `ab run` through the deploy (ab.py: `measure(harness, design)`, `ab_run`), the
+(importers/, one module per tool), `ab run` through the deploy (ab.py: `measure(harness, design)`, `ab_run`), the
 canary (canary.py: `canary` the one call, `run` and `measure` beneath it, `Options`), the
 defaults of both, which the CLI shows (defaults.py, importing nothing), the engines' own metrics
 (metrics.py), plots (plot.py).
