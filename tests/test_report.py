@@ -124,6 +124,18 @@ def test_hostile_strings_are_text_not_markup(tmp_path, browser):
     assert evil in tab.evaluate("document.body.textContent")
 
 
+def test_a_hostile_value_and_reason_are_escaped_in_the_html(tmp_path):
+    """The page's text itself, not the DOM: a knob value and a reason with <script>, quotes and &
+    come out escaped by the templates' autoescape, in the declared table and the knob's history."""
+    project = make_infra_repo(tmp_path)
+    value, reason = '<script>alert("v")</script>', "it's <b>fast</b> & \"safe\""
+    ops.set_knob(project, "NCCL_SOCKET_IFNAME", value, "prefill", reason)
+    text = write_report(project, tmp_path / "r.html").path.read_text()
+    assert "<script>alert" not in text and "<b>fast" not in text and "& \"" not in text
+    assert text.count("&lt;script&gt;alert(&#34;v&#34;)&lt;/script&gt;") >= 2, text
+    assert text.count("it&#39;s &lt;b&gt;fast&lt;/b&gt; &amp; &#34;safe&#34;") >= 2, text
+
+
 def test_empty_repository_says_so(project, browser, tmp_path):
     path = write_report(project, tmp_path / "empty.html").path
     tab = open_clean(browser, path)
