@@ -8,6 +8,7 @@ from typing import Any
 
 from knobkeeper.evidence.importers.common import Imported, _File, _load_json
 from knobkeeper.evidence.model import METRIC
+from knobkeeper.evidence.schema import SCHEMA, SCHEMAS, validate
 
 
 def _non_finite(value: Any, where: str) -> str | None:
@@ -22,8 +23,6 @@ def _non_finite(value: Any, where: str) -> str | None:
 
 
 def read_kernels(path: Path, data: Any = None) -> Imported:
-    from knobkeeper.evidence.schema import SCHEMA, SCHEMAS, validate
-
     f = _File(path)
     doc = _load_json(path) if data is None else data
     if not isinstance(doc, dict) or doc.get("schema") not in SCHEMAS:
