@@ -13,6 +13,7 @@ from knobkeeper import fmt
 from knobkeeper.audit.status import RevertStatus, revert_status
 from knobkeeper.changelog.entries import Entry, load_entries, shown_old
 from knobkeeper.changelog.incidents import Incident, load_incidents
+from knobkeeper.deploy.record import load_records, record_path
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 from knobkeeper.timeutil import iso, parse_duration, parse_time, utcnow
@@ -155,8 +156,6 @@ def _iso_of(value: Any) -> str | None:
 def deploy_records(project: Project, problems: list[str]) -> list[Any]:
     """The committed deploy records (knobkeeper.deploy.record): the one place audit reads them.
     A record that cannot be read is reported in `problems`, not fatal."""
-    from knobkeeper.deploy.record import load_records
-
     return load_records(project, problems)  # an unreadable record is named there, the rest still count
 
 
@@ -167,8 +166,6 @@ def deploy_events(project: Project, problems: list[str] | None = None, lo: str |
     With `lo`/`hi` (iso times), runs that started outside [lo - 1 day, hi] are left out: a deploy
     run is assumed to last less than a day.
     """
-    from knobkeeper.deploy.record import record_path
-
     problems = [] if problems is None else problems
     first = iso(_minus(parse_time(lo), timedelta(days=1))) if lo else None
     events: list[Event] = []

@@ -30,9 +30,14 @@ from knobkeeper import fmt
 from knobkeeper.audit.status import MEANING, RevertStatus, revert_status
 from knobkeeper.changelog import ops
 from knobkeeper.changelog.entries import Entry, load_entries
-from knobkeeper.changelog.incidents import load_incidents
+from knobkeeper.changelog.incidents import find_incident, load_incidents
 from knobkeeper.changelog.ops import Change, CommitOptions, RestoreVerdict
+from knobkeeper.engine import family
+from knobkeeper.engine.pins import engine_pins, inventory_key
 from knobkeeper.errors import UserError
+from knobkeeper.evidence import store
+from knobkeeper.knobs.catalog import load_catalog
+from knobkeeper.knobs.state import read_declared
 from knobkeeper.project import Project
 from knobkeeper.timeutil import parse_time, utcnow
 
@@ -41,8 +46,6 @@ STALE_DAYS = 30
 
 def load_evidence(project: Project, ident: str):
     """The Evidence (through the evidence store), or a string saying why it cannot be read."""
-    from knobkeeper.evidence import store
-
     try:
         return store.load(project, ident)
     except UserError as exc:
@@ -129,8 +132,6 @@ def pinned_engine(project: Project, setup: Any, role: str) -> tuple[tuple[str, s
     whatever spelling `ab run` was given it, for its role and stack. Evidence that names no inventory
     (an import) is compared with the version every inventory pins for its role and engine, when they
     agree on one."""
-    from knobkeeper.engine.pins import engine_pins, inventory_key
-
     scope = f"role {role}" + (f" of stack {setup.stack}" if setup.stack else "")
     pins = [p for p in engine_pins(project.inventory_dir) if p.role == role and p.stack == (setup.stack or "")]
     if setup.inventory:
@@ -158,9 +159,6 @@ def current_engine_version(project: Project) -> str | None:
     """The one engine version every pinned worker role of every inventory agrees on (the report's
     `engine_version`; each evidence is checked against its own role's pin, pinned_engine); None
     where none is pinned or they differ."""
-    from knobkeeper.engine import family
-    from knobkeeper.engine.pins import engine_pins
-
     pins = [p for p in engine_pins(project.inventory_dir) if p.version and family(p.engine).kind == "worker"]
     versions = {p.version for p in pins}
     return versions.pop() if len(versions) == 1 else None
@@ -224,9 +222,6 @@ def _same(a, b) -> bool:
 def reclaimable(project: Project, stale_days: float = STALE_DAYS, engine_version: str | None = None,
                 now: datetime | None = None) -> ReclaimReport:
     """What reverts took away that evidence says was a gain, and whether it can be taken back."""
-    from knobkeeper.knobs.catalog import load_catalog
-    from knobkeeper.knobs.state import read_declared
-
     now = now or utcnow()
     explicit = engine_version  # else each evidence is compared with its own inventory's pin
     engine_version = engine_version or current_engine_version(project)
@@ -357,8 +352,6 @@ def revert(project: Project, knob: str, role: str, reason: str | None, incident:
     made for it, so the new one would be born refuted (open a new incident instead).
     """
     if incident:
-        from knobkeeper.changelog.incidents import find_incident
-
         try:
             found = find_incident(project, incident)
         except UserError as exc:

@@ -45,8 +45,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from knobkeeper.changelog.filecache import load_folder, plain_file
-from knobkeeper.changelog.store import settle
+from knobkeeper.changelog.entries import find_entry, load_entries
+from knobkeeper.changelog.filecache import find_one, load_folder, plain_file
+from knobkeeper.changelog.store import commit_change, git_author, Message, repo_lock, settle
 from knobkeeper.fmt import short
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
@@ -211,8 +212,6 @@ def load_incidents(project: Project) -> list[Incident]:
 
 def find_incident(project: Project, ident: str, incidents: Iterable[Incident] | None = None) -> Incident:
     """By id or unique id prefix (at least 4 characters)."""
-    from knobkeeper.changelog.filecache import find_one
-
     if incidents is None:
         settle(project)
     return find_one(ident, "incident", project.incidents_dir, "knobkeeper incident list", parse_incident_file,
@@ -243,8 +242,6 @@ def _short(text: str) -> str:
 
 def _revert_for(project: Project, incident: Incident, ident: str, option: str, entries) -> str:
     """The full id of a revert made for `incident`, or a UserError saying what `ident` is instead."""
-    from knobkeeper.changelog.entries import find_entry
-
     try:
         entry = find_entry(project, ident, entries)
     except UserError as exc:
@@ -261,8 +258,6 @@ def _revert_for(project: Project, incident: Incident, ident: str, option: str, e
 
 def _commit(project: Project, incident: Incident, action: str, summary: str, body: str,
             trailers: list[tuple[str, str]], no_commit: bool) -> str | None:
-    from knobkeeper.changelog.store import Message, commit_change
-
     message = Message(summary=f"incident {incident.id}: {summary}", body=body,
                       trailers=[("Incident", incident.id), ("Action", action), *trailers])
     return commit_change(project, {incident_path(project, incident): incident.to_toml()}, message,
@@ -272,8 +267,6 @@ def _commit(project: Project, incident: Incident, action: str, summary: str, bod
 def open_incident(project: Project, title: str | None, started: str | datetime | None = None,
                   *, no_commit: bool = False, now: datetime | None = None) -> IncidentChange:
     """Open an incident: one new file, one commit. `started` = when the symptom began (default: now)."""
-    from knobkeeper.changelog.store import git_author, repo_lock
-
     title = _text(title, "incident open TITLE")
     moment = now or utcnow()
     if started is None:
@@ -300,9 +293,6 @@ def open_incident(project: Project, title: str | None, started: str | datetime |
 def note_incident(project: Project, ident: str, text: str | None, refutes: str | None = None,
                   confirms: str | None = None, *, no_commit: bool = False) -> IncidentChange:
     """Add a note; it may refute or confirm a revert made for this incident."""
-    from knobkeeper.changelog.entries import load_entries
-    from knobkeeper.changelog.store import git_author, repo_lock
-
     text = _text(text, "incident note TEXT")
     with repo_lock(project):
         incident = find_incident(project, ident)
@@ -327,9 +317,6 @@ def resolve_incident(project: Project, ident: str, root_cause: str | None, impli
                      *, no_commit: bool = False) -> IncidentChange:
     """Resolve once, with a root cause. Every revert made for the incident that the resolution does
     not implicate becomes refuted; those it implicates become confirmed."""
-    from knobkeeper.changelog.entries import load_entries
-    from knobkeeper.changelog.store import git_author, repo_lock
-
     root_cause = _text(root_cause, "--root-cause")
     with repo_lock(project):
         incident = find_incident(project, ident)
@@ -394,7 +381,6 @@ def add_snapshot(project: Project, ident: str, summary: str, data: dict[str, Any
     changelog/incidents/<stem>/snapshot-<time>.json, in one commit."""
     import json
 
-    from knobkeeper.changelog.store import Message, commit_change, git_author, repo_lock
 
     with repo_lock(project):
         incident = find_incident(project, ident)

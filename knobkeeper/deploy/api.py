@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.options import DEFAULT_INVENTORY, DeployOptions
 from knobkeeper.deploy.parent import parent_env
 from knobkeeper.deploy.record import DeployRecord, find_record
+from knobkeeper.deploy.render import render_stack
+from knobkeeper.deploy.stack import load_stack
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 from knobkeeper.timeutil import new_id
@@ -77,10 +80,6 @@ def deploy_command(inventory_path: str, options: DeployOptions, extra_data: Mapp
 
 def _preflight(project: Project, inventory: str, options: DeployOptions) -> None:
     """Refuse bad --only / overrides / secrets with one UserError before pyinfra starts (nothing touched)."""
-    from knobkeeper.deploy.render import render_stack
-    from knobkeeper.deploy.stack import load_stack
-
-    from knobkeeper.deploy.canary_state import refuse_deploy
 
     stack = load_stack(project.root, inventory)
     options.check_roles(list(stack.order), inventory)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from knobkeeper.deploy.model import HostPlan, Service
-from knobkeeper.engine import family
+from knobkeeper.engine import family, vllm_install
 from knobkeeper.engine.family import Workers
 from knobkeeper.errors import UserError
 
@@ -64,8 +64,6 @@ def managed_envs(plan: HostPlan) -> list[Any]:
 def managed_drift(plan: HostPlan, run_on_host: Any) -> list[str] | None:
     """`status`'s drift lines of the host's cached engine environments (vllm_install.drift: PEP 440
     `==`, so torch 2.13.0 is met by 2.13.0+cpu); None when the host has none, or was unreachable."""
-    from knobkeeper.engine import vllm_install
-
     envs = managed_envs(plan)
     if not envs:
         return None

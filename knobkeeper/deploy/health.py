@@ -39,6 +39,7 @@ from typing import Callable, Iterable
 
 from knobkeeper import fmt
 from knobkeeper.deploy.model import Service, Stack
+from knobkeeper.deploy.observe import manager_status_command, parse_manager_status
 from knobkeeper.deploy.onhost import RunOnHost, say as say_line
 from knobkeeper.engine.routers import workers_healthy
 from knobkeeper.deploy.topology import downstream
@@ -239,8 +240,6 @@ def gave_up(svc: Service, ctl: str, run_on_host: RunOnHost, seen: dict | None = 
     long past supervisord's startsecs): supervisord restarts it, forever, and never says FATAL.
     A process seen RUNNING whose PID is then gone or another has crashed. One that lives on but whose
     own log says it can never finish starting (`stuck_start`) fails too: waiting cannot help."""
-    from knobkeeper.deploy.observe import manager_status_command, parse_manager_status
-
     state, pid = parse_manager_status(run_on_host(manager_status_command(svc, ctl)))
     crashed = before = None
     if seen is not None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from knobkeeper.deploy.observe import parse_manager_status
+from knobkeeper.errors import UserError
 
 
 def supervisor_root(prefix: str | Path) -> Path:
@@ -110,7 +111,6 @@ def start_prometheus(prefix: str | Path, config_text: str, port: int = PROMETHEU
     import shutil
     import urllib.request
 
-    from knobkeeper.errors import UserError
 
     root = prometheus_root(prefix)
     root.mkdir(parents=True, exist_ok=True)

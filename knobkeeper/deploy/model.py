@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from knobkeeper.deploy.topology import Role
+from knobkeeper.engine import family
+from knobkeeper.knobs.values import scope
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,6 @@ class Service:
     @property
     def family(self):
         """The engine family that runs it (knobkeeper.engine)."""
-        from knobkeeper.engine import family
-
         return family(self.engine)
 
     @property
@@ -184,8 +184,6 @@ class Stack:
 
     def scope(self, role: str) -> str:
         """The knobs.toml table of `role` in this stack ("decode", "vllm.decode")."""
-        from knobkeeper.knobs.values import scope
-
         return scope(self.stack, role)
 
     @property

@@ -83,6 +83,8 @@ import gevent
 import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
+from knobkeeper.deploy.health import identity_command, parse_identity
+from knobkeeper.engine import tiny_model as tm, vllm_install
 from knobkeeper.fsio import unlock_file
 from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, managed_envs, parse_versions,
@@ -208,9 +210,6 @@ class DeployRun:
         """What can be known to fail before anything runs anywhere, one line each (UserError): no
         source for an engine environment, a wheelhouse without the pinned wheels, the connector's
         wheels switched off, a model path that is not a model (and no tiny model to build there)."""
-        from knobkeeper.engine import tiny_model as tm
-        from knobkeeper.engine import vllm_install
-
         for plan in self.stack.hosts.values():
             if self.options.restart == "none":
                 break
@@ -281,8 +280,6 @@ class DeployRun:
 
     def install_engine(self, host: Any, plan: HostPlan, env: Any) -> None:
         """Run the install script on the host; one line naming host, service and cause on failure."""
-        from knobkeeper.engine import vllm_install
-
         wheelhouse = plan.data.get("engine_wheelhouse")
         if wheelhouse and env.wheelhouse:
             vllm_install.preflight(env, Path(str(wheelhouse)).expanduser())
@@ -297,8 +294,6 @@ class DeployRun:
         say(f"{env.name}: {state} in {time.monotonic() - started:.1f} s")
 
     def build_model(self, plan: HostPlan, env: Any, model: Path) -> None:
-        from knobkeeper.engine import tiny_model as tm
-
         if plan.name != "@local":
             raise UserError(f"host {plan.name}: data tiny_model_seed: the tiny model is built on the local host only")
         seed = int(plan.data["tiny_model_seed"])
@@ -488,8 +483,6 @@ class DeployRun:
         """Before a (re)start: nothing but the service itself may hold its port (a stray server would
         answer its health URL while the new process dies on "address already in use"), nor any of its
         family's per-instance ports (vLLM's NIXL side channel: taken, vLLM waits at start-up forever)."""
-        from knobkeeper.deploy.health import identity_command, parse_identity
-
         lines = on_host(host)(identity_command(svc, plan.ctl, [port for _, port in svc.ports]))
         for name, port in (("", svc.port), *svc.ports):
             ident = parse_identity(lines, port)
@@ -596,13 +589,9 @@ class EngineEnvState(FactBase):
     """
 
     def command(self, env: Any) -> str:
-        from knobkeeper.engine import vllm_install
-
         return vllm_install.probe_command(env)
 
     def process(self, output: list[str]) -> Any:
-        from knobkeeper.engine import vllm_install
-
         return vllm_install.parse_probe(output)
 
 
@@ -610,8 +599,6 @@ class EngineEnvState(FactBase):
 def engine_env(run: DeployRun, plan: HostPlan, env: Any):
     """Build the cached engine environment unless the probe (the fact) says it is ready with every
     pin met; either way its versions go into the record. Second deploy: the probe only (~0.1 s)."""
-    from knobkeeper.engine import vllm_install
-
     installed = current_host.get_fact(EngineEnvState, env=env)
     if vllm_install.is_ready(env, installed):
         if current_state.is_executing:
@@ -625,8 +612,6 @@ def engine_env(run: DeployRun, plan: HostPlan, env: Any):
 def tiny_model(run: DeployRun, plan: HostPlan, env: Any):
     """The tiny model (a stand-in for your model) built into data `model` when that folder is absent:
     engine/tiny_model.py, run by the engine environment's python (the controller never imports torch)."""
-    from knobkeeper.engine import tiny_model as tm
-
     model = Path(str(plan.data["model"]))
     if tm.is_model_dir(model) is None:
         current_host.noop(f"model {model} is there")

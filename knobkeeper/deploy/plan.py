@@ -30,6 +30,7 @@ from knobkeeper.deploy.render import parse_meta, render_stack, strip_header
 from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
 from knobkeeper.deploy.target import target_of
 from knobkeeper.deploy.topology import Role, downstream
+from knobkeeper.knobs.pinned import ignored_knobs
 from knobkeeper.project import Project
 
 VERBS = {"restarted": "restart", "started": "start", "unchanged": "unchanged"}
@@ -314,8 +315,6 @@ def restart_plan(project: Project, inventory_path: str, data: Mapping[str, Any] 
 def engine_warnings(project: Project, inventory_path: str) -> list[str]:
     """Declared knobs that the engine version this inventory pins would ignore (forks included: a
     deploy should say what it ships that the engine may not read)."""
-    from knobkeeper.knobs.pinned import ignored_knobs
-
     where = f"pinned in {Path(inventory_path).as_posix()}"
     return [line for line in ignored_knobs(project, include_other_origin=True) if where in line]
 

@@ -46,9 +46,10 @@ from typing import Any
 from knobkeeper import fmt
 from knobkeeper.changelog.filecache import plain_file, refusal
 from knobkeeper.changelog.store import Message, commit_change
-from knobkeeper.fsio import atomic_write
+from knobkeeper.errors import UserError
+from knobkeeper.fsio import atomic_write, lock_file, LOOK_GRACE_S, unlock_file
 from knobkeeper.project import Project
-from knobkeeper.timeutil import file_stem, parse_time
+from knobkeeper.timeutil import file_stem, iso, parse_time, utcnow
 
 ACTIONS = ("restarted", "started", "unchanged")
 JOURNAL = "deploys-running"
@@ -290,8 +291,6 @@ def take_deploy_lock(project: Project):
     holds it. Others take it for an instant only to look (a canary waiting for it to be free,
     `recover_interrupted` asking whether a journal's run is alive): the run waits out such a look
     (fsio.LOOK_GRACE_S) instead of failing "another deploy of this repo is running" on it."""
-    from knobkeeper.fsio import LOOK_GRACE_S, lock_file
-
     lock = deploy_lock(project)
     return lock_file(lock, wait=LOOK_GRACE_S, busy=f"{DEPLOY_BUSY} (lock {lock})")
 
@@ -328,10 +327,6 @@ def recover_interrupted(project: Project, locked: bool = False) -> list[DeployRe
     """Complete and save the record of every deploy whose process died (see the module doc); the
     records it saved. `locked`: the caller holds the deploy lock; otherwise it is tried without
     waiting, and nothing is done while a deploy is running."""
-    from knobkeeper.fsio import lock_file, unlock_file
-    from knobkeeper.errors import UserError
-    from knobkeeper.timeutil import iso, utcnow
-
     folder = project.private_dir / JOURNAL
     if not folder.is_dir() or not any(folder.glob("*.json")):
         return []

@@ -27,9 +27,12 @@ from typing import Any, Mapping
 import jinja2
 
 from knobkeeper import gitio
+from knobkeeper.changelog.entries import latest_by_knob, load_entries
+from knobkeeper.changelog.secrets import secret_mismatch
 from knobkeeper.deploy.target import target_of
 from knobkeeper.errors import UserError
-from knobkeeper.knobs.catalog import Catalog, Value
+from knobkeeper.knobs.catalog import Catalog, load_catalog, Value
+from knobkeeper.knobs.state import read_declared
 
 LAUNCH_TEMPLATE = "launch.sh.j2"
 UNIT_TEMPLATE = "systemd.service.j2"
@@ -386,11 +389,6 @@ def render_stack(
     check_secrets: bool = False,
 ) -> dict[tuple[str, str], RenderedService]:
     """Every (host, service) of the stack rendered from the project's knobs, catalog and changelog."""
-    from knobkeeper.changelog.secrets import secret_mismatch
-    from knobkeeper.changelog.entries import latest_by_knob, load_entries
-    from knobkeeper.knobs.catalog import load_catalog
-    from knobkeeper.knobs.state import read_declared
-
     catalog = load_catalog(project.catalog_path)
     declared = read_declared(project.knobs_path, catalog)
     latest = latest_by_knob(load_entries(project))

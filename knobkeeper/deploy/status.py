@@ -38,6 +38,7 @@ from knobkeeper.deploy.render import render_stack
 from knobkeeper.deploy.stack import load_inventory, stack_from_inventory
 from knobkeeper.deploy.target import target_of
 from knobkeeper.knobs.catalog import load_catalog
+from knobkeeper.knobs.state import read_declared
 from knobkeeper.project import Project
 
 # Two looks at each running service's PID, this far apart: a PID that changed is a restart loop.
@@ -88,8 +89,6 @@ def _merge(diffs: list[str], edits: list[str] | None) -> list[str]:
 
 def secret_problems(project: Project, stack: Any) -> dict[str, list[str]]:
     """{role: [one line per declared secret whose stored value is missing or is not the declared one]}."""
-    from knobkeeper.knobs.state import read_declared
-
     catalog = load_catalog(project.catalog_path)
     declared = read_declared(project.knobs_path, catalog)
     out: dict[str, list[str]] = {}

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper import fmt
+from knobkeeper.engine import family, with_registry
+from knobkeeper.engine.pins import engine_pins, engine_roles
 from knobkeeper.errors import UserError
+from knobkeeper.knobs.registry import load_registry, NEUTRAL_RISK, newest_entry, version_key
 from knobkeeper.knobs.values import ENV_NAME, TYPES, check_env_name, role_of  # noqa: F401 (the catalog's vocabulary)
 from knobkeeper.tomlio import read_toml
 
@@ -67,8 +70,6 @@ class Knob:
     def engine(self) -> str | None:
         """The engine family whose releases read it, when its `source` names one first ("sglang",
         "sglang fork", "vllm PR 123"); None for a knob of no engine (nccl, a kernel, the hub client)."""
-        from knobkeeper.engine import with_registry
-
         first = re.split(r"[^A-Za-z0-9_]", self.source.strip(), maxsplit=1)[0].lower()
         return first if first in {f.name for f in with_registry()} else None
 
@@ -182,8 +183,6 @@ class Catalog:
         registry declares (newest version first), or None."""
         if self.path is None or not ENV_NAME.fullmatch(name):
             return None
-        from knobkeeper.engine.pins import engine_roles
-        from knobkeeper.knobs.registry import newest_entry
 
         inventory_dir = self.path.parent
         found = newest_entry(inventory_dir, name)
@@ -200,8 +199,6 @@ class Catalog:
         found = None if name in self.knobs else self._registry_entry(name)
         if found is None:
             return None
-        from knobkeeper.engine.pins import engine_pins
-        from knobkeeper.knobs.registry import load_registry, version_key
 
         engine, inventory_dir = found[0].engine, self.path.parent  # type: ignore[union-attr]
         pinned = {p.version for p in engine_pins(inventory_dir) if p.engine == engine and p.version}
@@ -212,9 +209,6 @@ class Catalog:
         """A knob only an imported engine registry (inventory/engines/) declares, newest version first;
         loaded on a miss only. It gets the registry's type, risk "unreviewed" and every role that runs
         the engine, until a person curates it here."""
-        from knobkeeper.engine import family
-        from knobkeeper.knobs.registry import NEUTRAL_RISK
-
         found = self._registry_entry(name)
         if found is None:
             return None

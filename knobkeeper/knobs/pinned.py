@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper.engine import family
-from knobkeeper.engine.pins import Pin, pins_for, stacks, unloadable_inventories
+from knobkeeper.engine.pins import engine_pins, Pin, pins_for, stacks, unloadable_inventories
 from knobkeeper.errors import UserError
+from knobkeeper.knobs.catalog import load_catalog
 from knobkeeper.knobs.registry import COMPATIBLE, Registry, hint, load_registry
+from knobkeeper.knobs.state import read_declared
 from knobkeeper.knobs.values import split_scope, stack_hint
 
 
@@ -57,8 +59,6 @@ def _wrong_engine(name: str, engine: str, stack: str, role: str, pins: list[Pin]
 
 
 def _engine_pins_of_role(inventory_dir: Path, role: str) -> list[Pin]:
-    from knobkeeper.engine.pins import engine_pins
-
     return [p for p in engine_pins(inventory_dir) if p.role == role]
 
 
@@ -137,9 +137,6 @@ def ignored_knobs(project: Any, include_other_origin: bool = False) -> list[str]
     Knobs whose catalog source names another origin (a fork, a build, a PR: set with
     --allow-undeclared) are left out unless `include_other_origin`.
     """
-    from knobkeeper.knobs.catalog import load_catalog
-    from knobkeeper.knobs.state import read_declared
-
     catalog = load_catalog(project.catalog_path)
     declared = read_declared(project.knobs_path, catalog)
     inventory_dir = project.inventory_dir

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper.engine import family, with_registry
+from knobkeeper.engine.source import cached_wheel, installed_source, open_wheel
 from knobkeeper.engine.versions import cache_dir, check_version, version_key
 from knobkeeper.errors import UserError
 from knobkeeper.fsio import atomic_write
@@ -77,8 +78,6 @@ def registry_path(inventory_dir: Path, engine: str, version: str) -> Path:
 def generate(engine: str, version: str | None = None, wheel: Path | None = None, from_installed: bool = False,
              wheelhouse: Path | None = None) -> dict[str, Any]:
     """The registry document of one engine version, from exactly one of the three sources."""
-    from knobkeeper.engine.source import cached_wheel, installed_source, open_wheel
-
     fam = registry_family(engine)
     reader = fam.registry
     chosen = [x for x in (version is not None, wheel is not None, from_installed) if x]

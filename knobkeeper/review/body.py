@@ -14,9 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from knobkeeper import fmt
+from knobkeeper import audit, fmt
 from knobkeeper.changelog.entries import Entry, load_entries, replay
+from knobkeeper.changelog.incidents import load_incidents
+from knobkeeper.deploy.render import Source
 from knobkeeper.errors import UserError
+from knobkeeper.evidence import store
+from knobkeeper.knobs.catalog import load_catalog
+from knobkeeper.knobs.pinned import ignored_knobs
+from knobkeeper.knobs.state import read_declared
 from knobkeeper.project import Project
 from knobkeeper.review.gitrange import changed_paths, commits_between, resolve_range, snapshot
 from knobkeeper.review.renders import (InventoryRender, inventories, rebase_paths, relative, render_inventory,
@@ -76,8 +82,6 @@ def display(catalog: Any, name: str, value: Any) -> str:
 
 
 def load_evidence(project: Project, ident: str) -> EvidenceView:
-    from knobkeeper.evidence import store
-
     try:
         return EvidenceView(ident, store.load(project, ident))
     except UserError as exc:
@@ -128,8 +132,6 @@ def _is_correctness(doc: Any) -> bool:
 
 
 def _render_all(project: Project, tree: Project, sha: str) -> dict[str, InventoryRender]:
-    from knobkeeper.deploy.render import Source
-
     out = {}
     home = Path.home() if "HOME" in os.environ else None
     for inv in inventories(tree):
@@ -142,8 +144,6 @@ def _render_all(project: Project, tree: Project, sha: str) -> dict[str, Inventor
 
 def _reverts(tree: Project, new: list[Entry], entries: list[Entry], incidents: list, warnings: list[str]) -> list[dict]:
     """One row per revert or restore added in the range: the revert, its incident, its status."""
-    from knobkeeper import audit
-
     try:
         statuses, problem = audit.revert_statuses(tree, entries, incidents), None
     except UserError as exc:
@@ -175,10 +175,6 @@ def _reverts(tree: Project, new: list[Entry], entries: list[Entry], incidents: l
 
 def collect(project: Project, base: str | None = None, head: str | None = None) -> Review:
     """Everything the PR body says about base..head."""
-    from knobkeeper.changelog.incidents import load_incidents
-    from knobkeeper.knobs.catalog import load_catalog
-    from knobkeeper.knobs.state import read_declared
-
     rng = resolve_range(project, base, head)
     base_sha, head_sha = rng.base, rng.head
     commits = commits_between(project, base_sha, head_sha)
@@ -246,8 +242,6 @@ def _evidence_rewrites(project: Project, base: str, head: str) -> list[str]:
 def _engine_warnings(tree: Project, changed: set[tuple[str, str]]) -> list[str]:
     """For each knob this range changes: what the engine version its role pins would make of it (not
     declared: the engine ignores it; or declared with another type), forks included."""
-    from knobkeeper.knobs.pinned import ignored_knobs
-
     try:
         lines = ignored_knobs(tree, include_other_origin=True)
     except UserError as exc:

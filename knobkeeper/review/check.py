@@ -17,10 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from knobkeeper import fmt
-from knobkeeper.changelog.entries import Entry, parse_entry_file, replay
-from knobkeeper.changelog.filecache import refusal
+from knobkeeper import fmt, lint
+from knobkeeper.changelog.entries import Entry, in_history_order, parse_entry_file, replay
+from knobkeeper.changelog.filecache import LINK_FIX, refusal, refused_files
+from knobkeeper.changelog.incidents import parse_incident_file
+from knobkeeper.changelog.secrets import tracked_secret_files
+from knobkeeper.changelog.store import journal_file, settle
+from knobkeeper.deploy.stack import load_stack
+from knobkeeper.engine.contract import contract_problems
 from knobkeeper.errors import UserError
+from knobkeeper.evidence import store
+from knobkeeper.evidence.schema import SCHEMA
+from knobkeeper.evidence.sweep import plan_problems
+from knobkeeper.knobs.catalog import check_env_name, is_fingerprint, load_catalog
+from knobkeeper.knobs.pinned import ignored_knobs
+from knobkeeper.knobs.state import read_declared
 from knobkeeper.project import Project
 from knobkeeper.review.body import drift
 from knobkeeper.review.gitrange import changed_paths, resolve_ref
@@ -80,8 +91,6 @@ class _Run:
     def evidence_history(self) -> dict:
         """store.history: the commit that first added each evidence file (one `git log` per run)."""
         if self._evidence_history is None:
-            from knobkeeper.evidence import store
-
             self._evidence_history = store.history(self.project)
         return self._evidence_history
 
@@ -104,8 +113,6 @@ def check_unfinished_change(run: _Run) -> None:
     that, its half-written knobs.toml looked like a hand edit (`knobkeeper record` was advised for a
     change that had failed). One that cannot be rolled back yet is a problem, and nothing after it
     is judged: every later check would read the half-written files."""
-    from knobkeeper.changelog.store import journal_file, settle
-
     journal = run.rel(journal_file(run.project))
     try:
         back = settle(run.project)
@@ -128,8 +135,6 @@ def check_unfinished_change(run: _Run) -> None:
 
 def check_catalog(run: _Run) -> None:
     """The catalog loads, and every knob name is a name a shell reads as a variable."""
-    from knobkeeper.knobs.catalog import check_env_name, load_catalog
-
     path = run.project.catalog_path
     try:
         catalog = load_catalog(path)
@@ -148,9 +153,6 @@ def check_catalog(run: _Run) -> None:
 
 def check_declared(run: _Run) -> None:
     """knobs.toml parses and every value obeys the catalog; a secret knob holds only a fingerprint."""
-    from knobkeeper.knobs.catalog import is_fingerprint
-    from knobkeeper.knobs.state import read_declared
-
     path = run.project.knobs_path
     rel = run.rel(path)
     catalog_rel = run.rel(run.project.catalog_path)
@@ -184,8 +186,6 @@ def check_declared(run: _Run) -> None:
 
 def check_secret_store(run: _Run) -> None:
     """Nothing under the secret store is tracked by git (an ignore rule is all that kept it out)."""
-    from knobkeeper.changelog.secrets import tracked_secret_files
-
     store = run.rel(run.project.secrets_dir)
     for path in tracked_secret_files(run.project):
         run.add(path, "a secret's value is tracked by git",
@@ -195,8 +195,6 @@ def check_secret_store(run: _Run) -> None:
 def check_refused_files(run: _Run) -> None:
     """No entry, incident, evidence or deploy record is a symbolic link or resolves outside the
     repository: every reader leaves such a file out, and this is the one place that names it."""
-    from knobkeeper.changelog.filecache import LINK_FIX, refused_files
-
     for path, why in refused_files(run.project):
         run.entries_ok = run.entries_ok and path.parent != run.project.entries_dir and path != run.project.entries_dir
         run.add(run.rel(path), why, LINK_FIX)
@@ -216,8 +214,6 @@ def check_experiments(run: _Run) -> None:
     """No ab run or sweep died with the stack on one of its arms (deploy/experiment_state), and every
     sweep's evidence follows the plan committed before it (knobkeeper.evidence.sweep.plan_problems)."""
     from knobkeeper.deploy.experiment_state import abandoned_line, marker_path
-    from knobkeeper.evidence import store
-    from knobkeeper.evidence.sweep import plan_problems
 
     line = abandoned_line(run.project)
     if line:
@@ -236,8 +232,6 @@ def check_experiments(run: _Run) -> None:
 
 def check_entries(run: _Run) -> None:
     """Every entry file parses, and knobs.toml holds what the entries replay to."""
-    from knobkeeper.changelog.entries import in_history_order
-
     project = run.project
     paths = sorted(project.entries_dir.glob("*.toml")) if project.entries_dir.is_dir() else []
     for path in [p for p in paths if not refusal(p, project.root)]:   # links: check_refused_files
@@ -299,8 +293,6 @@ def check_links(run: _Run) -> None:
 def _check_backing(run: _Run, rel: str, e: Entry, idents: list[str]) -> None:
     """Each evidence an entry names backs its change (Evidence.backs: that knob, on that role, with
     the entry's new value as its candidate). An unreadable file is check_evidence's problem."""
-    from knobkeeper.evidence import store
-
     for ident in idents:
         try:
             doc = store.load(run.project, ident)
@@ -327,9 +319,6 @@ def _claimed_schema(path: Path, default: str) -> str:
 def check_evidence(run: _Run) -> None:
     """Every evidence file loads through the store, its id matches its name, its raw files exist, and
     its judgement is what its runs give (store.verify: recomputed, no NaN)."""
-    from knobkeeper.evidence import store
-    from knobkeeper.evidence.schema import SCHEMA
-
     project = run.project
     files = store.paths(project)
     run.result.counts["evidence"] = len(files)
@@ -380,8 +369,6 @@ def check_immutable_evidence(run: _Run) -> None:
     """Every committed evidence file (its JSON and its raw files) holds the bytes of the commit that
     added it (store.altered: evidence is append-only, like entries); with --base, none committed at
     the base was modified or deleted since (what a rewrite of history shows)."""
-    from knobkeeper.evidence import store
-
     project = run.project
     reported: set[str] = set()
     for added in store.altered(project, run.evidence_history):
@@ -411,8 +398,6 @@ def _evidence_fix(run: _Run, path: str, sha: str, *, modified: bool) -> str:
 def check_rejudgements(run: _Run) -> None:
     """A re-judgement (`rejudges`) names evidence that exists and holds exactly its measurements
     (Evidence.departures_from): it judges those runs again, it cannot bring other numbers in."""
-    from knobkeeper.evidence import store
-
     project = run.project
     files = store.paths(project)
     ids = {id_from_stem(p.stem) for p in files}
@@ -440,8 +425,6 @@ def check_rejudgements(run: _Run) -> None:
 
 def check_incidents(run: _Run) -> None:
     """Every incident file parses and names reverts that are entries."""
-    from knobkeeper.changelog.incidents import parse_incident_file
-
     project = run.project
     paths = sorted(p for p in project.incidents_dir.glob("*.toml") if not refusal(p, project.root)) \
         if project.incidents_dir.is_dir() else []
@@ -474,8 +457,6 @@ def check_immutable_entries(run: _Run) -> None:
 
 def check_render(run: _Run) -> None:
     """Every host of every inventory renders; what renders lints (bash -n, shellcheck, systemd, ini)."""
-    from knobkeeper import lint
-
     invs = inventories(run.project)
     res = run.result
     res.counts["inventories"] = len(invs)
@@ -505,10 +486,6 @@ def check_engine_contract(run: _Run) -> None:
     """What the pinned engine versions would make of it: declared knobs they would ignore (or that
     are declared for a role running another engine), launch flags their own parser rejects,
     prefill/decode pairs that would not work together (knobkeeper.engine.contract)."""
-    from knobkeeper.deploy.stack import load_stack
-    from knobkeeper.engine.contract import contract_problems
-    from knobkeeper.knobs.pinned import ignored_knobs
-
     if run.catalog is None or run.declared is None or run.bad_values:
         return  # already reported; the engine cannot judge what does not load
     fix_knob = ("remove the knob, declare it for the stack and role whose engine reads it, or give its catalog "
@@ -551,8 +528,6 @@ def _by_role_order(render, items):
 def _lint_files(run: _Run, inv: str, render) -> list[RenderedFile]:
     """Lint launch scripts and supervisord sections; return the units (verified apart). Files of
     several hosts that differ only in their header are linted once, named with all hosts."""
-    from knobkeeper import lint
-
     groups: dict[tuple[str, str], list[RenderedFile]] = {}
     for (_, path), f in _by_role_order(render, render.files.items()):
         groups.setdefault((path, f.body), []).append(f)
@@ -581,8 +556,6 @@ def _hosts(names) -> str:
 
 def _verify_units(run: _Run, inv: str) -> None:
     """Render again with the prefix inside a temp dir, so ExecStart names a script that exists."""
-    from knobkeeper import lint
-
     with tempfile.TemporaryDirectory(prefix="kk-verify-") as tmp:
         prefix = str(Path(tmp) / "p")
         render = render_inventory(run.project, inv, data={"prefix": prefix})

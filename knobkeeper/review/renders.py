@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from knobkeeper.deploy import render
 from knobkeeper.deploy.render import SUPERVISORD_TEMPLATE, WholeStack, strip_header
+from knobkeeper.deploy.stack import _host_data, load_inventory, load_stack, Stack, stack_from_inventory
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 
@@ -79,8 +81,6 @@ def load_stack_as(project: Project, inventory: str, data: dict | None = None, re
     """The inventory's Stack; with `rebase`, host data that names the snapshot's root names `rebase`
     instead (an inventory that places files relative to its repo, like local.py, renders the paths, and
     so the digests, the real repo's deploy renders)."""
-    from knobkeeper.deploy.stack import _host_data, load_inventory, stack_from_inventory
-
     inv = load_inventory(project.root, inventory, data)
     if rebase is not None and rebase != project.root:
         old, new = str(project.root), str(rebase)
@@ -95,8 +95,6 @@ def load_stack_as(project: Project, inventory: str, data: dict | None = None, re
 def render_inventory(project: Project, inventory: str, source: Any = None, data: dict | None = None,
                      rebase: Path | None = None) -> InventoryRender:
     """Every file of every (host, service) of one inventory, via knobkeeper.deploy.render."""
-    from knobkeeper.deploy import render
-
     out = InventoryRender(inventory)
     try:
         stack = load_stack_as(project, inventory, data, rebase)
@@ -126,9 +124,6 @@ def render_inventory(project: Project, inventory: str, source: Any = None, data:
 
 def render_errors_per_host(project: Project, inventory: str, source: Any = None) -> list[tuple[str, str]]:
     """(host, error) for every host whose files fail to render ('' as host when the inventory fails)."""
-    from knobkeeper.deploy import render
-    from knobkeeper.deploy.stack import Stack, load_stack
-
     try:
         stack = load_stack(project.root, inventory)
     except UserError as exc:

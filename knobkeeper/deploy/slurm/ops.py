@@ -28,6 +28,7 @@ from typing import Any
 from pyinfra import host as current_host
 from pyinfra.operations import files, python
 
+from knobkeeper.changelog.secrets import secret_path
 from knobkeeper.deploy.health import PROGRESS_EVERY_S, QUIET_S, healthy_now
 from knobkeeper.deploy.onhost import GateFailed, on_host, say
 from knobkeeper.deploy.record import SlurmJob, SlurmRecord
@@ -85,8 +86,6 @@ class SlurmRun:
         for svc in current_host.loop(self.services):
             rendered = self.run.rendered[(svc.host, svc.name)]
             for path in current_host.loop(sorted(rendered.secrets)):
-                from knobkeeper.changelog.secrets import secret_path
-
                 role, knob = rendered.secrets[path]
                 files.put(name=f"knobkeeper: secret {knob} of {role}", src=str(secret_path(
                     self.run.project, role, knob, rendered.knobs[knob])), dest=path, mode="600", create_remote_dir=True)

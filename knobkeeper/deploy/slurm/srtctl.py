@@ -36,9 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from knobkeeper.deploy.render import render_stack
+from knobkeeper.deploy.stack import load_stack
 from knobkeeper.engine import engine_spec
 from knobkeeper.engine.routers import SGLANG_ROUTER
 from knobkeeper.errors import UserError
+from knobkeeper.knobs.catalog import load_catalog
 
 ROUTERS = ("sglang-router", "smg")
 WORKER_ROLES = ("prefill", "decode")
@@ -362,8 +365,6 @@ def prepare_import(project: Any, recipe_path: str | Path, *, name: str | None = 
     """The recipe mapped: (what it imports, the inventory file to write, its text), the stack it
     describes loaded and rendered like every other inventory; nothing written. The commit of the
     inventory and the knobs is a knob change (changelog.ops.import_srtctl)."""
-    from knobkeeper.knobs.catalog import load_catalog
-
     path = Path(recipe_path)
     recipe = _yaml(path)
     cluster = _yaml(Path(srtslurm)) if srtslurm else {}
@@ -381,9 +382,6 @@ def prepare_import(project: Any, recipe_path: str | Path, *, name: str | None = 
     text = inventory_text(imported, path.name, login)
     # The stack it describes must load and render like every other inventory before anything is written
     # (a leading _ keeps `check` and `review` from listing the trial file).
-    from knobkeeper.deploy.render import render_stack
-    from knobkeeper.deploy.stack import load_stack
-
     trial = target.with_name(f"_import_{target.name}")
     trial.write_text(text)
     try:
