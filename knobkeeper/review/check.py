@@ -23,6 +23,7 @@ from knobkeeper.changelog.filecache import LINK_FIX, refusal, refused_files
 from knobkeeper.changelog.incidents import parse_incident_file
 from knobkeeper.changelog.secrets import tracked_secret_files
 from knobkeeper.changelog.store import journal_file, settle
+from knobkeeper.deploy import canary_state, experiment_state
 from knobkeeper.deploy.stack import load_stack
 from knobkeeper.engine.contract import contract_problems
 from knobkeeper.errors import UserError
@@ -202,23 +203,19 @@ def check_refused_files(run: _Run) -> None:
 
 def check_abandoned_canary(run: _Run) -> None:
     """No canary died with its candidate still on some of a role's services (deploy/canary_state)."""
-    from knobkeeper.deploy.canary_state import abandoned_line, marker_path
-
-    line = abandoned_line(run.project)
+    line = canary_state.abandoned_line(run.project)
     if line:
         what, _, fix = line.partition("; ")
-        run.add(run.rel(marker_path(run.project)), what, fix)
+        run.add(run.rel(canary_state.marker_path(run.project)), what, fix)
 
 
 def check_experiments(run: _Run) -> None:
     """No ab run or sweep died with the stack on one of its arms (deploy/experiment_state), and every
     sweep's evidence follows the plan committed before it (knobkeeper.evidence.sweep.plan_problems)."""
-    from knobkeeper.deploy.experiment_state import abandoned_line, marker_path
-
-    line = abandoned_line(run.project)
+    line = experiment_state.abandoned_line(run.project)
     if line:
         what, _, fix = line.partition("; ")
-        run.add(run.rel(marker_path(run.project)), what, fix)
+        run.add(run.rel(experiment_state.marker_path(run.project)), what, fix)
     for path in store.paths(run.project):
         rel = run.rel(path)
         try:
