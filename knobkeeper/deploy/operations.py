@@ -83,26 +83,25 @@ import gevent
 import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
-from knobkeeper.deploy.health import identity_command, parse_identity
-from knobkeeper.engine import tiny_model as tm, vllm_install
-from knobkeeper.fsio import unlock_file
 from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, managed_envs, parse_versions,
                                       pinned_versions, version_drift, versions_command)
-from knobkeeper.deploy.health import (GateOutcome, Settling, log_says, own_lines, require_up, settled,
-                                      wait_gate)
+from knobkeeper.deploy.health import (GateOutcome, Settling, identity_command, log_says, own_lines, parse_identity,
+                                      require_up, settled, wait_gate)
 from knobkeeper.deploy.model import HostPlan, Service, Stack
+from knobkeeper.deploy.observe import parse_service_state, state_command
+from knobkeeper.deploy.onhost import GateFailed, on_host, say
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.plan import decide, role_batches
 from knobkeeper.deploy.record import (DeployRecord, Gate, Rollback, ServiceRow, drop_journal, journal_path,
                                       recover_interrupted, save, take_deploy_lock, write_journal)
-from knobkeeper.deploy.observe import parse_service_state, state_command
-from knobkeeper.deploy.onhost import GateFailed, on_host, say
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
 from knobkeeper.deploy.stack import stack_from_inventory
 from knobkeeper.deploy.target import target_of
 from knobkeeper.deploy.topology import downstream
+from knobkeeper.engine import tiny_model as tm, vllm_install
 from knobkeeper.errors import UserError
+from knobkeeper.fsio import unlock_file
 from knobkeeper.project import find_project
 from knobkeeper.timeutil import iso, new_id, utcnow
 
