@@ -18,29 +18,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 
-from common import ROOT, time_command
+from common import ROOT, time_call, time_command
 
 from tests.infra import make_infra_repo
 from tests.review_fixtures import write_evidence
 
 COUNT = 10_000
-
-
-def _median_of(repeats: int, fn) -> tuple[float, list[float]]:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples), samples
 
 
 def main() -> None:
@@ -78,7 +66,7 @@ def main() -> None:
 
         figures = {}
         for name, fn in (("json", loads), ("validate", validated), ("read", read)):
-            figures[name] = _median_of(5, fn)
+            figures[name] = time_call(fn, 5)
         # `python -m` from this checkout's root: the code of this tree, also when it is a worktree beside
         # the installed one (a before-and-after figure)
         kk = [sys.executable, "-m", "knobkeeper.cli", "ab", "list", "--json", "--repo", str(project.root)]

@@ -18,14 +18,13 @@ import argparse
 import copy
 import json
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import time_call  # noqa: E402
 from knobkeeper.evidence import importers  # noqa: E402
 from knobkeeper.evidence import store  # noqa: E402
 from tests.infra import make_infra_repo  # noqa: E402
@@ -89,23 +88,13 @@ def _aiperf(out: Path, levels: int, scale: float) -> list[str]:
 CASES = {"sglang": _sglang, "vllm": _vllm, "guidellm": _guidellm, "aiperf": _aiperf}
 
 
-def _median(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def measure(fmt: str, levels: int, repeats: int, scratch: Path) -> tuple[float, float]:
     base = scratch / f"{fmt}-{levels}-A"
     cand = scratch / f"{fmt}-{levels}-B"
     base.mkdir()
     cand.mkdir()
     files_a, files_b = CASES[fmt](base, levels, 1.0), CASES[fmt](cand, levels, 1.05)
-    read_s = _median(lambda: [importers.read(p) for p in files_a], repeats)
+    read_s = time_call(lambda: [importers.read(p) for p in files_a], repeats)[0]
     counter = iter(range(10**6))
 
     def one_import():
@@ -113,7 +102,7 @@ def measure(fmt: str, levels: int, repeats: int, scratch: Path) -> tuple[float, 
         store.import_files(project, baseline=importers.expand(files_a), candidate=importers.expand(files_b), role="decode",
                            knob=f"{KNOB}=512", keep_invalid=True)
 
-    import_s = _median(one_import, repeats)
+    import_s = time_call(one_import, repeats)[0]
     return read_s, import_s
 
 

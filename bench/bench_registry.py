@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, time_command
+from common import ROOT, time_call, time_command
 
 from tests.infra import git, make_infra_repo
 
@@ -28,16 +28,6 @@ KK = [str(Path(sys.executable).parent / "knobkeeper")]
 CHECK = ("import sys; from knobkeeper.deploy.stack import load_stack; from knobkeeper.engine.contract import contract_problems; "
          "p, s, w = contract_problems(load_stack(__import__('pathlib').Path(sys.argv[1]), 'inventory/example_prod.py'), "
          "'inventory/example_prod.py'); assert not p and not s, (p, s)")
-
-
-def _median_of(run, repeats: int) -> float:
-    run()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def _set_pair(with_registry, without, repeats: int) -> tuple[float, float]:
@@ -70,7 +60,7 @@ def main() -> None:
             subprocess.run([*KK, "catalog", "import", "sglang", "--version", "0.5.23", "--repo", str(bare.root)],
                            capture_output=True, check=True)
 
-        imported = _median_of(import_once, 5)
+        imported = time_call(import_once, 5)[0]
         print(f"catalog import sglang 0.5.23 (770 variables, one commit): median {imported:.3f} s")
 
         with_registry = make_infra_repo(tmp, name="with")
@@ -83,7 +73,7 @@ def main() -> None:
             verdicts.unlink(missing_ok=True)
             subprocess.run(check, check=True, capture_output=True, cwd=ROOT)
 
-        uncached = _median_of(parser_runs, 3)
+        uncached = time_call(parser_runs, 3)[0]
         print(f"parser check of example_prod (5 services, 4 sglang): warm {warm:.3f} s; "
               f"verdict cache emptied (parser runs) {uncached:.3f} s  (target < 3 s warm)")
 

@@ -24,6 +24,17 @@ def time_command(cmd: list[str], repeats: int = 7, cwd: Path | None = None) -> t
     return statistics.median(samples), samples
 
 
+def time_call(fn, repeats: int = 5) -> tuple[float, list[float]]:
+    """Median wall seconds of `fn()` in this process (a first call warms imports and caches and is dropped)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples), samples
+
+
 def write_entries(project, count: int, knobs: list[tuple[str, str, list]]) -> list[str]:
     """`count` entries cycling through (knob, role, values), as files plus one commit. Returns ids."""
     from datetime import timedelta
