@@ -471,17 +471,22 @@ def test_a_deploy_dies_with_its_sigkilled_caller(tmp_path):
         while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline and caller.poll() is None:
             time.sleep(0.1)
         pyinfra_pid = int(pid_file.read_text())
-        os.kill(caller.pid, signal.SIGKILL)
-        caller.wait(30)
-        deadline = time.monotonic() + 30
-        while _alive(pyinfra_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _sigkill_then_wait_for(caller, pyinfra_pid)
         assert not _alive(pyinfra_pid), "the deploy outlived its killed caller"
     finally:
         if caller.poll() is None:
             caller.kill()
         if pyinfra_pid and _alive(pyinfra_pid):
             os.kill(pyinfra_pid, signal.SIGKILL)
+
+
+def _sigkill_then_wait_for(parent: subprocess.Popen, child: int, seconds: float = 30) -> None:
+    """SIGKILL `parent`, reap it, then give `child` up to `seconds` to be gone (the caller asserts)."""
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(30)
+    deadline = time.monotonic() + seconds
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 MIDDLE = f"""
@@ -502,11 +507,7 @@ def test_a_watched_child_dies_with_its_sigkilled_parent_without_prctl():
         first, second = middle.stdout.readline().strip(), middle.stdout.readline().strip()
         child = int(first if first.isdigit() else second)
         assert "True" in (first, second)           # watching
-        os.kill(middle.pid, signal.SIGKILL)
-        middle.wait(30)
-        deadline = time.monotonic() + 30
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _sigkill_then_wait_for(middle, child)
         assert not _alive(child), "the child outlived its SIGKILLed parent"
     finally:
         if middle.poll() is None:
