@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         judged = [fixed(rng, levels, n, 0.0, sd, drift=0.10, interleaved=inter) for _ in range(T)]
         fw = sum(any(lv.verdict in ACT for lv in js) for js in judged) / T
         better = sum(all(lv.verdict == "better" for lv in js) for js in judged) / T
-        mean_effect = sum(lv["effect"] for js in judged for lv in js) / (T * len(levels))
+        mean_effect = sum(lv.effect for js in judged for lv in js) / (T * len(levels))
         print(f"  {name:<26} FWER {fw:6.1%}   every level 'better' {better:6.1%}   mean effect {mean_effect:+.1%}")
     print(f"({time.perf_counter() - t0:.1f}s)")
     return 0

@@ -218,14 +218,14 @@ def test_scrape_and_prometheus_agree_on_real_workers(pd):
     for name, windows in assessed.items():
         for w in windows:
             w.valid = w.valid and w.index in both
-        levels[name] = canary.judgement(canary.ratio_runs(plan, windows), plan.unit_noise(canary.RESTART_NOISE, True))["levels"][0]
+        levels[name] = canary.judgement(canary.ratio_runs(plan, windows), plan.unit_noise(canary.RESTART_NOISE, True)).levels[0]
     # Each source's effect lies within the other's 95% confidence interval: which source measured
     # moves the effect by less than the measurement's own uncertainty (the sources differ by what
     # each one's window edges hold, Prometheus's rate() extrapolating to them, and by which windows
     # the judgement drops as outliers; beside another stack on this machine the effects came out
     # -21% and -9%, +29% and +16%, with intervals some ±30% wide).
     for name, other in (("scrape", "prometheus"), ("prometheus", "scrape")):
-        assert levels[other]["ci_low"] <= levels[name]["effect"] <= levels[other]["ci_high"], levels
+        assert levels[other].ci_low <= levels[name].effect <= levels[other].ci_high, levels
 
 
 def _serve_text_exposition(registry, port: int):
@@ -326,10 +326,10 @@ def test_round_robin_hides_a_faster_host_in_raw_tokens_normalisation_shows_it():
     stats = {"h1/decode": _stats(1000, 14, seed=1), "h2/decode": _stats(1000, 16, seed=2),
              "h3/decode": _stats(1000, 16, seed=3)}
     runs, windows = canary.window_runs(plan, stats)
-    assert all(w["valid"] for w in windows) and len(runs) == 18
+    assert all(w.valid for w in windows) and len(runs) == 18
     verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
     assert verdict == "better" and not failed
-    raw = [r["raw_output_tokens_per_s"] for r in runs]
+    raw = [r.extra["raw_output_tokens_per_s"] for r in runs]
     assert max(raw) / min(raw) < 1.1   # the raw numbers alone show no difference
 
 
@@ -339,10 +339,10 @@ def test_invalid_windows_no_traffic_and_imbalance():
     stats["h2/decode"][1].output_tokens_per_s = 0.0
     stats["h3/decode"][2].running = 40.0
     runs, windows = canary.window_runs(plan, stats)
-    assert [w["valid"] for w in windows] == [True, False, False, True, True, True]
-    assert windows[1]["reasons"] == ["no traffic on h2/decode"]
-    assert "spread beyond 2x" in windows[2]["reasons"][0]
-    assert {r["window"] for r in runs} == {0, 3, 4, 5}
+    assert [w.valid for w in windows] == [True, False, False, True, True, True]
+    assert windows[1].reasons == ["no traffic on h2/decode"]
+    assert "spread beyond 2x" in windows[2].reasons[0]
+    assert {r.extra["window"] for r in runs} == {0, 3, 4, 5}
 
 
 def _with_requests(stats: dict, per_window: int = 200) -> dict:
@@ -364,7 +364,7 @@ def test_errors_fail_the_canary_when_significant_whatever_the_throughput():
     # errors in a window made invalid by the failures themselves still count
     stats["h1/decode"][0].output_tokens_per_s = 0.0
     runs, windows = canary.window_runs(plan, stats)
-    assert not windows[0]["valid"] and canary.decide(plan, windows, canary.judgement(runs))[0] == "worse"
+    assert not windows[0].valid and canary.decide(plan, windows, canary.judgement(runs))[0] == "worse"
     # one error among 1,200 requests is no finding
     stats["h1/decode"][0].errors = 1
     stats["h1/decode"][0].output_tokens_per_s = 1100.0
@@ -375,7 +375,7 @@ def test_errors_fail_the_canary_when_significant_whatever_the_throughput():
         stats[key][5].errors = count
     runs, windows = canary.window_runs(plan, stats)
     test = canary.errors_test(plan, windows)
-    assert not test["failed"] and test["p_value"] > 0.1, test
+    assert not test.failed and test.p_value > 0.1, test
     assert canary.decide(plan, windows, canary.judgement(runs)) == ("better", [])
 
 
@@ -394,14 +394,14 @@ def test_calibration_divides_out_a_lasting_host_difference():
     runs, windows = canary.window_runs(plan, same)
     assert canary.decide(plan, windows, canary.judgement(runs))[0] == "worse"
     runs, windows = canary.window_runs(plan, same, calibration=before)
-    assert [w["phase"] for w in windows] == ["calibration"] * 8 + ["canary"] * 8
-    assert {r["arm"] for r in runs if r["phase"] == "calibration"} == {"A"} and len(runs) == 16
+    assert [w.phase for w in windows] == ["calibration"] * 8 + ["canary"] * 8
+    assert {r.arm for r in runs if r.extra["phase"] == "calibration"} == {"A"} and len(runs) == 16
     judged = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
-    assert canary.decide(plan, windows, judged)[0] in ("no detectable change", "inconclusive"), judged["levels"]
+    assert canary.decide(plan, windows, judged)[0] in ("no detectable change", "inconclusive"), judged.levels
     runs, windows = canary.window_runs(plan, phase(1.128, 30), calibration=before)
     judged = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
-    assert canary.decide(plan, windows, judged)[0] == "better", judged["levels"]
-    assert judged["levels"][0]["effect"] == pytest.approx(0.128, abs=0.03)
+    assert canary.decide(plan, windows, judged)[0] == "better", judged.levels
+    assert judged.levels[0].effect == pytest.approx(0.128, abs=0.03)
 
 
 def test_restart_noise_keeps_a_small_effect_on_one_host_from_being_claimed():
@@ -414,7 +414,7 @@ def test_restart_noise_keeps_a_small_effect_on_one_host_from_being_claimed():
     runs, windows = canary.window_runs(plan, after, calibration=before)
     assert canary.decide(plan, windows, canary.judgement(runs, 0.0))[0] == "better"
     noisy = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
-    assert noisy["unit_noise"] == canary.RESTART_NOISE and noisy["levels"][0]["verdict"] == "inconclusive", noisy["levels"]
+    assert noisy.unit_noise == canary.RESTART_NOISE and noisy.levels[0].verdict == "inconclusive", noisy.levels
 
 
 def test_guard_regression_fails_the_canary():
@@ -472,7 +472,7 @@ def test_inconclusive_canary_says_how_long_would_decide(tmp_path):
     lines = canary.report_lines(out)
     assert "windows: calibration 4 valid of 4, canary 4 valid of 4" in lines[2], lines
     assert any(" s of calibration (" in line and "would detect ±5%" in line for line in lines), lines
-    assert store.verify(store.load(project, out.doc["id"])) == []
+    assert store.verify(store.load(project, out.doc.id)) == []
     out = canary.run(project, plan, FakeSource(_noisy(2), _noisy(12, 1.01)), canary.Switch(lambda t, k: None, lambda: None),
                      canary.Options(duration=0.04, interval=0.01, settle=0))
     assert any("no canary length on 1 canary host(s) would detect ±5%" in line for line in canary.report_lines(out))
@@ -494,9 +494,9 @@ def test_failing_candidate_is_rolled_back_with_evidence(tmp_path):
                      canary.Options(duration=0.04, interval=0.01, settle=0, promote=True))
     assert out.verdict == "worse" and out.action == "rolled back" and out.exit_code == 1
     assert calls == ["apply", "restore"]
-    doc = store.load(project, out.doc["id"])
-    assert doc["canary"]["rolled_back"] and doc["canary"]["errors"]["failed"]
-    assert doc["canary"]["failed_guards"][0].startswith("errors 400 of 1200 requests on the canary")
+    doc = store.load(project, out.doc.id)
+    assert doc.canary.rolled_back and doc.canary.errors.failed
+    assert doc.canary.failed_guards[0].startswith("errors 400 of 1200 requests on the canary")
     subject = git(project.root, "log", "-1", "--format=%s")
     assert subject.endswith("; canary worse: errors 400 of 1200 requests on the canary vs 0 of 1600 requests on the "
                             "baseline, rolled back)"), subject
@@ -518,7 +518,7 @@ def test_the_evidence_names_the_metrics_of_the_engine_family_it_measured(tmp_pat
         source.name = kind
         out = canary.run(project, plan, source, canary.Switch(lambda t, k: None, lambda: None),
                          canary.Options(duration=0.04, interval=0.01, settle=0))
-        recorded[kind] = store.load(project, out.doc["id"])["canary"]["queries"]
+        recorded[kind] = store.load(project, out.doc.id).canary.queries
     for kind, queries in recorded.items():
         text = json.dumps(queries)
         assert "sglang" not in text and "vllm:generation_tokens_total" in queries["output_tokens_per_s"], (kind, text)
@@ -589,8 +589,8 @@ def test_aa_canary_is_never_better_and_is_put_back(pd, tmp_path):
     out = canary.run(project, plan, metrics.ScrapeSource(plan.targets, SCRAPE), canary.Switch(switch.apply, switch.restore),
                      canary.Options(duration=8, interval=INTERVAL, calibrate=8, settle=SETTLE, alpha=0.005))
     load.join()
-    assert out.doc["judge_options"]["alpha"] == 0.005 and store.verify(out.doc) == []
-    assert out.verdict in ("no detectable change", "inconclusive"), (out.doc["judgement"], out.doc["canary"]["errors"])
+    assert out.doc.judge_options["alpha"] == 0.005 and store.verify(out.doc) == []
+    assert out.verdict in ("no detectable change", "inconclusive"), (out.doc.judgement, out.doc.canary.errors)
     assert out.action == "put back" and switch.calls[-1] == ("restore",)
     assert (project.root / "inventory" / "knobs.toml").read_text() == before
     assert canary.report_lines(out)[0].endswith(out.verdict)
@@ -898,12 +898,12 @@ def test_a_restart_of_the_candidate_is_its_death_and_no_window_from_it_on_is_jud
                 canary.Switch(lambda t, k: calls.append("apply"), lambda: calls.append("restore")),
                 canary.Options(duration=0.04, interval=0.01, settle=0))
     assert out.verdict == "worse" and out.action == "rolled back" and calls == ["apply", "restore"]
-    doc = store.load(project, out.doc["id"])
-    windows = [w for w in doc["canary"]["windows"] if w["phase"] == "canary"]
-    assert [w["reasons"] for w in windows] == [[], ["restarted: h1/decode (1x)", "the candidate died: h1/decode"],
+    doc = store.load(project, out.doc.id)
+    windows = [w for w in doc.canary.windows if w.phase == "canary"]
+    assert [w.reasons for w in windows] == [[], ["restarted: h1/decode (1x)", "the candidate died: h1/decode"],
                                                ["the candidate died: h1/decode"], ["the candidate died: h1/decode"]]
-    assert doc["canary"]["failed_guards"][0] == "the candidate died: h1/decode: its process was replaced in window 5"
-    assert {r["window"] for r in doc["runs"] if r["arm"] == "B"} == {4}   # only the window before the crash
+    assert doc.canary.failed_guards[0] == "the candidate died: h1/decode: its process was replaced in window 5"
+    assert {r.extra["window"] for r in doc.runs if r.arm == "B"} == {4}   # only the window before the crash
     assert git(project.root, "log", "-1", "--format=%s").endswith(
         "canary worse: the candidate died: h1/decode: its process was replaced in window 5, rolled back)")
     assert store.verify(doc) == []
@@ -1324,7 +1324,7 @@ def test_a_put_back_that_cannot_get_the_lock_names_what_is_left_and_keeps_the_ev
     assert "h1/decode (hosts h1) still on SGLANG_SM120_MMA_TARGET_CTAS=512; put them back with " \
            "`knobkeeper canary abort`; evidence " in message, message
     ident = message.rsplit("evidence ", 1)[1].split(" ")[0]
-    assert store.load(project, ident)["canary"]["verdict"] == "inconclusive"        # the windows are kept
+    assert store.load(project, ident).canary.verdict == "inconclusive"        # the windows are kept
     assert canary_state.read_marker(project)["applied_at"]                    # for `canary abort`
 
 

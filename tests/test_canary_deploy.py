@@ -163,22 +163,22 @@ def test_canary_of_512_on_one_of_two_workers_of_a_host(stack, tmp_path):
     assert candidate.service("@local", "knobkeeper-decode").knobs == {}
     # the baseline worker on the same host ran through the candidate deploy with the same PID
     assert candidate.service("@local", "knobkeeper-decode").pid == before["knobkeeper-decode"]
-    assert out.doc["canary"]["hosts"] == {"canary": [CANARY], "baseline": ["@local/knobkeeper-decode"]}
-    assert store.load(stack.project, out.doc["id"])["canary"]["verdict"] == out.verdict
+    assert out.doc.canary.hosts == {"canary": [CANARY], "baseline": ["@local/knobkeeper-decode"]}
+    assert store.load(stack.project, out.doc.id).canary.verdict == out.verdict
     after = stack.pids()
     assert after["knobkeeper-prefill"] == before["knobkeeper-prefill"]
     assert after["knobkeeper-router"] == before["knobkeeper-router"]
-    assert out.verdict == "better", (out.doc["judgement"]["levels"], out.doc["canary"]["failed_guards"])
+    assert out.verdict == "better", (out.doc.judgement.levels, out.doc.canary.failed_guards)
     assert out.action == "promoted" and [r.options["canary"]["phase"] for r in records] == ["candidate", "promote"]
     assert f"{KNOB} = 512" in stack.project.knobs_path.read_text()
     shown = kk(stack.project, "log")
-    assert out.entry in shown.output and out.doc["id"] in shown.output, shown.output
+    assert out.entry in shown.output and out.doc.id in shown.output, shown.output
     # the evidence: the calibrated design, recomputable, shown like any benchmark evidence
-    doc = store.load(stack.project, out.doc["id"])
-    assert doc["source"]["tool"] == "knobkeeper canary" and store.verify(doc) == []
-    assert [w["phase"] for w in doc["canary"]["windows"]] == ["calibration"] * 8 + ["canary"] * 8
-    assert {r["arm"] for r in doc["runs"]} == {"A", "B"} and doc["judge_options"] == {"unit_noise": 0.02}
-    shown = kk(stack.project, "ab", "show", out.doc["id"])
+    doc = store.load(stack.project, out.doc.id)
+    assert doc.source.tool == "knobkeeper canary" and store.verify(doc) == []
+    assert [w.phase for w in doc.canary.windows] == ["calibration"] * 8 + ["canary"] * 8
+    assert {r.arm for r in doc.runs} == {"A", "B"} and doc.judge_options == {"unit_noise": 0.02}
+    shown = kk(stack.project, "ab", "show", out.doc.id)
     assert shown.exit_code == 0 and "better" in shown.output, shown.output
     timeline = kk(stack.project, "timeline")
     assert timeline.exit_code == 0 and KNOB in timeline.output, timeline.output
@@ -219,8 +219,8 @@ def test_a_candidate_that_fails_requests_is_rolled_back_exit_1(stack, tmp_path):
                    "--", "changelog/deploys").splitlines()
     assert subjects[:2] == [f"deploy local (canary rollback {FAULTY}=7): {CANARY} (ok) rollback",
                             f"deploy local (canary candidate {FAULTY}=7): {CANARY} (ok) candidate"], subjects
-    [row] = [r for r in store.list_all(stack.project) if r.get("knob") == FAULTY]
-    doc = store.load(stack.project, row["id"])
-    assert doc["canary"]["verdict"] == "worse" and doc["canary"]["rolled_back"]
-    assert any(g.startswith("errors") for g in doc["canary"]["failed_guards"]), doc["canary"]["failed_guards"]
+    [row] = [r for r in store.list_all(stack.project) if r.knob == FAULTY]
+    doc = store.load(stack.project, row.id)
+    assert doc.canary.verdict == "worse" and doc.canary.rolled_back
+    assert any(g.startswith("errors") for g in doc.canary.failed_guards), doc.canary.failed_guards
     assert git(stack.project.root, "status", "--porcelain") == ""

@@ -212,15 +212,16 @@ def test_a_catalog_name_a_shell_would_run_is_one_problem(project):
 
 
 def _write_doc(project, doc) -> Path:
-    path = project.evidence_dir / f"{file_stem(parse_time(doc['created']), doc['id'])}.json"
-    path.write_text(json.dumps(doc if isinstance(doc, dict) else doc.to_json(), indent=2) + "\n")
+    data = doc if isinstance(doc, dict) else doc.to_json()
+    path = project.evidence_dir / f"{file_stem(parse_time(data['created']), data['id'])}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
     return path
 
 
 def test_evidence_whose_judgement_contradicts_its_runs_fails(project):
     doc = write_evidence(project)
-    level = doc["judgement"]["levels"][0]
-    assert level["verdict"] == "better" and check_result_ok(project)
+    level = doc.judgement.levels[0]
+    assert level.verdict == "better" and check_result_ok(project)
     forged = doc.to_json()
     forged["judgement"]["levels"][1].update(effect=0.5, verdict="better")  # @80: really +2.0%
     for run in forged["runs"]:  # and @96 the runs now say no gain, while the stored verdict says better
@@ -239,7 +240,7 @@ def test_evidence_whose_judgement_contradicts_its_runs_fails(project):
 
 def test_evidence_with_nan_fails(project):
     doc = write_evidence(project)
-    doc["judgement"]["levels"][2]["ci_low"] = float("nan")
+    doc.judgement.levels[2].ci_low = float("nan")
     path = _write_doc(project, doc)
     result = kk(project)
     assert result.exit_code == 1
@@ -512,11 +513,12 @@ def test_the_canary_promotes_only_through_a_bound_set(project, monkeypatch):
     """The promote's `set` carries the canary's own evidence; evidence for anything else is refused
     there and the canary hosts are put back."""
     from knobkeeper.evidence import canary
+    from knobkeeper.evidence.model import CanaryBlock
 
     other = store.build_doc(knob=KNOB, role="decode", runs=ctas_runs(),
                             arms={"A": {"label": "baseline", "knobs": {KNOB: None}},
                                   "B": {"label": "candidate", "knobs": {KNOB: 256}}})
-    other["canary"] = {"verdict": "better"}
+    other.canary = CanaryBlock(verdict="better")
     monkeypatch.setattr(canary, "measure", lambda *a, **k: other)
     put_back = []
     switch = canary.Switch(apply=lambda *a: None, restore=lambda: put_back.append("rollback"),

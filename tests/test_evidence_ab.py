@@ -143,7 +143,7 @@ def _arms(a, b):
 
 
 def _verdicts(doc):
-    return {lv["concurrency"]: lv["verdict"] for lv in doc["judgement"]["levels"]}
+    return {lv.concurrency: lv.verdict for lv in doc.judgement.levels}
 
 
 def test_sequential_ab_on_sim_stops_64_early_and_keeps_going_at_80(sim_switcher, tmp_path):
@@ -165,18 +165,18 @@ decode_step = 1.0
                      ab.Design([64, 80], max_repeats=6, duration=1.0, api="chat", input_len=8, output_len=64,
                                load_options={"keepalive": True}),
                      arms=_arms(None, 512), knob=KNOB, role="decode")
-    print(store.summary_line(doc), doc["sequential"]["looks"])
-    level = {lv["concurrency"]: lv for lv in doc["judgement"]["levels"]}
-    looks = doc["sequential"]["looks"]
-    assert looks[0]["repeat"] == 3 and doc["sequential"]["planned_looks"] == [3, 5, 6]
-    stopped = {int(c): look["repeat"] for look in looks for c in look["settled"]}
-    assert level[64]["verdict"] == "better" and stopped[64] < 6, store.summary_line(doc)   # before the cap
+    print(store.summary_line(doc), doc.sequential.looks)
+    level = {lv.concurrency: lv for lv in doc.judgement.levels}
+    looks = doc.sequential.looks
+    assert looks[0].repeat == 3 and doc.sequential.planned_looks == [3, 5, 6]
+    stopped = {int(c): look.repeat for look in looks for c in look.settled}
+    assert level[64].verdict == "better" and stopped[64] < 6, store.summary_line(doc)   # before the cap
     # n counts the runs judged: a run with errors or an outlier is left out of it, never added
-    assert level[64]["n_a"] <= stopped[64] <= max(look["repeat"] for look in looks)
-    assert "80" not in looks[0]["settled"]                           # 80 kept going where 64 could stop
-    assert level[80]["verdict"] != "worse"
-    runs_80 = [r for r in doc["runs"] if r["concurrency"] == 80]
-    assert len([r for r in doc["runs"] if r["concurrency"] == 64]) == 2 * stopped[64] <= len(runs_80)
+    assert level[64].n_a <= stopped[64] <= max(look.repeat for look in looks)
+    assert "80" not in looks[0].settled                           # 80 kept going where 64 could stop
+    assert level[80].verdict != "worse"
+    runs_80 = [r for r in doc.runs if r.concurrency == 80]
+    assert len([r for r in doc.runs if r.concurrency == 64]) == 2 * stopped[64] <= len(runs_80)
     assert sw.restored == 1 and store.verify(doc) == []
 
 
@@ -256,9 +256,9 @@ def test_measure_runs_warmup_then_every_level_per_block():
                      progress=False)
     # per block: warm-up at the top level (warmup=0 inside), then 64, 96
     assert calls[:3] == [(96, 96, None, 0), (64, 50, None, None), (96, 50, None, None)]
-    assert len(calls) == 4 * 3 and len(doc["runs"]) == 8
-    assert doc["setup"]["schedule"]["order"] == "ABBA"
-    assert doc["setup"]["workload"]["requests_per_run"] == 50
+    assert len(calls) == 4 * 3 and len(doc.runs) == 8
+    assert doc.setup.schedule.order == "ABBA"
+    assert doc.setup.workload.requests_per_run == 50
 
 
 def test_ab_run_library_writes_and_commits_evidence_with_fake_switcher(tmp_path):
@@ -268,9 +268,9 @@ def test_ab_run_library_writes_and_commits_evidence_with_fake_switcher(tmp_path)
                     design=ab.Design([64], 2, requests=10), endpoint="http://x",
                     harness=ab.Harness(lambda arm: None, lambda: restored.append(1), None, load=_fake_load([])))
     assert restored == [1]
-    assert doc["arms"]["A"]["knobs"] == {KNOB: None} and doc["arms"]["B"]["knobs"] == {KNOB: 512}
+    assert doc.arms["A"].knobs == {KNOB: None} and doc.arms["B"].knobs == {KNOB: 512}
     log = os.popen(f"git -C {project.root} log -1 --format=%B").read()
-    assert log.startswith(f"evidence: {KNOB}=512 on decode") and f"Evidence: {doc['id']}" in log
+    assert log.startswith(f"evidence: {KNOB}=512 on decode") and f"Evidence: {doc.id}" in log
 
 
 def test_ab_run_cli_errors_are_one_line_exit_2(short_tmp):
@@ -293,12 +293,12 @@ def test_ab_run_library_defaults_to_the_sequential_design(tmp_path):
     doc = ab.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
                     design=ab.Design([64, 96], requests=10), endpoint="http://x",
                     harness=ab.Harness(lambda arm: None, lambda: None, None, load=_fake_load(calls)))
-    cap = doc["sequential"]["max_repeats"]
+    cap = doc.sequential.max_repeats
     assert cap == judge.sequential_repeats(levels=2, guards=True)
-    assert doc["setup"]["schedule"]["design"] == "sequential"
+    assert doc.setup.schedule.design == "sequential"
     # the fake load's arms differ by a 0.5% wobble, nothing else: both levels settle as no change early
-    assert doc["setup"]["schedule"]["blocks"] < 2 * cap
-    assert {lv["verdict"] for lv in doc["judgement"]["levels"]} == {"no detectable change"}
+    assert doc.setup.schedule.blocks < 2 * cap
+    assert {lv.verdict for lv in doc.judgement.levels} == {"no detectable change"}
     assert store.verify(doc) == []
 
 

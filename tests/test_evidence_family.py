@@ -83,7 +83,7 @@ def test_calibration_family_wise_false_positive_rate(count):
     rng = random.Random(1000 + count)
     n = judge.recommended_repeats(SD, levels=count)
     trials = 1000
-    hits = sum(any(lv["verdict"] in ACT for lv in _fixed(rng, LEVELS[count], n)["levels"]) for _ in range(trials))
+    hits = sum(any(lv.verdict in ACT for lv in _fixed(rng, LEVELS[count], n).levels) for _ in range(trials))
     assert hits / trials <= 0.05 + _slack(trials, 0.05), (count, hits / trials)
 
 
@@ -94,8 +94,8 @@ def test_unadjusted_per_level_rule_would_break_the_family_bound():
     trials, adjusted, unadjusted = 600, 0, 0
     for _ in range(trials):
         runs = [_run(rng, arm, r, c) for r, arm in schedule(n) for c in LEVELS[3]]
-        adjusted += any(lv["verdict"] in ACT for lv in judge.judge(runs)["levels"])
-        unadjusted += any(lv["verdict"] in ACT for lv in judge.judge(runs, adjust=False)["levels"])
+        adjusted += any(lv.verdict in ACT for lv in judge.judge(runs).levels)
+        unadjusted += any(lv.verdict in ACT for lv in judge.judge(runs, adjust=False).levels)
     assert unadjusted > adjusted and unadjusted / trials > 0.08
 
 
@@ -104,8 +104,8 @@ def test_calibration_power_plus_5_percent_at_every_level(count):
     rng = random.Random(2000 + count)
     n = judge.recommended_repeats(SD, levels=count)
     trials = 200
-    better = sum(lv["verdict"] == "better" for _ in range(trials)
-                 for lv in _fixed(rng, LEVELS[count], n, effect=0.05)["levels"])
+    better = sum(lv.verdict == "better" for _ in range(trials)
+                 for lv in _fixed(rng, LEVELS[count], n, effect=0.05).levels)
     assert better / (trials * count) >= 0.80 - _slack(trials * count, 0.8), (count, better / (trials * count))
 
 
@@ -116,8 +116,8 @@ def test_calibration_guards_in_the_family():
     trials, hits = 600, 0
     for _ in range(trials):
         j = _fixed(rng, LEVELS[3], n, guards=True)
-        assert j["family"]["size"] == 3 * 5
-        hits += any(lv["verdict"] in ACT for lv in j["levels"]) or any(g["verdict"] in ACT for g in j["guards"])
+        assert j.family.size == 3 * 5
+        hits += any(lv.verdict in ACT for lv in j.levels) or any(g.verdict in ACT for g in j.guards)
     assert hits / trials <= 0.05 + _slack(trials, 0.05)
 
 
@@ -128,12 +128,12 @@ def test_guard_regression_is_reported_beside_a_throughput_gain():
         slow = 1.4 if arm == "B" else 1.0
         runs += [_run(rng, arm, repeat, 64, 1.128 if arm == "B" else 1.0, guards=True, latency_scale=slow)]
     j = judge.judge(runs)
-    assert j["levels"][0]["verdict"] == "better"
-    p99 = next(g for g in j["guards"] if g["metric"] == "ttft_p99_ms")
-    assert p99["verdict"] == "worse" and p99["regression"] and 0.25 < p99["effect"] < 0.6
-    assert p99["p_adjusted"] >= p99["p_value"]
-    tpot = next(g for g in j["guards"] if g["metric"] == "tpot_p50_ms")
-    assert not tpot["regression"]
+    assert j.levels[0].verdict == "better"
+    p99 = next(g for g in j.guards if g.metric == "ttft_p99_ms")
+    assert p99.verdict == "worse" and p99.regression and 0.25 < p99.effect < 0.6
+    assert p99.p_adjusted >= p99.p_value
+    tpot = next(g for g in j.guards if g.metric == "tpot_p50_ms")
+    assert not tpot.regression
 
 
 @pytest.mark.parametrize("count", [1, 3])
@@ -141,11 +141,11 @@ def test_calibration_sequential_family_wise_rate_and_power(count):
     rng = random.Random(3000 + count)
     cap = judge.sequential_repeats(SD, levels=count)
     trials = 250
-    fp = sum(any(lv["verdict"] in ACT for lv in _sequential(rng, LEVELS[count], cap)[0]["levels"])
+    fp = sum(any(lv.verdict in ACT for lv in _sequential(rng, LEVELS[count], cap)[0].levels)
              for _ in range(trials))
     assert fp / trials <= 0.05 + _slack(trials, 0.05)
-    better = sum(lv["verdict"] == "better" for _ in range(trials // 2)
-                 for lv in _sequential(rng, LEVELS[count], cap, effect=0.05)[0]["levels"])
+    better = sum(lv.verdict == "better" for _ in range(trials // 2)
+                 for lv in _sequential(rng, LEVELS[count], cap, effect=0.05)[0].levels)
     assert better / (trials // 2 * count) >= 0.80 - _slack(trials // 2 * count, 0.8)
 
 
@@ -156,29 +156,29 @@ def test_sequential_stops_a_big_effect_early_and_records_its_looks():
     used = []
     for _ in range(40):
         judgement, record = _sequential(rng, LEVELS[3], cap, effect=0.128)
-        assert all(lv["verdict"] == "better" for lv in judgement["levels"])
-        used += [lv["n_a"] for lv in judgement["levels"]]
+        assert all(lv.verdict == "better" for lv in judgement.levels)
+        used += [lv.n_a for lv in judgement.levels]
     assert sum(used) / len(used) <= 0.6 * n_fixed
-    assert record["looks"][0]["repeat"] == judge.FIRST_LOOK and record["max_repeats"] == cap
-    assert all(str(c) in look["settled"] for look in record["looks"] for c in look["settled"])
+    assert record.looks[0].repeat == judge.FIRST_LOOK and record.max_repeats == cap
+    assert all(str(c) in look.settled for look in record.looks for c in look.settled)
 
 
 def test_sequential_p_is_the_union_bound_over_the_looks():
     rng = random.Random(4)
     judgement, record = _sequential(rng, [64], 12, effect=0.128)
-    lv = judgement["levels"][0]
-    assert lv["p_sequential"] >= lv["p_value"]          # spending a share of alpha per look
-    assert lv["p_adjusted"] == pytest.approx(lv["p_sequential"])   # one hypothesis: Holm is the identity
-    assert record["looks"] and record["planned_looks"] == judge.planned_looks(12)
+    lv = judgement.levels[0]
+    assert lv.p_sequential >= lv.p_value          # spending a share of alpha per look
+    assert lv.p_adjusted == pytest.approx(lv.p_sequential)   # one hypothesis: Holm is the identity
+    assert record.looks and record.planned_looks == judge.planned_looks(12)
 
 
 def test_drift_interleaved_keeps_aa_in_bound_non_interleaved_does_not():
     rng = random.Random(11)
     n = judge.recommended_repeats(SD, levels=3)
     trials = 300
-    inter = sum(any(lv["verdict"] in ACT for lv in _fixed(rng, LEVELS[3], n, drift=0.10)["levels"])
+    inter = sum(any(lv.verdict in ACT for lv in _fixed(rng, LEVELS[3], n, drift=0.10).levels)
                 for _ in range(trials))
     assert inter / trials <= 0.05 + _slack(trials, 0.05)
-    blocked = sum(any(lv["verdict"] in ACT for lv in _fixed(rng, LEVELS[3], n, drift=0.10, interleaved=False)["levels"])
+    blocked = sum(any(lv.verdict in ACT for lv in _fixed(rng, LEVELS[3], n, drift=0.10, interleaved=False).levels)
                   for _ in range(50))
     assert blocked / 50 > 0.5      # the same drift, not interleaved, reads as an effect

@@ -75,22 +75,22 @@ def test_import_sglang_builds_judged_evidence_and_commits(tmp_path):
     doc = store.import_files(project, baseline=_files("sglang_unset.jsonl"), candidate=_files("sglang_ctas512.jsonl"),
                              role="decode", knob=f"{KNOB}=512")
     assert validate(doc) == []
-    verdicts = {lv["concurrency"]: lv["verdict"] for lv in doc["judgement"]["levels"]}
+    verdicts = {lv.concurrency: lv.verdict for lv in doc.judgement.levels}
     assert verdicts == {64: "better", 80: "better", 96: "better"}
-    assert [lv["n_a"] for lv in doc["judgement"]["levels"]] == [3, 3, 3]
-    assert any(a["arm"] == "A" and a["to_concurrency"] == 96 for a in doc["anomalies"])
-    assert doc["arms"]["A"]["knobs"] == {KNOB: None} and doc["arms"]["B"]["knobs"] == {KNOB: 512}
-    assert doc["source"]["format"] == "sglang" and len(doc["source"]["raw_files"]) == 2
-    for rel in doc["source"]["raw_files"]:
+    assert [lv.n_a for lv in doc.judgement.levels] == [3, 3, 3]
+    assert any(a.arm == "A" and a.to_concurrency == 96 for a in doc.anomalies)
+    assert doc.arms["A"].knobs == {KNOB: None} and doc.arms["B"].knobs == {KNOB: 512}
+    assert doc.source.format == "sglang" and len(doc.source.raw_files) == 2
+    for rel in doc.source.raw_files:
         assert (project.root / rel).exists()
     msg = subprocess.run(["git", "-C", str(project.root), "log", "-1", "--format=%B"], capture_output=True,
                          text=True).stdout
     assert msg.startswith(f"evidence: {KNOB}=512 on decode (+12.")
-    assert f"Evidence: {doc['id']}" in msg and f"Knob: {KNOB}" in msg and "Role: decode" in msg
+    assert f"Evidence: {doc.id}" in msg and f"Knob: {KNOB}" in msg and "Role: decode" in msg
     files = subprocess.run(["git", "-C", str(project.root), "show", "--name-only", "--format=", "HEAD"],
                            capture_output=True, text=True).stdout.split()
     assert len(files) == 3 and all(f.startswith("changelog/evidence/") for f in files)
-    assert store.load(project, doc["id"][:4])["id"] == doc["id"]
+    assert store.load(project, doc.id[:4]).id == doc.id
 
 
 @pytest.mark.parametrize("base,cand,fmt,levels", [
@@ -102,19 +102,19 @@ def test_import_other_formats(tmp_path, base, cand, fmt, levels):
     project = make_infra_repo(tmp_path)
     doc = store.import_files(project, baseline=_files(base), candidate=_files(cand), role="decode",
                              knob=f"{KNOB}=512", no_commit=True)
-    assert [lv["concurrency"] for lv in doc["judgement"]["levels"]] == levels
-    assert all(lv["effect"] > 0.04 for lv in doc["judgement"]["levels"])
-    assert doc["source"]["format"] == fmt
+    assert [lv.concurrency for lv in doc.judgement.levels] == levels
+    assert all(lv.effect > 0.04 for lv in doc.judgement.levels)
+    assert doc.source.format == fmt
 
 
 def test_import_kernels_rejudges_bench_output(tmp_path):
     project = make_infra_repo(tmp_path)
     doc = store.import_files(project, baseline=[str(KERNEL_FILE)], candidate=[], role="decode", fmt="kernels")
-    assert doc["knob"] == "KNOBKEEPER_SPLITKV_TARGET_CTAS" and doc["id"] != "5eed0001"
-    assert doc["arms"]["A"]["knobs"] == {"KNOBKEEPER_SPLITKV_TARGET_CTAS": 256}
-    assert [lv["verdict"] for lv in doc["judgement"]["levels"]] == ["better", "better"]
-    assert doc["runs"][0]["time_per_call_us"] > 0 and "bandwidth_gbps" in doc["runs"][0]
-    assert doc["setup"]["device"] == "NVIDIA H200"
+    assert doc.knob == "KNOBKEEPER_SPLITKV_TARGET_CTAS" and doc.id != "5eed0001"
+    assert doc.arms["A"].knobs == {"KNOBKEEPER_SPLITKV_TARGET_CTAS": 256}
+    assert [lv.verdict for lv in doc.judgement.levels] == ["better", "better"]
+    assert doc.runs[0].extra["time_per_call_us"] > 0 and "bandwidth_gbps" in doc.runs[0].extra
+    assert doc.setup.device == "NVIDIA H200"
 
 
 def test_cli_import_with_several_files_per_option(tmp_path):
@@ -125,7 +125,7 @@ def test_cli_import_with_several_files_per_option(tmp_path):
     assert out.exit_code == 0, out.output
     ident = out.output.split()[1]
     doc = store.load(project, ident)
-    assert [lv["n_a"] for lv in doc["judgement"]["levels"]] == [2, 2]
+    assert [lv.n_a for lv in doc.judgement.levels] == [2, 2]
     assert "better" in out.output and "95% CI" in out.output
 
 

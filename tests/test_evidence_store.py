@@ -45,30 +45,30 @@ def test_summary_line_and_gains():
     assert line.startswith("+1") and "@64 (95% CI +" in line and "better" in line
     assert "anomaly: A 96 < 80" in line
     g = store.gains(doc)
-    assert [x["concurrency"] for x in g] == [64, 80, 96]
+    assert [x.concurrency for x in g] == [64, 80, 96]
     assert {"concurrency", "effect", "ci_low", "ci_high", "verdict", "p_value", "p_adjusted", "adjusted",
-            "regressions"} == set(g[0])
-    assert g[0]["ci_low"] < g[0]["effect"] < g[0]["ci_high"]
+            "regressions"} == set(g[0].to_json())
+    assert g[0].ci_low < g[0].effect < g[0].ci_high
     assert store.commit_summary(doc).startswith(f"evidence: {KNOB}=512 on decode (+1")
 
 
 def test_load_by_prefix_list_and_errors(tmp_path):
     project = make_infra_repo(tmp_path)
     d1, d2 = _doc(1), _doc(2)
-    d2["id"] = d1["id"][:3] + ("0" if d1["id"][3] != "0" else "1") + d1["id"][4:]
+    d2.id = d1.id[:3] + ("0" if d1.id[3] != "0" else "1") + d1.id[4:]
     store.write(project, d1)
     store.write(project, d2, no_commit=True)
-    assert store.load(project, d1["id"])["id"] == d1["id"]
+    assert store.load(project, d1.id).id == d1.id
     with pytest.raises(UserError, match="ambiguous"):
-        store.load(project, d1["id"][:3])
+        store.load(project, d1.id[:3])
     with pytest.raises(UserError, match="no such evidence"):
-        store.load(project, "ffffffff" if not d1["id"].startswith("ff") else "00000000")
+        store.load(project, "ffffffff" if not d1.id.startswith("ff") else "00000000")
     with pytest.raises(UserError, match="hex"):
         store.load(project, "zz")
     rows = store.list_all(project)
-    assert {r["id"] for r in rows} == {d1["id"], d2["id"]}
+    assert {r.id for r in rows} == {d1.id, d2.id}
     out = CliRunner().invoke(ab, ["list", "--repo", str(project.root)])
-    assert out.exit_code == 0 and d1["id"] in out.output and "(unset) -> 512" in out.output
+    assert out.exit_code == 0 and d1.id in out.output and "(unset) -> 512" in out.output
 
 
 def test_show_table_json_and_plot(tmp_path):
@@ -76,14 +76,14 @@ def test_show_table_json_and_plot(tmp_path):
     doc = _doc()
     store.write(project, doc)
     runner = CliRunner()
-    out = runner.invoke(ab, ["show", doc["id"], "--repo", str(project.root)])
+    out = runner.invoke(ab, ["show", doc.id, "--repo", str(project.root)])
     assert out.exit_code == 0, out.output
     for needle in ("mean A", "95% CI", "better", "anomaly: arm A throughput at 96", "method: Welch"):
         assert needle in out.output
-    out = runner.invoke(ab, ["show", doc["id"], "--repo", str(project.root), "--json"])
-    assert json.loads(out.output)["id"] == doc["id"]
+    out = runner.invoke(ab, ["show", doc.id, "--repo", str(project.root), "--json"])
+    assert json.loads(out.output)["id"] == doc.id
     png = tmp_path / "plot.png"
-    out = runner.invoke(ab, ["show", doc["id"], "--repo", str(project.root), "--plot", str(png)])
+    out = runner.invoke(ab, ["show", doc.id, "--repo", str(project.root), "--plot", str(png)])
     assert out.exit_code == 0 and png.exists()
     _check_png(png)
     out = runner.invoke(ab, ["show", "nothex!", "--repo", str(project.root)])
@@ -135,14 +135,14 @@ def test_judge_options_are_kept_and_verify_uses_them():
     arms = {"A": {"label": "a", "knobs": {"K": None}}, "B": {"label": "b", "knobs": {"K": 1}}}
     plain = store.build_doc(knob="K", role="decode", arms=arms, runs=runs)
     doc = store.build_doc(knob="K", role="decode", arms=arms, runs=runs, judge_options={"unit_noise": 0.03, "alpha": 0.01})
-    assert plain["judgement"]["levels"][0]["verdict"] == "better"
-    assert doc["judgement"]["levels"][0]["verdict"] == "inconclusive" and doc["judgement"]["unit_noise"] == 0.03
-    assert doc["judgement"]["alpha"] == 0.01 and store.verify(doc) == []
+    assert plain.judgement.levels[0].verdict == "better"
+    assert doc.judgement.levels[0].verdict == "inconclusive" and doc.judgement.unit_noise == 0.03
+    assert doc.judgement.alpha == 0.01 and store.verify(doc) == []
     edited = doc.to_json()
     del edited["judge_options"]
     assert store.verify(edited), "a judgement made with options must not verify without them"
-    assert validate({**doc, "judge_options": {"unit_noise": -1}})[0].startswith("judge_options:")
-    assert validate({**doc, "judge_options": {"alpha": 0}})[0].startswith("judge_options:")
+    assert validate({**doc.to_json(), "judge_options": {"unit_noise": -1}})[0].startswith("judge_options:")
+    assert validate({**doc.to_json(), "judge_options": {"alpha": 0}})[0].startswith("judge_options:")
 
 
 def test_evidence_files_are_append_only_and_a_rejudgement_is_a_new_file(project):

@@ -60,7 +60,7 @@ def _import(project, base, cand, *extra):
 
 
 def _levels(doc):
-    return {lv["concurrency"]: lv for lv in doc["judgement"]["levels"]}
+    return {lv.concurrency: lv for lv in doc.judgement.levels}
 
 
 # ---------------------------------------------------------------- the gates, per tool
@@ -74,11 +74,11 @@ def test_sglang_zero_generated_tokens_invalidates_the_level(project, tmp_path):
     doc = store.import_files(project, baseline=[str(DATA / "sglang_unset.jsonl")],
                              candidate=[_write_jsonl(tmp_path / "cand.jsonl", cand)], role="decode", knob=f"{KNOB}=512")
     levels = _levels(doc)
-    assert levels[96]["verdict"] == "invalid" and "zero or missing generated tokens" in levels[96]["invalid"][0]
-    assert levels[64]["verdict"] == "better" and doc["judgement"]["family"]["size"] == 2 * 5
-    row = next(r for r in doc["validity"]["levels"] if r["concurrency"] == 96)
-    assert not row["valid"] and row["reasons"]
-    assert [g["concurrency"] for g in store.gains(doc)] == [64, 80]      # invalid counts for nothing
+    assert levels[96].verdict == "invalid" and "zero or missing generated tokens" in levels[96].invalid[0]
+    assert levels[64].verdict == "better" and doc.judgement.family.size == 2 * 5
+    row = next(r for r in doc.validity.levels if r.concurrency == 96)
+    assert not row.valid and row.reasons
+    assert [g.concurrency for g in store.gains(doc)] == [64, 80]      # invalid counts for nothing
     assert "@96 invalid (arm B repeat 1: zero or missing generated tokens)" in store.summary_line(doc)
     assert store.verify(doc) == []
 
@@ -103,9 +103,9 @@ def test_vllm_completed_below_num_prompts_invalidates(project, tmp_path):
             str(DATA / "vllm_ctas512_c96_r1.json"), str(DATA / "vllm_ctas512_c96_r2.json")]
     doc = store.import_files(project, baseline=[str(p) for p in sorted(DATA.glob("vllm_unset_*.json"))],
                              candidate=cand, role="decode", knob=f"{KNOB}=512", no_commit=True)
-    assert _levels(doc)[64]["verdict"] == "invalid"
-    assert "completed 412 of 512 requests" in " ".join(_levels(doc)[64]["invalid"])
-    assert _levels(doc)[96]["verdict"] != "invalid"
+    assert _levels(doc)[64].verdict == "invalid"
+    assert "completed 412 of 512 requests" in " ".join(_levels(doc)[64].invalid)
+    assert _levels(doc)[96].verdict != "invalid"
 
 
 def test_aiperf_error_rate_above_threshold_invalidates(project, tmp_path):
@@ -131,27 +131,27 @@ def test_vllm_metadata_says_the_engine_did_not_carry_the_knob(project, tmp_path)
     doc = store.import_files(project, baseline=base, candidate=cand, role="decode", knob=f"{KNOB}=512",
                              no_commit=True)
     levels = _levels(doc)
-    assert levels[96]["verdict"] == "invalid"
-    assert "did not carry the knob" in levels[96]["invalid"][0] and "256" in levels[96]["invalid"][0]
-    assert levels[64]["verdict"] == "better"
-    seen = {r["knob_seen"]["status"] for r in doc["runs"] if r["arm"] == "B" and r["concurrency"] == 64}
+    assert levels[96].verdict == "invalid"
+    assert "did not carry the knob" in levels[96].invalid[0] and "256" in levels[96].invalid[0]
+    assert levels[64].verdict == "better"
+    seen = {r.knob_seen.status for r in doc.runs if r.arm == "B" and r.concurrency == 64}
     assert seen == {"carried"}
-    assert "knob value unverified for some runs" in doc["validity"]["reasons"]   # the baseline files say nothing
+    assert "knob value unverified for some runs" in doc.validity.reasons   # the baseline files say nothing
 
 
 def test_files_without_server_info_say_unverified(project):
     doc = store.import_files(project, baseline=[str(DATA / "sglang_unset.jsonl")],
                              candidate=[str(DATA / "sglang_ctas512.jsonl")], role="decode", knob=f"{KNOB}=512",
                              no_commit=True)
-    assert {r["knob_seen"]["status"] for r in doc["runs"]} == {"unverified"}
-    assert any("unverified" in note for note in doc["validity"]["reasons"])
+    assert {r.knob_seen.status for r in doc.runs} == {"unverified"}
+    assert any("unverified" in note for note in doc.validity.reasons)
 
 
 def test_level_in_one_arm_only_is_invalid(project):
     doc = store.import_files(project, baseline=[str(p) for p in sorted(DATA.glob("vllm_unset_*.json"))],
                              candidate=[str(DATA / "vllm_ctas512_c64_r1.json"), str(DATA / "vllm_ctas512_c64_r2.json")],
                              role="decode", knob=f"{KNOB}=512", no_commit=True)
-    assert _levels(doc)[96]["verdict"] == "invalid" and _levels(doc)[96]["invalid"] == ["runs of arm A only"]
+    assert _levels(doc)[96].verdict == "invalid" and _levels(doc)[96].invalid == ["runs of arm A only"]
 
 
 def test_duplicated_records_and_files_count_once(project, tmp_path):
@@ -166,15 +166,15 @@ def test_duplicated_records_and_files_count_once(project, tmp_path):
     six = store.import_files(project, baseline=[_write_jsonl(tmp_path / "a6.jsonl", base * 6)],
                              candidate=[_write_jsonl(tmp_path / "b6.jsonl", cand * 6)], role="decode",
                              knob=f"{KNOB}=512", no_commit=True)
-    assert _levels(once)[64]["verdict"] == _levels(six)[64]["verdict"] != "better"
-    assert _levels(six)[64]["n_a"] == 2 and _levels(six)[64]["p_value"] == pytest.approx(_levels(once)[64]["p_value"])
-    assert sum("duplicate run record" in n for n in six["validity"]["reasons"]) == 2 * 10
+    assert _levels(once)[64].verdict == _levels(six)[64].verdict != "better"
+    assert _levels(six)[64].n_a == 2 and _levels(six)[64].p_value == pytest.approx(_levels(once)[64].p_value)
+    assert sum("duplicate run record" in n for n in six.validity.reasons) == 2 * 10
     # the same file passed for several repeats
     files = [str(DATA / "vllm_unset_c64_r1.json")] * 3 + [str(DATA / "vllm_unset_c64_r2.json")]
     doc = store.import_files(project, baseline=files, candidate=[str(p) for p in sorted(DATA.glob("vllm_ctas512_c64*.json"))],
                              role="decode", knob=f"{KNOB}=512", no_commit=True)
-    assert _levels(doc)[64]["n_a"] == 2
-    assert sum("is the same file as vllm_unset_c64_r1.json" in n for n in doc["validity"]["reasons"]) == 2
+    assert _levels(doc)[64].n_a == 2
+    assert sum("is the same file as vllm_unset_c64_r1.json" in n for n in doc.validity.reasons) == 2
 
 
 def test_the_same_results_given_for_both_arms_are_refused(project):
@@ -207,8 +207,8 @@ def test_ab_run_refuses_a_disaggregated_run_that_never_touched_prefill():
                    ab.Design([64], 2, requests=10), arms=_arms(), knob=KNOB, role="decode")
     doc = ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
                      ab.Design([64], 2, requests=10, keep_invalid=True), arms=_arms(), knob=KNOB, role="decode")
-    assert doc["judgement"]["levels"][0]["verdict"] == "invalid"
-    assert all(r["prefill_prompt_tokens"] == 0 and r["knob_seen"]["status"] == "carried" for r in doc["runs"])
+    assert doc.judgement.levels[0].verdict == "invalid"
+    assert all(r.prefill_prompt_tokens == 0 and r.knob_seen.status == "carried" for r in doc.runs)
 
 
 def test_ab_run_candidate_process_without_the_knob_is_invalid():
@@ -216,9 +216,9 @@ def test_ab_run_candidate_process_without_the_knob_is_invalid():
     probes = ab.Probes(knob=lambda arm: ab.knob_seen(arm, KNOB, {KNOB: running["B"]}, "started.sh"))
     doc = ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", probes, _fake_load([])),
                      ab.Design([64, 96], 2, requests=10, keep_invalid=True), arms=_arms(), knob=KNOB, role="decode")
-    assert {lv["verdict"] for lv in doc["judgement"]["levels"]} == {"invalid"}
+    assert {lv.verdict for lv in doc.judgement.levels} == {"invalid"}
     assert "did not carry the knob (started.sh: SGLANG_SM120_MMA_TARGET_CTAS=(unset), arm wants 512)" in \
-        doc["judgement"]["levels"][0]["invalid"][0]
+        doc.judgement.levels[0].invalid[0]
 
 
 # ---------------------------------------------------------------- the catalog, secrets, bad numbers
@@ -311,23 +311,23 @@ def test_verify_recomputes_the_judgement_and_names_each_mismatch(project):
     doc = _imported(project)
     assert store.verify(doc) == []
     bad = copy.deepcopy(doc)
-    level = bad["judgement"]["levels"][0]
-    level["effect"] = 0.5
-    bad["judgement"]["levels"][1]["verdict"] = "worse"
-    bad["judgement"]["levels"][2]["p_adjusted"] = 1e-9
+    level = bad.judgement.levels[0]
+    level.effect = 0.5
+    bad.judgement.levels[1].verdict = "worse"
+    bad.judgement.levels[2].p_adjusted = 1e-9
     problems = store.verify(bad)
     assert any(p.startswith("stored effect +50.0% at 64 but the runs give +1") for p in problems), problems
     assert any(p.startswith("stored verdict worse at 80 but the runs give better, CI +") for p in problems)
     assert any(p.startswith("stored p_adjusted 1e-09 at 96") for p in problems)
     tampered_runs = copy.deepcopy(doc)
-    for run in tampered_runs["runs"]:
-        if run["arm"] == "B" and run["concurrency"] == 64:
-            run["output_tokens_per_s"] = 1000.0 * (1 + 0.03 * run["repeat"])
-        if run["arm"] == "A" and run["concurrency"] == 64:
-            run["output_tokens_per_s"] = 1000.0 * (1 + 0.031 * run["repeat"])
+    for run in tampered_runs.runs:
+        if run.arm == "B" and run.concurrency == 64:
+            run.output_tokens_per_s = 1000.0 * (1 + 0.03 * run.repeat)
+        if run.arm == "A" and run.concurrency == 64:
+            run.output_tokens_per_s = 1000.0 * (1 + 0.031 * run.repeat)
     assert any("stored verdict better at 64 but the runs give" in p for p in store.verify(tampered_runs))
     nan = copy.deepcopy(doc)
-    nan["runs"][2]["ttft_ms"]["p99"] = math.nan
+    nan.runs[2].ttft_ms["p99"] = math.nan
     assert store.verify(nan) == ["runs[2].ttft_ms.p99: nan (not a finite number)"]
 
 
@@ -335,16 +335,16 @@ def test_verify_checks_the_sequential_looks_recorded():
     load = _fake_load([])
     doc = ab.measure(ab.Harness(lambda arm: None, lambda: None, "http://x", load=load),
                      ab.Design([64], max_repeats=5, requests=10), arms=_arms(), knob=KNOB, role="decode")
-    assert doc["sequential"]["looks"] and store.verify(doc) == []
+    assert doc.sequential.looks and store.verify(doc) == []
     bad = copy.deepcopy(doc)
-    bad["sequential"]["max_repeats"] = 50          # another spending plan gives other p-values
+    bad.sequential.max_repeats = 50          # another spending plan gives other p-values
     assert store.verify(bad)
 
 
 def _schema_1(doc) -> dict:
     old = {k: v for k, v in doc.to_json().items() if k not in ("validity", "sequential")}
     old["schema"] = SCHEMA_1
-    old["judgement"] = judge.judge(doc["runs"], doc["metric"], adjust=False).to_json()
+    old["judgement"] = judge.judge(doc.runs, doc.metric, adjust=False).to_json()
     for run in old["runs"]:
         run.pop("knob_seen", None)
         run.pop("tpot_ms", None)
@@ -357,24 +357,24 @@ def test_schema_1_files_still_load_and_say_unadjusted(project):
     path = next((project.root / "changelog" / "evidence").glob("*.json"))
     path.write_text(json.dumps(doc, indent=2))
     loaded = store.load(project, doc["id"])
-    assert loaded["schema"] == SCHEMA_1 and store.verify(loaded) == []
+    assert loaded.schema == SCHEMA_1 and store.verify(loaded) == []
     assert "better, unadjusted" in store.summary_line(loaded)
-    assert all(g["adjusted"] is False and g["p_adjusted"] is None for g in store.gains(loaded))
+    assert all(g.adjusted is False and g.p_adjusted is None for g in store.gains(loaded))
     out = CliRunner().invoke(ab_group, ["show", doc["id"], "--repo", str(project.root)])
     assert out.exit_code == 0 and "unadjusted" in out.output, out.output
-    assert [r["id"] for r in store.list_all(project)] == [doc["id"]]
+    assert [r.id for r in store.list_all(project)] == [doc["id"]]
     # rejudged by today's method, it becomes schema 2 with a family
     again = store.rejudge(loaded)
-    assert again["schema"] == "knobkeeper.evidence/2" and again["judgement"]["family"]["method"] == "holm"
+    assert again.schema == "knobkeeper.evidence/2" and again.judgement.family.method == "holm"
 
 
 def test_schema_2_show_has_raw_and_adjusted_p_and_guards(project):
     doc = _imported(project)
-    out = CliRunner().invoke(ab_group, ["show", doc["id"], "--repo", str(project.root)])
+    out = CliRunner().invoke(ab_group, ["show", doc.id, "--repo", str(project.root)])
     assert out.exit_code == 0, out.output
     assert "p adj" in out.output and "family-wise alpha 0.05 over 15 tests" in out.output
     assert "p99 TTFT" in out.output and "median TPOT" in out.output
-    level = doc["judgement"]["levels"][0]
-    assert level["p_adjusted"] >= level["p_value"]
-    assert doc["judgement"]["family"] == {"method": "holm", "alpha": 0.05, "size": 15,
-                                          "weights": {"throughput": 0.8, "guards": 0.2}, "sequential": False}
+    level = doc.judgement.levels[0]
+    assert level.p_adjusted >= level.p_value
+    assert doc.judgement.family.to_json() == {"method": "holm", "alpha": 0.05, "size": 15,
+                                              "weights": {"throughput": 0.8, "guards": 0.2}, "sequential": False}

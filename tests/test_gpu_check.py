@@ -239,8 +239,8 @@ def test_fake_evidence_imports_and_links_to_a_set(fake_run, tmp_path):
     assert result.exit_code == 0, result.output
     ident = result.output.split()[1]
     doc = store.load(project, ident)
-    assert [lv["concurrency"] for lv in doc["judgement"]["levels"]] == [1, 2]
-    assert doc["arms"]["B"]["knobs"] == {KNOB: 512} and "FAKE" in doc["setup"]["device"]
+    assert [lv.concurrency for lv in doc.judgement.levels] == [1, 2]
+    assert doc.arms["B"].knobs == {KNOB: 512} and "FAKE" in doc.setup.device
     result = kk(project, "set", f"{KNOB}=512", "--role", "decode", "--reason", "kernel sweep (fake)",
                 "--evidence", ident)
     assert result.exit_code == 0, result.output

@@ -258,20 +258,20 @@ def test_role_filter_keeps_one_lane(story, tmp_path):
 def test_schema2_levels_show_p_adjusted_and_guards(story):
     project, told, _ = story
     from knobkeeper.evidence import store
+    from knobkeeper.evidence.model import Adjustment, Guard, LevelValidity, Validity
 
     doc = copy.deepcopy(store.load(project, told.evidence))
     one = page._evidence_block(doc)
-    if "p_adjusted" not in doc["judgement"]["levels"][0]:
+    if "p_adjusted" not in doc.judgement.levels[0].to_json():
         assert one.count(">unadjusted<") == 3 and "p-values unadjusted" in one
-    doc["schema"] = "knobkeeper.evidence/2"
-    for i, lv in enumerate(doc["judgement"]["levels"]):
-        lv["p_adjusted"] = [0.0021, 0.1466, 0.0075][i]
-    doc["judgement"]["family"] = {"method": "holm", "alpha": 0.05, "size": 3}
-    doc["judgement"]["guards"] = [{"concurrency": 96, "metric": "ttft_p99_ms", "effect": 0.21, "ci_low": 0.1,
-                                   "ci_high": 0.33, "p_value": 0.001, "p_adjusted": 0.004, "verdict": "worse",
-                                   "regression": True}]
-    doc["validity"] = {"levels": [{"concurrency": 80, "valid": False, "reasons": ["zero tokens in 2 runs"]}],
-                       "reasons": []}
+    doc.schema = "knobkeeper.evidence/2"
+    for i, lv in enumerate(doc.judgement.levels):
+        lv.p_adjusted = [0.0021, 0.1466, 0.0075][i]
+    doc.judgement.family = Adjustment(method="holm", alpha=0.05, size=3)
+    doc.judgement.guards = [Guard(concurrency=96, metric="ttft_p99_ms", effect=0.21, ci_low=0.1, ci_high=0.33,
+                                  p_value=0.001, p_adjusted=0.004, verdict="worse", regression=True)]
+    doc.validity = Validity(levels=[LevelValidity(concurrency=80, valid=False, reasons=["zero tokens in 2 runs"])],
+                            reasons=[])
     two = page._evidence_block(doc)
     assert ">0.0021<" in two and ">0.147<" in two and ">unadjusted<" not in two
     assert "p adjusted for 3 comparisons (holm)" in two

@@ -286,9 +286,9 @@ def sequential_ab_run(comp: dict, design: str, effect: float, cap: int, draws: i
                              "errors": 0})
             if repeat in record.planned_looks:
                 record.looks.append(Look(repeat, [16], {}))
-                level = judge.judge(runs, sequential=record)["levels"][0]
+                level = judge.judge(runs, sequential=record).levels[0]
                 if judge.settled(level) or repeat == cap:
-                    verdict, repeats = level["verdict"], repeat
+                    verdict, repeats = level.verdict, repeat
                     break
         verdicts[verdict] += 1
         used.append(repeats)

@@ -68,7 +68,7 @@ def warmup_offsets(doc: dict) -> list[float]:
 
 
 def judged(runs: list[dict], sequential: dict | None = None) -> str:
-    return judge.judge(runs, sequential=sequential)["levels"][0]["verdict"]
+    return judge.judge(runs, sequential=sequential).levels[0].verdict
 
 
 def fixed_rate(pool: list[float], n: int, effect: float, draws: int, rng: random.Random) -> dict:
@@ -92,9 +92,9 @@ def sequential_rate(pool: list[float], effect: float, cap: int, draws: int, rng:
                              "output_tokens_per_s": math.exp(7.0 + (effect if arm == "B" else 0.0) + rng.choice(pool))})
             if repeat in record.planned_looks:
                 record.looks.append(Look(repeat, [16], {}))
-                level = judge.judge(runs, sequential=record)["levels"][0]
+                level = judge.judge(runs, sequential=record).levels[0]
                 if judge.settled(level) or repeat == cap:
-                    verdict, repeats = level["verdict"], repeat
+                    verdict, repeats = level.verdict, repeat
                     break
         verdicts[verdict] += 1
         used.append(repeats)

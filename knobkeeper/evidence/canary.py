@@ -360,7 +360,7 @@ def ratio_runs(plan: Plan, windows: list[Window]) -> list[Run]:
         for field in GUARD_FIELDS:
             ratios = _guard_ratio(plan, w, field)
             if ratios and all((field, key) in guard_ref for key in GUARD_KEYS):
-                run[field] = {key: ratios[key] * guard_ref[(field, key)] for key in GUARD_KEYS}
+                setattr(run, field, {key: ratios[key] * guard_ref[(field, key)] for key in GUARD_KEYS})
         runs.append(run)
     return runs
 
@@ -692,7 +692,7 @@ def measure(plan: Plan, source, switch: Switch, options: Options | None = None, 
     setup.workload = Workload(duration_s=options.duration)
     # a dead candidate's evidence is kept with what it has (a level of arm A only is invalid)
     doc = build_doc(knob=plan.knob, role=plan.role, arms=arms, runs=seen.runs, setup=setup,
-                    source={"tool": "knobkeeper canary", "format": "canary"}, extra={"canary": block},
+                    source={"tool": "knobkeeper canary", "format": "canary"}, canary=block,
                     notes=reasons, judge_options=_judge_options(seen.noise, options.alpha),
                     keep_invalid=seen.died is not None)
     if seen.verdict == "worse":

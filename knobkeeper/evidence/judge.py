@@ -358,15 +358,15 @@ Runs = Iterable["Run | Mapping[str, Any]"]
 def _drop_outliers(runs: list[Run], metric: str) -> tuple[list[Run], list[Dropped]]:
     """(kept, dropped) for one arm at one level, by the outlier rule above."""
     kept = [r for r in runs if not r.failed]
-    dropped = [Dropped(r.arm, r.repeat, r.get(metric), "errors") for r in runs if r.failed]
+    dropped = [Dropped(r.arm, r.repeat, r.raw(metric), "errors") for r in runs if r.failed]
     if len(kept) >= OUTLIER_MIN_N:
-        logs = [math.log(r[metric]) for r in kept]
+        logs = [math.log(r.raw(metric)) for r in kept]
         med = median(logs)
         mad = median(abs(x - med) for x in logs) * 1.4826
         if mad > 0:
             floor = math.log1p(OUTLIER_FLOOR)
             out = [abs(x - med) > OUTLIER_MADS * mad and abs(x - med) > floor for x in logs]
-            dropped += [Dropped(r.arm, r.repeat, r.get(metric), f"> {OUTLIER_MADS:g} MAD and > {OUTLIER_FLOOR:.0%} from median")
+            dropped += [Dropped(r.arm, r.repeat, r.raw(metric), f"> {OUTLIER_MADS:g} MAD and > {OUTLIER_FLOOR:.0%} from median")
                         for r, o in zip(kept, out) if o]
             kept = [r for r, o in zip(kept, out) if not o]
     return kept, dropped
@@ -390,12 +390,12 @@ def _judge_level(runs_a: list[Run], runs_b: list[Run], metric: str, mde: float, 
                  unit_noise: float) -> _LevelLook:
     kept_a, drop_a = _drop_outliers(runs_a, metric)
     kept_b, drop_b = _drop_outliers(runs_b, metric)
-    c = compare([r[metric] for r in kept_a], [r[metric] for r in kept_b], unit_noise=unit_noise)
+    c = compare([r.raw(metric) for r in kept_a], [r.raw(metric) for r in kept_b], unit_noise=unit_noise)
     verdict, needed = verdict_for(c, c.p_value, mde, alpha)
     level = Level(
         n_a=c.n_a, n_b=c.n_b,
-        mean_a=_mean([r[metric] for r in kept_a]) if kept_a else None,
-        mean_b=_mean([r[metric] for r in kept_b]) if kept_b else None,
+        mean_a=_mean([r.raw(metric) for r in kept_a]) if kept_a else None,
+        mean_b=_mean([r.raw(metric) for r in kept_b]) if kept_b else None,
         effect=c.effect, ci_low=c.ci_low, ci_high=c.ci_high, p_value=c.p_value, df=c.df, verdict=verdict,
         repeats_needed=needed,
         errored_runs={"A": sum(1 for d in drop_a if d.reason == "errors"),
@@ -639,9 +639,9 @@ def _family(pairs: list[tuple[str, list[Run], list[Run], Mapping[int, list[str]]
     return out, {label: mine for label, _, mine in per_pair}
 
 
-def settled(level: Level | Mapping[str, Any]) -> bool:
+def settled(level: Level) -> bool:
     """Whether more runs at this level cannot change its throughput verdict's meaning."""
-    verdict = level["verdict"]
+    verdict = level.verdict
     return verdict in SETTLED or verdict == "invalid"
 
 
@@ -653,8 +653,8 @@ def anomalies(runs: Runs, metric: str = METRIC, alpha: float = ALPHA) -> list[An
         levels = _by_level(runs, arm)
         concs = sorted(levels)
         for lo, hi in zip(concs, concs[1:]):
-            x_lo = [r[metric] for r in _drop_outliers(levels[lo], metric)[0]]
-            x_hi = [r[metric] for r in _drop_outliers(levels[hi], metric)[0]]
+            x_lo = [r.raw(metric) for r in _drop_outliers(levels[lo], metric)[0]]
+            x_hi = [r.raw(metric) for r in _drop_outliers(levels[hi], metric)[0]]
             if not x_lo or not x_hi:
                 continue
             c = compare(x_lo, x_hi, alpha)

@@ -9,11 +9,12 @@ only (as deploy/record.py does for deploy records). schema.py says what a valid 
     Judgement  the family-wise verdicts: a Level per concurrency, a Guard per latency metric
     Validity   per level: the gates it failed (and those that could not be applied)
 
-Every part's attribute names are its JSON keys, and a part also reads and writes by key
-(`doc["judgement"]["levels"][0]["verdict"]` is `doc.judgement.levels[0].verdict`), so scripts and
-tests written against the files work on the parts; knobkeeper's own modules read attributes.
-Keys a part does not declare (a tool's own numbers in a run, a canary's extra fields) are kept in
-its `extra` and written back. `to_json()` gives the file's JSON, a fresh copy.
+Every part's attribute names are its JSON keys (`doc.judgement.levels[0].verdict` is the file's
+`["judgement"]["levels"][0]["verdict"]`). Parts are read by attribute only, not by key: a field
+read is a field declared here, so a reader cannot drift from the schema unseen. Keys a part does
+not declare (a tool's own numbers in a run, a canary's extra fields) are kept in its `extra`, read
+as `part.extra[KEY]`, and written back. `to_json()` gives the file's JSON, a fresh copy; parts
+compare equal when their JSON is (compare a part with JSON data by `part.to_json() == {...}`).
 
 What the model answers, once for every reader (the CLI, review, report, audit, the canary):
 `Evidence.is_adjusted` (schema 2 verdicts are family-wise; schema 1 were per level),
@@ -32,7 +33,7 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from knobkeeper import fmt
 from knobkeeper.evidence.defaults import ALPHA, IMBALANCE
@@ -141,58 +142,10 @@ class Typed:
         out.update(_plain(self.extra))
         return out
 
-    # Read and written by JSON key, like deploy/record.py's rows.
-    def keys(self) -> list[str]:
-        names = [n for n, _ in self._fields() if not (n in self.OMIT and _absent(getattr(self, n)))]
-        return names + [k for k in self.extra if k not in names]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
-
-    def __len__(self) -> int:
-        return len(self.keys())
-
-    def __bool__(self) -> bool:   # a part that is there is true, whatever it holds (test None for absence)
-        return True
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.keys()
-
-    def __getitem__(self, key: str) -> Any:
-        if key in self._names():
-            return getattr(self, key)
-        if key in self.extra:
-            return self.extra[key]
-        raise KeyError(key)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        read = dict(self._fields()).get(key)
-        if read is None:
-            self.extra[key] = value
-        else:
-            setattr(self, key, read(value))
-
-    def __delitem__(self, key: str) -> None:
-        if key in self.extra:
-            del self.extra[key]
-        elif key in self._names():
-            setattr(self, key, None)
-        else:
-            raise KeyError(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        try:
-            value = self[key]
-        except KeyError:
-            return default
-        return default if value is None else value
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, self[k]) for k in self.keys()]
-
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, (Typed, Mapping)):
-            return self.to_json() == _plain(dict(other.items()) if isinstance(other, Mapping) else other)
+        """Parts are equal when their JSON is: compare a part with its JSON by `to_json()`."""
+        if isinstance(other, Typed):
+            return self.to_json() == other.to_json()
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  (mutable)
@@ -344,6 +297,15 @@ class Run(Typed):
                       "prefill_prompt_tokens"})
     extra: dict[str, Any] = _extra()
 
+    def raw(self, metric: str) -> Any:
+        """The run's top-level number `metric` as the file holds it (a field, or a tool's own
+        number kept in `extra`), None when absent; `value` is the checked one."""
+        if metric == METRIC:   # the judged metric, read directly: judging a sweep reads it ~10^6 times
+            return self.output_tokens_per_s
+        if metric in self._names():
+            return getattr(self, metric)
+        return self.extra.get(metric)
+
     def value(self, metric: str) -> float | None:
         """The run's positive finite value of `metric` (a top-level number or a guard's
         percentile), else None."""
@@ -351,10 +313,8 @@ class Run(Typed):
             holder_name, key, _ = GUARDS[metric]
             holder = getattr(self, holder_name)
             value = holder.get(key) if isinstance(holder, dict) else None
-        elif metric == METRIC:   # the judged metric, read directly: judging a sweep reads it ~10^6 times
-            value = self.output_tokens_per_s
         else:
-            value = self.get(metric)
+            value = self.raw(metric)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             return None
         return float(value)

@@ -23,7 +23,7 @@ def arm_levels(doc: Evidence, arm: str) -> list[tuple[int, float, float, float, 
     out = []
     for conc in sorted(by):
         kept, _ = judge._drop_outliers(by[conc], metric)
-        xs = [math.log(r[metric]) for r in kept]
+        xs = [math.log(r.raw(metric)) for r in kept]
         if not xs:
             continue
         m = sum(xs) / len(xs)

@@ -22,8 +22,8 @@ from knobkeeper import fmt
 from knobkeeper.changelog.store import Message, commit_change
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge, search, validity
-from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, Evidence, Gain, Typed, Run,
-                                       Sequential, Setup, Source, SweepPlan, Workload, plain, typed)
+from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, CanaryBlock, Evidence, Gain, Typed,
+                                       Run, Sequential, Setup, Source, SweepPlan, Workload, plain, typed)
 from knobkeeper.evidence.schema import validate
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, iso, new_id, parse_time, utcnow
@@ -35,23 +35,24 @@ def build_doc(*, knob: str, role: str, arms: Mapping[str, Arm | Mapping], runs: 
               setup: Setup | Mapping | None = None, source: Mapping | None = None, metric: str = METRIC,
               ident: str | None = None, created: str | None = None, extra: Mapping | None = None,
               notes: list[str] | None = None, sequential: Sequential | Mapping | None = None,
-              keep_invalid: bool = False, judge_options: Mapping | None = None) -> Evidence:
+              keep_invalid: bool = False, judge_options: Mapping | None = None,
+              canary: CanaryBlock | Mapping | None = None) -> Evidence:
     """A complete evidence doc: validity gates, judgement and anomalies computed from `runs`.
 
     `notes`: file-level validity notes (duplicates counted once, an unverified knob);
     `sequential`: the stopping rule and looks of a sequential `ab run`; `judge_options`: the
     judgement's parameters other than its defaults (a canary's {"unit_noise", "alpha"}), kept in the
-    doc so that `verify` judges the runs the same way; `extra`: more top-level parts (a canary's
-    `canary` block). A doc without a valid level is refused (UserError) unless `keep_invalid`.
+    doc so that `verify` judges the runs the same way; `canary`: a canary's block; `extra`: more
+    top-level keys, ones the schema does not declare (kept in the doc's `extra`). A doc without a
+    valid level is refused (UserError) unless `keep_invalid`.
     """
     doc = Evidence(id=ident or new_id(), created=created or iso(utcnow()), knob=knob, role=role, metric=metric,
                    arms={name: Arm.of(arm) for name, arm in arms.items()}, setup=Setup.of(setup or {}),
                    runs=sorted((Run.of(r) for r in runs), key=lambda r: (r.concurrency, r.arm, r.repeat)),
                    sequential=Sequential.of(sequential) if sequential else None,
                    judge_options=dict(judge_options) if judge_options else None,
-                   source=Source.from_json({"tool": "knobkeeper", "raw_files": [], "format": None, **(source or {})}))
-    for key, value in (extra or {}).items():
-        doc[key] = value
+                   source=Source.from_json({"tool": "knobkeeper", "raw_files": [], "format": None, **(source or {})}),
+                   canary=CanaryBlock.of(canary) if canary is not None else None, extra=dict(extra or {}))
     _judge(doc, list(notes or []))
     problems = validate(doc)
     if problems:
@@ -693,7 +694,7 @@ def _arm_runs(found: _Arms) -> list[Run]:
         for r in arm_runs:
             run = Run.from_json({**evidence_fields(r), "arm": arm, "repeat": 0, "concurrency": int(r["concurrency"])})
             if arm == "B" and validity.record_key(r) in in_a:
-                run["same_record_as_arm_A"] = True
+                run.extra["same_record_as_arm_A"] = True
             if run.knob_seen is None or "server_env" in run.extra:
                 run.knob_seen = _knob_seen(run, found.knob, found.arms[arm].knobs.get(found.knob))
             runs.append(run)

@@ -72,7 +72,7 @@ def run_reasons(run: Run | Mapping[str, Any], metric: str = METRIC) -> list[str]
     if seen is not None and seen.status == NOT_CARRIED:
         out.append(f"{_where(run)}: the running engine did not carry the knob "
                    f"({seen.detail or 'running ' + json.dumps(seen.running)})")
-    if run.get("same_record_as_arm_A"):
+    if run.extra.get("same_record_as_arm_A"):
         out.append(f"{_where(run)}: the same result record as a run of arm A (one file given for both arms?)")
     if run.prefill_prompt_tokens == 0:
         out.append(f"{_where(run)}: prefill not touched (its prompt-token counter did not move)")
