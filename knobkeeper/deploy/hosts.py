@@ -3,7 +3,7 @@ or systemd service per engine process on each, at the address and ports the inve
 
 A deploy run, per host: the service manager (supervisord), the files, then role by role in the
 stack's order, batch by batch, the restarts and their gates; after the last role the PD proof
-(knobkeeper/deploy/operations.py holds each step and its ordering rules).
+(knobkeeper/deploy/operations.py holds each step and its ordering rules, deploy/gates.py the gates).
 """
 
 from __future__ import annotations

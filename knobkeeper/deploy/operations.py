@@ -23,14 +23,6 @@ secrets are uploaded only when it is (re)started, right before. A run that stops
 (a gate upstream failed, a port was taken) leaves that service's files on the host as they were:
 what runs is what is there, never a new launch script beside a process started from the old one.
 
-A failed gate leaves no unproven process behind: when the gate of a service this run (re)started
-fails (a timeout, a crash, a start-up that can never finish), the service is stopped and marked
-(`failed_gate_path`: which deploy, when, the gate's last status), so that `status` calls it down
-and says why, and the next deploy starts it again (plan.decide: also when it was started since by
-hand). Rollback (--data rollback=true): the launch script and program/unit it ran before (kept as
-previous.sh / previous.<conf|service> at the restart) are put back and the service is restarted and
-gated again; only when that fails too is it stopped. The run fails either way, saying so.
-
 A restart that was decided but never issued (a gate before it failed, or its port is taken) is
 recorded as not done: the row says "unchanged" and why, never "restarted".
 
@@ -46,17 +38,15 @@ Restart decision (per service, at execution time, from the host's own state): pl
 rule `knobkeeper plan` shows. The reason names what changed (plan.change_reasons: the knob and its
 old and new value, the flag, the interpreter, the template), in the record's `reason` and `changes`.
 
-Gates (health.wait_gate): the health URL answers 200, the process listening on the port is the one
-the service manager supervises, and a process this run (re)started is still that PID after the
-role's `settle` seconds. The settle runs while the deploy goes on with work that restarts nothing
-(the gates of the roles downstream, the record): every pending settle is waited out before the next
-restart of anything (`settle_pending`, the first command of every restart) and before the record is
-written, so the guarantee is the one a gate that slept would give, at the cost of the longest
-settle instead of their sum with everything after them. A partial deploy (only=ROLE) first
-checks, in seconds, that every role it does not restart answers (health.require_up), and says
-which deploy to run when one does not.
+Gates, their settles, the port check before a restart and the PD proof: deploy/gates.py (`run.gates`,
+one per run), whose docstring says what a passed gate guarantees, and what a failed one leaves behind
+(the service stopped and marked, or rolled back with --data rollback=true). Every pending settle is
+waited out before the next restart of anything (`before_restart`) and before the record is written.
+A partial deploy (only=ROLE) first checks, in seconds, that every role it does not restart answers
+(health.require_up), and says which deploy to run when one does not.
 
-One restart shell (`restart_shell`) serves the restart and the rollback; no private pyinfra API.
+One restart shell (`restart_shell`) serves the restart and the rollback (handed to the Gates); no
+private pyinfra API.
 """
 
 from __future__ import annotations
@@ -74,27 +64,26 @@ from typing import Any
 
 from pyinfra import host as current_host
 from pyinfra import state as current_state
-from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import files, pip, python, server, systemd
 
-import gevent
 import gevent.lock
 
 from knobkeeper.changelog.secrets import secret_path
 from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, managed_envs, parse_versions,
                                       pinned_versions, version_drift, versions_command)
-from knobkeeper.deploy.health import (GateOutcome, Settling, identity_command, log_says, own_lines, parse_identity,
-                                      require_up, settled, wait_gate)
+from knobkeeper.deploy.gates import Gates
+from knobkeeper.deploy.health import require_up
 from knobkeeper.deploy.model import HostPlan, Service, Stack
 from knobkeeper.deploy.observe import parse_service_state, state_command
 from knobkeeper.deploy.onhost import GateFailed, on_host, say
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.plan import decide, role_batches
-from knobkeeper.deploy.record import (DeployRecord, Gate, Rollback, ServiceRow, drop_journal, journal_path,
-                                      recover_interrupted, save, take_deploy_lock, write_journal)
+from knobkeeper.deploy.record import (DeployRecord, Gate, ServiceRow, drop_journal, journal_path, recover_interrupted,
+                                      save, take_deploy_lock, write_journal)
 from knobkeeper.deploy.render import dirty_paths, head_commit, render_stack, render_supervisord, source_of
 from knobkeeper.deploy.stack import stack_from_inventory
 from knobkeeper.deploy.target import target_of
@@ -195,10 +184,7 @@ class DeployRun:
             ))
         self.engine_states: dict[tuple[str, str], str] = {}   # (host, environment) -> cached | installed
         self.preflight()
-        # (re)started services healthy as their supervised PID whose settle is not over yet
-        self.settling: dict[str, tuple[Any, HostPlan, Service, Settling, float, str]] = {}
-        self._settle_lock = gevent.lock.Semaphore()
-        self._settle_failure: GateFailed | None = None
+        self.gates = Gates(self, restart_shell)   # the health gates, the settles, the port check, the PD proof
         current_state.add_callback_handler(_ErrorWatch(self))
         atexit.register(self.finish)
         # The target's operations for each host (deploy.py): the hosts' restarts in order (deploy/hosts.py),
@@ -308,8 +294,8 @@ class DeployRun:
         before every new process stayed up) and its ports are free. When either fails the restart is
         not issued, and its row says so instead of the action it was to take."""
         try:
-            self.settle_pending()
-            self.port_free(host, plan, svc)
+            self.gates.settle_pending()
+            self.gates.port_free(host, plan, svc)
         except GateFailed:
             row = self.row(svc)
             verb = "restarted" if row.action == "restarted" else "started"
@@ -326,182 +312,6 @@ class DeployRun:
         if self.state.current_stage >= StateStage.Execute:
             write_journal(self.project, self.record, self.options.record)
 
-    # gates ----------------------------------------------------------------------------------------
-
-    def wait(self, plan: HostPlan, svc: Service, settle: float, host: Any = None, restarted: bool = False,
-             defer: bool = False) -> GateOutcome | Settling:
-        return wait_gate(svc, self.expected_workers(), svc.health_timeout, on_host(host), plan.ctl, settle=settle,
-                         restarted=restarted, defer=defer)
-
-    def gate(self, host_name: str, role: str, batch: int = 0) -> None:
-        """Wait until every service of `role` on this host is healthy (when the host is in `batch`);
-        raise GateFailed on timeout, after a rollback when rollback=true. A service this run
-        (re)started that is healthy before its settle is over is left settling (see settle_pending)."""
-        plan = self.stack.hosts[host_name]
-        if self.batch_of(host_name, role) != batch:
-            return
-        for svc in plan.role_services(role):
-            row = self.row(svc)
-            if role not in self.gated or self.options.restart == "none":
-                row.gate.result = "skipped"
-                continue
-            started = time.monotonic()
-            outcome = self.wait(plan, svc, svc.settle if row.acted else 0.0, restarted=row.acted, defer=row.acted)
-            if isinstance(outcome, Settling):
-                # healthy_at: when the new process first answered healthy as the supervised PID; the
-                # gate's checked_at comes when its settle is over (settle_pending)
-                self.settling[svc.key] = (ctx_host.get(), plan, svc, outcome, started, iso(utcnow()))
-                row.gate.status, row.pid = f"{outcome.status}; settling", outcome.pid
-                continue
-            self.gated_outcome(plan, svc, outcome, started)
-
-    def gated_outcome(self, plan: HostPlan, svc: Service, outcome: GateOutcome, started: float,
-                      host: Any = None, healthy_at: str | None = None) -> None:
-        """Record a gate's outcome in the service's row; on failure roll back (rollback=true) and raise."""
-        row = self.row(svc)
-        seconds = round(time.monotonic() - started, 3)
-        row.gate.status, row.gate.seconds, row.gate.checked_at = outcome.status, seconds, iso(utcnow())
-        if not outcome.ok:
-            row.gate.result = "failed"
-            url = svc.health_url if not outcome.status.startswith("workers") else svc.workers_url
-            error = (f"gate failed: host {svc.host}, service {svc.name}, {url}: last status {outcome.status} "
-                     f"after {seconds:.1f} s (timeout {svc.health_timeout:g} s)")
-            if "log says" not in outcome.status and " ends: " not in outcome.status:
-                error += "; " + log_says(svc, outcome.pid or row.pid, on_host(host))   # e.g. its worker's SIGILL
-            if row.acted:   # a process this run started: rolled back (rollback=true) or stopped, never left
-                back = self.roll_back(plan, svc, host) if self.options.rollback else None
-                if back is not None:
-                    error += "; " + back
-                if row.rollback is None or row.rollback.result != "passed":
-                    error += "; " + self.stop_failed(plan, svc, outcome.status, host)
-            self.error = self.error or error
-            raise GateFailed(error)
-        row.gate.result = "passed"
-        row.pid = outcome.pid
-        if row.acted:
-            row.healthy_at = healthy_at or row.gate.checked_at
-            self.journal()
-
-    def settle_pending(self) -> None:
-        """Wait out every pending settle, all at once (each on its own host), and record each gate;
-        GateFailed (the first failure, also for every later caller) when a process did not stay up.
-        Runs before any restart and before the record: nothing is restarted, and no run reports
-        success, before every process this run started stayed up its settle time."""
-        with self._settle_lock:
-            if self._settle_failure is not None:
-                raise self._settle_failure
-            pending, self.settling = list(self.settling.values()), {}
-            looks = [gevent.spawn(settled, p, self.expected_workers(), on_host(host), plan.ctl)
-                     for host, plan, _, p, _, _ in pending]
-            gevent.joinall(looks)
-            for (host, plan, svc, _, started, healthy_at), look in zip(pending, looks):
-                outcome = look.value if look.successful() else GateOutcome(False, f"settle check failed: {look.exception}")
-                try:
-                    self.gated_outcome(plan, svc, outcome, started, host, healthy_at)
-                except GateFailed as exc:
-                    self._settle_failure = self._settle_failure or exc
-            if self._settle_failure is not None:
-                raise self._settle_failure
-
-    def stop_failed(self, plan: HostPlan, svc: Service, status: str, host: Any = None) -> str:
-        """Stop a service whose gate failed after this run (re)started it, and mark it
-        (`failed_gate_path`), on `host` (default the host whose operation runs): a process that never
-        passed its gate neither lingers as "in sync" (a stuck start-up lives on; one that came up
-        later would serve unproven) nor makes the next deploy say "unchanged" (plan.decide starts it
-        again). Returns the words for the run's error; the row gets `stopped_at`."""
-        row = self.row(svc)
-        ok, output = (host or current_host).run_shell_command(StringCommand(stop_shell(plan, svc, self.record.id,
-                                                                                        status)))
-        if not ok:
-            text = " ".join((list(output.stdout_lines) + list(output.stderr_lines))[-3:])
-            return f"stopping {svc.name} FAILED ({text}): stop it by hand"
-        row.stopped_at = iso(utcnow())
-        self.journal()
-        return f"stopped {svc.name} (marked failed: the next deploy starts it again)"
-
-    def roll_back(self, plan: HostPlan, svc: Service, host: Any = None) -> str:
-        """Put back the launch script and program/unit `svc` ran before this run restarted it, restart
-        it and gate it again (on `host`, default the host whose operation runs). Returns the words for
-        the run's error; the row gets a Rollback."""
-        row = self.row(svc)
-        rollback = row.rollback = Rollback(digest=row.previous_digest)
-        if not row.previous_digest:
-            rollback.status = "nothing to roll back to (no previous started.sh)"
-            return f"no rollback of {svc.key}: it had no previous launch script"
-        rollback.restart_issued_at = iso(utcnow())
-        self.journal()
-        ok, output = (host or current_host).run_shell_command(
-            StringCommand(f"{restore_shell(svc)} && {restart_shell(plan, svc)}"))
-        if not ok:
-            text = " ".join((list(output.stdout_lines) + list(output.stderr_lines))[-3:])
-            rollback.status = f"restore failed: {text}"
-            return f"rollback of {svc.key} to {row.previous_digest} FAILED ({text})"
-        outcome = self.wait(plan, svc, svc.settle, host, restarted=True)
-        rollback.status = outcome.status
-        if not outcome.ok:
-            return f"rolled back {svc.key} to {row.previous_digest}, but it is not healthy either ({outcome.status})"
-        rollback.result, rollback.healthy_at = "passed", iso(utcnow())
-        return f"rolled back {svc.key} to {row.previous_digest} (healthy again)"
-
-    def prove_pd(self) -> None:
-        """Every decode instance's prompt tokens came over the connector (Family.prove_pd: one
-        request through the router, one from a prefill to each other decode instance; the prefills
-        this run restarted are used first); the record's `pd_proof` says per instance what it saw.
-        Only after a run that (re)started a worker: cheap, not free."""
-        self.settle_pending()
-        workers = [s for s in self.stack.services if s.family.kind == "worker" and hasattr(s.family, "prove_pd")]
-        routers = [s for s in self.stack.services if s.family.kind == "router"]
-        prefills = sorted((s for s in workers if s.role == "prefill"), key=lambda s: not self.row(s).acted)
-        decodes = [s for s in workers if s.role == "decode"]
-        if not prefills or not decodes or not routers or not any(self.row(s).acted for s in workers):
-            return
-        data = self.stack.hosts[routers[0].host].data
-        ok, words = workers[0].family.prove_pd(routers[0].url, [(s.key, s.url) for s in prefills],
-                                               [(s.key, s.url) for s in decodes],
-                                               str(data.get("served_model_name") or ""))
-        self.record.pd_proof = words
-        say(words)
-        if not ok:
-            words += self.deaths_of(workers)
-            self.record.pd_proof = words
-            self.error = self.error or f"host {routers[0].host}, service {routers[0].name}: {words}"
-            raise GateFailed(self.error)
-
-    def deaths_of(self, services: list[Service]) -> str:
-        """"; decode knobkeeper-decode: its log says: VllmWorker-0 died of SIGILL (...)" for each
-        service whose own log says one of its processes died (the router's HTTP 500 says only that
-        something behind it failed); "" when none did."""
-        out = ""
-        for svc in services:
-            on_host, pid = on_host(self.state.inventory.get_host(svc.host)), self.row(svc).pid
-            if svc.family.deaths(own_lines(svc, pid, on_host)):
-                out += f"; {svc.role} {svc.name}: {log_says(svc, pid, on_host)}"
-        return out
-
-    def port_free(self, host: Any, plan: HostPlan, svc: Service) -> None:
-        """Before a (re)start: nothing but the service itself may hold its port (a stray server would
-        answer its health URL while the new process dies on "address already in use"), nor any of its
-        family's per-instance ports (vLLM's NIXL side channel: taken, vLLM waits at start-up forever)."""
-        lines = on_host(host)(identity_command(svc, plan.ctl, [port for _, port in svc.ports]))
-        for name, port in (("", svc.port), *svc.ports):
-            ident = parse_identity(lines, port)
-            what = f"port {port}" + (f" ({name.replace('_', ' ')})" if name else "")
-            if ident.stray and ident.leftover:
-                # what a killed run of this very service left: its launch script stops it first
-                say(f"{svc.key}: {what} is held by {ident.holder_words()}; the restart stops it")
-                continue
-            if not ident.stray:
-                continue
-            row = self.row(svc)
-            row.gate.result, row.gate.status = "failed", f"{what} taken by {ident.holder_words()}"
-            self.error = self.error or (f"host {svc.host}, service {svc.name}: {what} is taken by "
-                                        f"{ident.holder_words()}, not {svc.name}: stop it or move the port; "
-                                        f"nothing was restarted")
-            raise GateFailed(self.error)
-
-    def expected_workers(self) -> int:
-        return sum(1 for s in self.stack.services if s.family.kind == "worker")
-
     # the end --------------------------------------------------------------------------------------
 
     def finish(self) -> None:
@@ -516,7 +326,7 @@ class DeployRun:
         failure = None
         if self.error is None:
             try:
-                self.settle_pending()
+                self.gates.settle_pending()
             except GateFailed as exc:   # recorded in its row and self.error; raised once the record is saved
                 failure = exc
         self.record.finished_at = iso(utcnow())
@@ -817,17 +627,6 @@ def rotate_shell(svc: Service) -> str:
             f"cp -f {q(svc.launch_path)} {q(svc.started_path)} && cp -f {q(svc.manager_file)} {q(svc.started_manager_path)}")
 
 
-def restore_shell(svc: Service) -> str:
-    """Put previous.* back as the launch script / program / unit, and as started.* (what will run)."""
-    q = shlex.quote
-    return (f"test -f {q(svc.previous_launch_path)} && "
-            f"cp -f {q(svc.previous_launch_path)} {q(svc.launch_path)} && "
-            f"cp -f {q(svc.previous_launch_path)} {q(svc.started_path)} && "
-            f"{{ ! test -f {q(svc.previous_manager_path)} || "
-            f"{{ cp -f {q(svc.previous_manager_path)} {q(svc.manager_file)} && "
-            f"cp -f {q(svc.previous_manager_path)} {q(svc.started_manager_path)}; }}; }}")
-
-
 # supervisorctl's own controller in one process: `update NAME` (applies a changed program section),
 # `stop NAME` (any state: a program STARTING or in BACKOFF refuses a plain start), then start without
 # waiting out startsecs (supervisorctl's `start` would, one second tick at a time): the gate waits
@@ -865,30 +664,16 @@ def restart_shell(plan: HostPlan, svc: Service) -> str:
     return f"{unmark} && systemctl daemon-reload && systemctl enable --quiet {unit} && systemctl restart {unit}"
 
 
-def stop_shell(plan: HostPlan, svc: Service, deploy_id: str, status: str) -> str:
-    """Mark the service's failed gate (which deploy, when, the gate's last status) and stop it. A
-    program supervisord already gave up on is not running: that is no failure to stop it."""
-    q = shlex.quote
-    mark = json.dumps({"deploy": deploy_id, "at": iso(utcnow()), "status": " ".join(status.split())})
-    write = f"mkdir -p {q(svc.service_dir)} && printf '%s\\n' {q(mark)} > {q(svc.failed_gate_path)}"
-    if svc.manager == "supervisord":
-        stop = (f"out=$({plan.supervisor.ctl('stop', svc.name)} 2>&1) || "
-                f"case \"$out\" in *'not running'*) ;; *) echo \"$out\" >&2; exit 1;; esac")
-    else:
-        stop = f"systemctl stop {q(svc.name + '.service')}"
-    return f"{write} && {{ {stop}; }}"
-
-
 def gate(run: DeployRun, plan: HostPlan, role: str, batch: int = 0) -> None:
     """c/d. The role's health gate, registered on EVERY host (so it is also the batch's barrier)."""
     label = f"knobkeeper: gate {role}" + (f" batch {batch + 1}" if len(run.batch_numbers(role)) > 1 else "")
-    python.call(name=label, function=run.gate, host_name=plan.name, role=role, batch=batch)
+    python.call(name=label, function=run.gates.gate, host_name=plan.name, role=role, batch=batch)
 
 
 def pd_proof(run: DeployRun) -> None:
     """e. After the gates: when this run restarted a prefill or decode whose family can prove its PD
     path (vLLM: decode's prompt tokens came over the connector), one request through the router."""
-    python.call(name="knobkeeper: PD proof", function=run.prove_pd, _run_once=True)
+    python.call(name="knobkeeper: PD proof", function=run.gates.prove_pd, _run_once=True)
 
 
 def finish(run: DeployRun) -> None:

@@ -241,13 +241,13 @@ class SlurmRun:
                 else:
                     self.placements[svc.name] = placement
                     placed = placement.place(svc)
-                    ok, last = healthy_now(placed, self.run.expected_workers())
+                    ok, last = healthy_now(placed, self.run.gates.expected_workers())
                     if ok:
                         age = time.time() - (placement.started or time.time())
                         if age < settle:
                             time.sleep(settle - age)
                             again = _read_placement(place_path)
-                            still, last = healthy_now(placed, self.run.expected_workers())
+                            still, last = healthy_now(placed, self.run.gates.expected_workers())
                             after = self._state(client, job)
                             if again is None or again.pid != placement.pid:
                                 raise _GateError(f"restarted within its settle time ({placement.pid} -> "
