@@ -215,3 +215,24 @@ def test_a_port_held_by_what_an_earlier_run_left_is_told_from_a_strangers(tmp_pa
         finally:
             holder.kill()
             holder.wait()
+
+
+def test_a_failed_pd_proof_names_the_workers_whose_logs_say_they_died(monkeypatch):
+    """Gates.deaths_of: the words a failed PD proof adds, one per service whose own log says a
+    process died (read on its host through onhost.on_host); none for a service whose log is clean."""
+    from types import SimpleNamespace
+
+    from knobkeeper.deploy import gates
+
+    hosts = {}
+    monkeypatch.setattr(gates, "on_host", lambda host: hosts.setdefault(host, f"runner of {host}"))
+    monkeypatch.setattr(gates, "own_lines", lambda svc, pid, runner: [f"{svc.name} {pid} {runner}"])
+    monkeypatch.setattr(gates, "log_says", lambda svc, pid, runner: f"its log says: VllmWorker-0 died ({runner})")
+    died = SimpleNamespace(host="h1", role="decode", name="knobkeeper-decode",
+                           family=SimpleNamespace(deaths=lambda lines: ["VllmWorker-0"] if "h1" in lines[0] else []))
+    clean = SimpleNamespace(host="h2", role="decode", name="knobkeeper-decode-2", family=died.family)
+    run = SimpleNamespace(state=SimpleNamespace(inventory=SimpleNamespace(get_host=lambda name: name)),
+                          row=lambda svc: SimpleNamespace(pid=7))
+    words = gates.Gates(run, restart_shell=lambda plan, svc: "").deaths_of([died, clean])
+    assert words == "; decode knobkeeper-decode: its log says: VllmWorker-0 died (runner of h1)"
+    assert set(hosts) == {"h1", "h2"}

@@ -216,9 +216,9 @@ class Gates:
         something behind it failed); "" when none did."""
         out = ""
         for svc in services:
-            on_host, pid = on_host(self.run.state.inventory.get_host(svc.host)), self.run.row(svc).pid
-            if svc.family.deaths(own_lines(svc, pid, on_host)):
-                out += f"; {svc.role} {svc.name}: {log_says(svc, pid, on_host)}"
+            runner, pid = on_host(self.run.state.inventory.get_host(svc.host)), self.run.row(svc).pid
+            if svc.family.deaths(own_lines(svc, pid, runner)):
+                out += f"; {svc.role} {svc.name}: {log_says(svc, pid, runner)}"
         return out
 
     def port_free(self, host: Any, plan: HostPlan, svc: Service) -> None:
