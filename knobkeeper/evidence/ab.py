@@ -37,13 +37,26 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from knobkeeper import __version__
+from knobkeeper.deploy import api as deploy_api
+from knobkeeper.deploy.api import terminate_as_interrupt
+from knobkeeper.deploy.stack import load_stack, running_stack
+from knobkeeper.deploy.status import started_knobs
+from knobkeeper.engine.pins import evidence_setup
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge
 from knobkeeper.deploy.target import target_of
-from knobkeeper.evidence import validity
+from knobkeeper.evidence import experiment, metrics, validity
+from knobkeeper.evidence.bench import ToolLoad
+from knobkeeper.evidence.defaults import REAL_MAX_REPEATS, REAL_RUN_S, REAL_WARMUP_S
+from knobkeeper.evidence.experiment import Experiment, refuse_if_abandoned
+from knobkeeper.evidence.metrics import ProcessWatch
 from knobkeeper.evidence.model import Arm, Evidence, KnobSeen, Run, Schedule, Sequential, Setup
 from knobkeeper.evidence.search import (CONTROL, Design, Harness, LoadFn, Probes, Rules, Search, Searched, Switch,
                                         _url, schedule, take_look)
+from knobkeeper.evidence.store import build_doc, parse_knob_spec, write
+from knobkeeper.knobs.state import read_declared, value_of
+from knobkeeper.loadgen import run_load
 
 __all__ = ["Design", "Harness", "LoadFn", "Probes", "Stopping", "Switch", "ab_run", "measure", "schedule"]
 
@@ -97,8 +110,6 @@ def searched_doc(searched: Searched, design: Design, *, knob: str, role: str, ar
                  keep_invalid: bool | None = None, tool: str = "knobkeeper ab run") -> Evidence:
     """The A/B evidence of a search: the control (A) against arm `pair` (as B), with the search's
     schedule, warm-ups and sequential record; `loadgen`: knobkeeper's load generator measured."""
-    from knobkeeper.evidence.store import build_doc
-
     levels = sorted(set(design.levels))
     runs = [r if r.arm == CONTROL else dataclasses.replace(r, arm="B") for r in searched.runs
             if r.arm in (CONTROL, pair)]
@@ -114,8 +125,6 @@ def searched_doc(searched: Searched, design: Design, *, knob: str, role: str, ar
     if design.warmup_duration:
         setup.schedule.extra["warmup_s"] = design.warmup_duration
     if loadgen and setup.bench_tool is None:
-        from knobkeeper import __version__
-
         setup.bench_tool, setup.bench_version = "knobkeeper.loadgen", __version__
     return build_doc(knob=knob, role=role, arms={"A": arms[CONTROL], "B": arms[pair]}, runs=runs, setup=setup,
                      source={"tool": tool, "format": None}, sequential=searched.sequential,
@@ -141,11 +150,10 @@ def partial_doc(journal: Mapping[str, Any], by: str, at: str) -> Evidence | None
 def abort(project) -> tuple[dict, Any, Evidence | None]:
     """`knobkeeper ab abort` (knobkeeper.evidence.experiment.abort): the role an abandoned ab run or
     sweep left on an arm deployed back to the declared state, its runs kept as interrupted evidence."""
-    from knobkeeper.evidence import experiment
-    from knobkeeper.evidence.store import write
-
     def partial_of(kind: str):
         if kind == "sweep":
+            # the one import of sweep here, at call time: sweep builds on this module (its docs, runs
+            # and the put-back), and only the abort of an abandoned sweep asks sweep back
             from knobkeeper.evidence.sweep import partial_doc as sweep_partial
 
             return sweep_partial
@@ -167,9 +175,6 @@ def arms_from_specs(project, role: str, set_spec: str, baseline: str = "current"
     `current` is the declared value in inventory/knobs.toml (None when unset), in the table of
     `scope` (the inventory's stack and the role: "vllm.decode"; default: the role's own table).
     """
-    from knobkeeper.evidence.store import parse_knob_spec
-    from knobkeeper.knobs.state import read_declared, value_of
-
     knob, value = parse_knob_spec(project, set_spec, role, "--set")
     if baseline == "current":
         base = value_of(read_declared(project.knobs_path), scope or role, knob) if project.knobs_path.exists() else None
@@ -197,11 +202,8 @@ def deploy_harness(project, inventory: str, role: str, knob: str, what: str = "a
     evidence file lists the schedule instead. On a Slurm stack each switch is a new job, and the
     endpoint a function: where its router runs.
     """
-    from knobkeeper.deploy.api import run_deploy
-    from knobkeeper.deploy.stack import load_stack, running_stack
-
     def deploy(overrides: dict | None, restart: str) -> None:
-        result = run_deploy(project, inventory, only=role, knob_overrides=overrides, record=False, restart=restart)
+        result = deploy_api.run_deploy(project, inventory, only=role, knob_overrides=overrides, record=False, restart=restart)
         if not result.ok:
             raise UserError(f"{what}: deploy of {inventory} failed: {result.error}")
 
@@ -226,8 +228,6 @@ def inventory_arms(project, inventory: str, role: str, set_spec: str, baseline: 
     own table ([vllm.decode]), and a knob not declared there has the baseline the stack RUNS: the
     inventory's `knob_defaults` (deploy/render.py), not "unset" (an override of None would drop that
     default and measure the engine's own)."""
-    from knobkeeper.deploy.stack import load_stack
-
     stack = load_stack(project.root, inventory)
     knob, arms = arms_from_specs(project, role, set_spec, baseline, stack.scope(role))
     if baseline == "current" and arms["A"]["knobs"][knob] is None:
@@ -249,8 +249,6 @@ def engine_design(design: Design, simulated: bool | None) -> Design:
     and a block warm-up of defaults.REAL_WARMUP_S seconds unless one was given. Why these: the
     real-noise measurements in knobkeeper.evidence.judge ("Real noise"). The simulated engine keeps
     the one-request-per-stream warm-up (its first window is not slower) and must be told how long."""
-    from knobkeeper.evidence.defaults import REAL_MAX_REPEATS, REAL_RUN_S, REAL_WARMUP_S
-
     if simulated is not False:
         return design
     if design.repeats is None and design.max_repeats is None:
@@ -264,8 +262,6 @@ def engine_design(design: Design, simulated: bool | None) -> Design:
 
 def role_simulated(project, inventory: str, role: str) -> bool | None:
     """Whether the role's engine in this inventory is the simulated one (None: no such role)."""
-    from knobkeeper.deploy.stack import load_stack
-
     families = {svc.family.simulated for svc in load_stack(project.root, inventory).services if svc.role == role}
     return None if not families else all(families)
 
@@ -273,9 +269,6 @@ def role_simulated(project, inventory: str, role: str) -> bool | None:
 def engine_of(project, inventory: str, role: str) -> dict:
     """The evidence's setup.engine / engine_version (and stack) of the role in this inventory, as its
     pin says (knobkeeper.engine.role_engine, through the stack)."""
-    from knobkeeper.deploy.stack import load_stack
-    from knobkeeper.engine.pins import evidence_setup
-
     return evidence_setup(load_stack(project.root, inventory), role)
 
 
@@ -284,9 +277,6 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
     (the started.sh record `status` reads, or the Slurm job's script), and the prefill services'
     prompt-token counter (the family's name: sglang:prompt_tokens_total, vllm:prompt_tokens_total)
     summed over their /metrics when the stack has a prefill role."""
-    from knobkeeper.deploy.stack import load_stack, running_stack
-    from knobkeeper.deploy.status import started_knobs
-
     stack = load_stack(project.root, inventory)
     services = [s for s in stack.services if s.role == role]
     prefills = [s for s in stack.services if s.role == "prefill"] if role != "prefill" else []
@@ -313,10 +303,9 @@ def deploy_probes(project, inventory: str, role: str, knob: str) -> Probes:
             total += value
         return total
 
-    from knobkeeper.evidence.metrics import ProcessWatch, targets_of
 
     def workers():   # every engine worker of the stack (a prefill crash spoils a decode A/B too)
-        return targets_of(running_stack(project.root, inventory) if target.placed_per_run else stack)
+        return metrics.targets_of(running_stack(project.root, inventory) if target.placed_per_run else stack)
 
     return Probes(knob=knob_probe, prefill_tokens=prefill_tokens if prefills else None,
                   workers=ProcessWatch(workers))
@@ -366,15 +355,10 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     """
     import tempfile
 
-    from knobkeeper.deploy.api import terminate_as_interrupt
-    from knobkeeper.evidence.experiment import Experiment, refuse_if_abandoned
-    from knobkeeper.evidence.store import write
 
     refuse_if_abandoned(project)   # an earlier ab run or sweep may have left the stack on an arm
     scope = role
     if harness is None:
-        from knobkeeper.deploy.stack import load_stack
-
         knob, arms = inventory_arms(project, inventory, role, set_spec, baseline)
         design = engine_design(design, role_simulated(project, inventory, role))
         scope = load_stack(project.root, inventory).scope(role)
@@ -401,9 +385,6 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     raw: list[tuple[str, Path]] = []
     with tempfile.TemporaryDirectory(prefix="kk-bench-") as scratch:
         if bench is not None:
-            from knobkeeper.evidence.bench import ToolLoad
-            from knobkeeper.loadgen import run_load
-
             tool_load = ToolLoad(bench, Path(scratch), list(bench_args), tokenizer, design.seed)
             harness = dataclasses.replace(harness, load=tool_load, warm_up=harness.warm_up or run_load)
             setup.bench_tool, setup.bench_version = bench.tool.label, bench.version

@@ -117,15 +117,24 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Callable
 
+from knobkeeper.changelog.ops import set_knob
 from knobkeeper.changelog.store import repo_lock
-from knobkeeper.deploy import canary_state
+from knobkeeper.deploy import api, canary_state, status as deploy_status
+from knobkeeper.deploy.api import terminate_as_interrupt
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
-from knobkeeper.deploy.record import DEPLOY_BUSY
+from knobkeeper.deploy.record import DEPLOY_BUSY, deploy_lock
+from knobkeeper.deploy.stack import load_stack
 from knobkeeper.engine.family import Metrics
+from knobkeeper.engine.pins import evidence_setup
 from knobkeeper.errors import UserError
+from knobkeeper.evidence import judge, metrics
 from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
                                           SCRAPE_INTERVAL_S)
 from knobkeeper.evidence.metrics import Gone, Target, WindowStats, queries, scrape_queries
+from knobkeeper.evidence.store import build_doc, parse_knob_spec, write
+from knobkeeper.fmt import pct
+from knobkeeper.fsio import lock_file, unlock_file
+from knobkeeper.knobs.state import read_declared, value_of
 from knobkeeper.timeutil import iso, utcnow
 from knobkeeper.evidence.model import (METRIC, CanaryBlock, ErrorsTest, Evidence, Judgement, Run, Setup, Window,
                                        Workload)
@@ -447,15 +456,11 @@ def _unjudged_runs(plan: Plan, windows: list[Window]) -> list[Run]:
 def judgement(runs: list[Run], unit_noise: float = 0.0, alpha: float = ALPHA) -> Judgement:
     """The evidence judgement of the runs: THE one call into knobkeeper.evidence.judge (the guards
     are in its family)."""
-    from knobkeeper.evidence import judge
-
     return judge.judge(runs, METRIC, alpha=alpha, unit_noise=unit_noise)
 
 
 def errors_alpha(alpha: float = ALPHA) -> float:
     """The level of the errors test: the guards' share of the family's alpha (1% of 5%)."""
-    from knobkeeper.evidence import judge
-
     return alpha * (1 - judge.THROUGHPUT_SHARE)
 
 
@@ -673,9 +678,6 @@ def measure(plan: Plan, source, switch: Switch, options: Options | None = None, 
     the evidence, and the caller writes it, then rolls back (`run`: the windows measured are kept
     whether or not the put-back works); on any other the caller promotes it or calls restore().
     """
-    from knobkeeper.deploy.api import terminate_as_interrupt
-    from knobkeeper.evidence.store import build_doc
-
     options = options or Options()
     options.check()
     source.check()  # unreachable Prometheus, a worker without series: refused before anything deploys
@@ -731,8 +733,6 @@ def longer_canary(doc: Evidence) -> str | None:
     """"a canary of ~N s would detect ±5%", from the observed window noise and the restart noise of
     the design (windows per arm: per phase, or host-windows / hosts uncalibrated); None when the
     verdict is settled or no length would do."""
-    from knobkeeper.evidence import judge
-
     levels = doc.judgement.levels
     if not levels or levels[0].verdict != "inconclusive":
         return None
@@ -781,9 +781,6 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
     `options.on_written("ID (path)")` once the evidence is committed: an interruption after that
     names it.
     """
-    from knobkeeper.evidence.store import write
-
-    from knobkeeper.deploy.api import terminate_as_interrupt
 
     options = options or Options()
     if options.promote and switch.promote_rest is None:
@@ -796,9 +793,6 @@ def run(project, plan: Plan, source, switch: Switch, options: Options | None = N
         return Outcome(worse.doc, "worse", "rolled back", project.rel(path))
     verdict = doc.canary.verdict
     if verdict == "better" and options.promote:
-        from knobkeeper.changelog.ops import set_knob
-        from knobkeeper.fmt import pct
-
         path = write(project, doc)
         _written(project, doc, path, options.on_written)
         try:
@@ -826,8 +820,6 @@ def _written_then_put_back(project, doc: Evidence, switch: Switch,
     """Write the evidence (one commit), then put the canary hosts back, also when the write fails
     or is interrupted: the windows measured are kept whatever the put-back does. A put-back that
     fails says so with the evidence written (its message names the hosts left on the candidate)."""
-    from knobkeeper.evidence.store import write
-
     try:
         path = write(project, doc)
     except BaseException:
@@ -861,8 +853,6 @@ def deploy_switch(project, inventory: str, plan: Plan, lock_wait: float = Option
     candidate and `knobkeeper canary abort`; a candidate deploy that never started raises
     NothingApplied (nothing to roll back).
     """
-    from knobkeeper.deploy import api
-
     hosts = sorted({t.host for t in plan.canary})
     services = [t.key for t in plan.canary]
     tag = {"knob": plan.knob, "value": plan.value, "hosts": hosts, "services": services}
@@ -902,8 +892,6 @@ def _wait_for_deploy_lock(project, deadline: float, phase: str, lock_wait: float
     None when free (released at once: pyinfra takes it), else why not. Progress on stderr every 10 s."""
     import sys
 
-    from knobkeeper.fsio import lock_file, unlock_file
-    from knobkeeper.deploy.record import deploy_lock
 
     lock, started, said = deploy_lock(project), time.monotonic(), None
     while True:
@@ -926,12 +914,6 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
            options: Options | None = None) -> Outcome:
     """`knobkeeper canary KNOB=VALUE --role R ...`: everything checked before anything deploys, then
     `run` through the deploy, the metrics from knobkeeper's own scrape or from `prometheus`."""
-    from knobkeeper.deploy.stack import load_stack
-    from knobkeeper.engine.pins import evidence_setup
-    from knobkeeper.evidence.metrics import PrometheusSource, ScrapeSource, targets_of
-    from knobkeeper.evidence.store import parse_knob_spec
-    from knobkeeper.knobs.state import read_declared, value_of
-
     line = canary_state.abandoned_line(project)   # an earlier canary's candidate may still be on
     if line:
         raise UserError(line)
@@ -941,7 +923,7 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
     stack = load_stack(project.root, inventory)
     if role not in stack.roles:
         raise UserError(f"--role {role}: not a role of {inventory} (roles: {', '.join(stack.order)})")
-    canary_t, baseline_t = choose(targets_of(stack, [role]), role, hosts, host_names)
+    canary_t, baseline_t = choose(metrics.targets_of(stack, [role]), role, hosts, host_names)
     handle = canary_state.hold(project)   # for the whole run: its death is what makes a marker abandoned
     try:
         with repo_lock(project):   # a `set` of the role is before this (and read below) or refused after it
@@ -954,8 +936,8 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
                         if project.knobs_path.exists() else None)
         require_in_sync(project, inventory, role)
         plan = Plan(knob, value, declared, role, canary_t, baseline_t)
-        source = (PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
-                  else ScrapeSource(plan.targets, options.scrape_interval))
+        source = (metrics.PrometheusSource(prometheus, plan.targets, options.scrape_interval) if prometheus
+                  else metrics.ScrapeSource(plan.targets, options.scrape_interval))
         setup = Setup.build(project, inventory=inventory, **evidence_setup(stack, role))
         done: dict[str, bool] = {}
         switch = marked_switch(project, inventory, plan, deploy_switch(project, inventory, plan, options.lock_wait), done)
@@ -975,9 +957,7 @@ def require_in_sync(project, inventory: str, role: str) -> None:
     """UserError unless every worker of `role` runs what is declared (deploy/status): a calibration
     measured with a drifted worker (an abandoned candidate, a hand edit, a deploy not run since a
     `set`) would be evidence of a baseline that is not the declared value."""
-    from knobkeeper.deploy.status import stack_status
-
-    off = [row for row in stack_status(project, inventory) if row.role == role and row.state != "in sync"]
+    off = [row for row in deploy_status.stack_status(project, inventory) if row.role == role and row.state != "in sync"]
     if off:
         row = off[0]
         more = f" (and {len(off) - 1} more)" if len(off) > 1 else ""
@@ -1065,8 +1045,6 @@ def abort(project) -> tuple[dict, Any]:
     to the declared state (recorded as a deploy, canary phase "abort", `abandoned`: the phase it died
     in), or, killed during its promote, the whole role at the declared state (the promote's deploy),
     and remove its marker; (the marker, the deploy result)."""
-    from knobkeeper.deploy.api import run_deploy
-
     data = canary_state.abandoned(project)
     if data is None:
         running = canary_state.read_marker(project)
@@ -1078,7 +1056,7 @@ def abort(project) -> tuple[dict, Any]:
     # Killed during its promote: the value is declared, the canary hosts run it; the rest of the role
     # is what is not done. Otherwise the canary hosts go back to the declared state.
     limit = None if data.get("phase") == "promote" else list(data.get("hosts") or []) or None
-    result = run_deploy(project, data["inventory"], only=data["role"], limit=limit,
+    result = api.run_deploy(project, data["inventory"], only=data["role"], limit=limit,
                         extra_data={"canary": {**tag, "phase": "abort", "abandoned": data.get("phase")}})
     if not result.ok:
         raise UserError(f"canary abort: the deploy of {', '.join(data.get('services') or [])} back to the declared state "

@@ -28,7 +28,7 @@ import signal
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from knobkeeper.deploy import experiment_state
+from knobkeeper.deploy import api as deploy_api, experiment_state
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.model import Evidence
 from knobkeeper.evidence.search import Harness, Searched
@@ -156,8 +156,6 @@ def abort(project, partial_of: Callable[[str], Partial], write: Callable[[Eviden
     declared state (recorded as a deploy), write the runs of its journal as evidence marked
     interrupted, remove its marker; (the marker, the deploy result, the evidence or None).
     `partial_of(kind)`: the kind's partial-evidence builder."""
-    from knobkeeper.deploy.api import run_deploy
-
     data = experiment_state.abandoned(project)
     if data is None:
         running = experiment_state.read_marker(project)
@@ -167,7 +165,7 @@ def abort(project, partial_of: Callable[[str], Partial], write: Callable[[Eviden
         raise UserError("ab abort: no abandoned ab run or sweep in this repo (nothing to put back)")
     handle = experiment_state.hold(project)
     try:
-        result = run_deploy(project, data["inventory"], only=data["role"])
+        result = deploy_api.run_deploy(project, data["inventory"], only=data["role"])
         if not result.ok:
             raise UserError(f"ab abort: the deploy of role {data['role']} back to the declared state failed "
                             f"({result.error}); run `knobkeeper deploy {data['inventory']} --only {data['role']}`")

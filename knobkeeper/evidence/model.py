@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any, Callable, ClassVar, Mapping
 
-from knobkeeper import fmt
+from knobkeeper import fmt, gitio
 from knobkeeper.evidence.defaults import ALPHA, IMBALANCE
 from knobkeeper.knobs.values import scope, split_scope
 
@@ -228,8 +228,6 @@ class Setup(Typed):
         commit when `project` is given, and whatever the producer knows; the rest stays unknown."""
         git_sha = None
         if project is not None:
-            from knobkeeper import gitio
-
             git_sha = gitio.head_sha(project.root)
         return cls(inventory=inventory, git_sha=git_sha, engine=engine or "unknown", engine_version=engine_version,
                    stack=stack or None, model=model, served_model_name=served_model_name, device=device, bench_tool=bench_tool,

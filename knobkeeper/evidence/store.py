@@ -18,13 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from knobkeeper import fmt
+from knobkeeper import fmt, gitio
+from knobkeeper.changelog.filecache import plain_file, refusal
 from knobkeeper.changelog.store import Message, commit_change
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import judge, search, validity
+from knobkeeper.evidence import importers, judge, search, validity
+from knobkeeper.evidence.importers import evidence_fields
 from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, CanaryBlock, Evidence, Gain, Typed,
                                        Run, Sequential, Setup, Source, SweepPlan, Workload, plain, typed)
+from knobkeeper.evidence.model import PLAN_SCHEMA
 from knobkeeper.evidence.schema import validate
+from knobkeeper.knobs.catalog import load_catalog
+from knobkeeper.knobs.pinned import check_stack
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, iso, new_id, parse_time, utcnow
 
@@ -279,9 +284,6 @@ def write_plan(project: Project, plan: SweepPlan, summary: str, *, no_commit: bo
 
 def read_plan(path: Path, where: str) -> SweepPlan:
     """The plan in the file at `path`, or UserError naming `where`."""
-    from knobkeeper.changelog.filecache import plain_file
-    from knobkeeper.evidence.model import PLAN_SCHEMA
-
     try:
         data = json.loads(plain_file(path).read_text())
     except OSError as exc:
@@ -297,8 +299,6 @@ def read_plan(path: Path, where: str) -> SweepPlan:
 
 def paths(project: Project) -> list[Path]:
     """Every evidence file, oldest first."""
-    from knobkeeper.changelog.filecache import refusal
-
     if not project.evidence_dir.is_dir() or refusal(project.evidence_dir, project.root):
         return []   # a link is no evidence (check and report name it: filecache.refused_files)
     return sorted(p for p in project.evidence_dir.glob("*.json")
@@ -322,8 +322,6 @@ def find(project: Project, ident: str) -> Path:
 
 def read(path: Path, where: str) -> Evidence:
     """The evidence in the file at `path` (validated), or UserError naming `where`."""
-    from knobkeeper.changelog.filecache import plain_file
-
     try:
         data = json.loads(plain_file(path).read_text())
     except json.JSONDecodeError as exc:
@@ -399,8 +397,6 @@ def history(project: Project) -> dict[str, Added]:
     summary line and its blob. One `git log` (merges read against their first parent, so a file a
     merge itself added counts too); empty outside git or without commits. A shallow clone sees
     only its own history: its oldest commit seems to add everything, as it holds it."""
-    from knobkeeper import gitio
-
     done = gitio.run(project.root, "log", "-z", "--topo-order", "--diff-merges=first-parent", "--diff-filter=A",
                      "--no-renames", "--raw", "--no-abbrev", "--format=%x01%H%x02%s", "--",
                      project.rel(project.evidence_dir))
@@ -426,9 +422,6 @@ def altered(project: Project, added: Mapping[str, Added] | None = None) -> list[
     repository's own filters apply as `git add` would). A file no longer there is not altered
     (with --base, check names a deletion; an entry citing it names it missing); a link is refused
     elsewhere (filecache.refused_files)."""
-    from knobkeeper import gitio
-    from knobkeeper.changelog.filecache import refusal
-
     added = history(project) if added is None else added
     present = [a for a in added.values() if "\n" not in a.path and (project.root / a.path).is_file()
                and not refusal(project.root / a.path, project.root)]
@@ -461,7 +454,6 @@ def _catalog_knob(project: Project, name: str, role: str, where: str):
     reach an evidence file, a raw copy or a commit message)."""
     if not project.catalog_path.exists():
         return None
-    from knobkeeper.knobs.catalog import load_catalog
 
     try:
         knob = load_catalog(project.catalog_path).get(name)
@@ -552,8 +544,6 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
     if not baseline:
         raise UserError("--baseline: give at least one result file of the baseline arm")
     if stack:
-        from knobkeeper.knobs.pinned import check_stack
-
         try:
             check_stack(project.inventory_dir, stack)
         except UserError as exc:
@@ -585,7 +575,6 @@ def _read_files(baseline: list[str], candidate: list[str], fmt: str) -> tuple[li
     same file given twice in an arm counted once (a note says so)."""
     import hashlib
 
-    from knobkeeper.evidence import importers
 
     notes: list[str] = []
     digests: dict[tuple[str, str], str] = {}
@@ -686,8 +675,6 @@ def setup_workload(said: Mapping[str, Any]) -> Workload:
 def _arm_runs(found: _Arms) -> list[Run]:
     """Both arms' runs as evidence runs: arm and level set, a candidate record identical to a
     baseline one flagged, and what the engine ran with taken from the file's server info."""
-    from knobkeeper.evidence.importers import evidence_fields
-
     runs = []
     in_a = {validity.record_key(r) for r in found.runs_a}
     for arm, arm_runs in (("A", found.runs_a), ("B", found.runs_b)):

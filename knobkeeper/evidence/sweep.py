@@ -56,13 +56,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from knobkeeper import fmt
+from knobkeeper import fmt, gitio
+from knobkeeper.changelog.ops import set_knob
+from knobkeeper.deploy.api import terminate_as_interrupt
+from knobkeeper.deploy.record import read_record
+from knobkeeper.deploy.render import render_stack
+from knobkeeper.deploy.stack import load_stack
+from knobkeeper.engine.pins import evidence_setup
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import judge, search
-from knobkeeper.evidence.defaults import ALPHA
+from knobkeeper.evidence import ab, judge, search, store, validity
+from knobkeeper.evidence.ab import searched_doc
+from knobkeeper.evidence.defaults import ALPHA, REAL_MAX_REPEATS
+from knobkeeper.evidence.experiment import Experiment, refuse_if_abandoned
 from knobkeeper.evidence.model import (GUARDS, KEEP, METRIC, NO_PICK, Arm, Evidence, Pick, Setup, SweepBlock,
                                        SweepPlan)
+from knobkeeper.evidence.model import same_value
 from knobkeeper.evidence.search import CONTROL, Design, Harness, Rules, Search, Searched, final_pick
+from knobkeeper.evidence.store import write, write_plan
+from knobkeeper.knobs.catalog import load_catalog
+from knobkeeper.knobs.pinned import settable
+from knobkeeper.knobs.state import read_declared, value_of
 from knobkeeper.timeutil import iso, new_id, utcnow
 
 MAX_ARMS = 8                  # the grid's default cap (--max-arms raises it)
@@ -88,9 +101,6 @@ def parse_grid(project, specs: list[str], scope: str, max_arms: int,
                allow_undeclared: bool | None = None) -> tuple[list[str], list[dict[str, Any]], Any]:
     """(knobs, every arm's {knob: value} in the grid's order, the first knob's catalog entry) from
     `KNOB=V1,V2,...` specs, each value checked as `set` checks it; UserError (one line) otherwise."""
-    from knobkeeper.knobs.catalog import load_catalog
-    from knobkeeper.knobs.pinned import settable
-
     if not specs:
         raise UserError("KNOB=V1,V2,...: give the values to sweep (e.g. SGLANG_SM120_MMA_TARGET_CTAS=256,512,1024)")
     catalog = load_catalog(project.catalog_path)
@@ -128,16 +138,12 @@ def parse_grid(project, specs: list[str], scope: str, max_arms: int,
 
 
 def _same(a: Any, b: Any) -> bool:
-    from knobkeeper.evidence.model import same_value
-
     return same_value(a, b)
 
 
 def control_knobs(project, stack, role: str, knobs: list[str]) -> tuple[dict[str, Any], str]:
     """(the value of each knob the stack runs now, where it comes from): declared for the stack's
     role, else the inventory's knob_defaults (what the stack renders), else unset (None)."""
-    from knobkeeper.knobs.state import read_declared, value_of
-
     declared = read_declared(project.knobs_path) if project.knobs_path.exists() else {}
     out, said = {}, []
     for name in knobs:
@@ -176,8 +182,6 @@ def stack_noise(project, inventory: str | None, role: str, simulated: bool | Non
     """(restart-to-restart log-sd of this stack's throughput, where the figure comes from): pooled over
     the arms and levels of this inventory's stored `ab run` and sweep evidence (each run a restart of
     its own), at least 8 degrees of freedom; else the assumed noise of the engine kind."""
-    from knobkeeper.evidence import store
-
     squares, dof, files, count = 0.0, 0, 0, 0
     for path in store.paths(project):
         try:
@@ -217,8 +221,6 @@ def restart_seconds(project, inventory: str | None, role: str, simulated: bool |
     """(seconds one arm's restart takes, whence): the median gate time of the role's restarts in this
     inventory's committed deploy records plus DEPLOY_OVERHEAD_S, else the engine kind's default.
     Read only: the records as they are (deploy/record.read_record)."""
-    from knobkeeper.deploy.record import read_record
-
     seen = []
     folder = project.deploys_dir
     for path in sorted(folder.glob("*.json"))[-20:] if folder.is_dir() else []:
@@ -314,8 +316,6 @@ def sweep_doc(plan: SweepPlan, searched: Searched, pick: Pick, *, setup: Setup |
     """The sweep's one evidence file (see the module doc): its own A/B is `confirm` (the control
     against `confirm_arm`) when there was one, else the search's runs of the control and the pick
     (or, kept the control, the leading candidate)."""
-    from knobkeeper.evidence.ab import searched_doc
-
     design = Design(plan.levels, max_repeats=plan.max_repeats, **plan.load)
     arms = {k: v.to_json() for k, v in plan.arms.items()}
     if confirm is not None:
@@ -379,9 +379,6 @@ def partial_doc(journal: Mapping[str, Any], by: str, at: str) -> Evidence | None
 def plan_problems(project, doc: Evidence, rel: str) -> list[str]:
     """Every way a sweep's evidence departs from its committed plan (`check`): the plan file, its
     commit (before the evidence's), and the data measured against what the plan said."""
-    from knobkeeper import gitio
-    from knobkeeper.evidence import store
-
     block = doc.sweep
     if block is None:
         return []
@@ -492,10 +489,6 @@ def report_lines(doc: Evidence, path: Path | None, entry: str | None, command: s
 def fingerprint_of(project, stack, inventory: str, role: str) -> dict[str, Any]:
     """Engines and versions per role, the inventory file's digest, the role's render digest (its
     services at the declared state), the role's hosts, the git sha."""
-    from knobkeeper import gitio
-    from knobkeeper.deploy.render import render_stack
-    from knobkeeper.engine.pins import evidence_setup
-
     engines = {}
     for name in stack.order:
         said = evidence_setup(stack, name)
@@ -521,12 +514,6 @@ def sweep(project, specs: list[str], *, role: str, inventory: str, design: Desig
     """`knobkeeper sweep`: everything checked, then the plan committed, the search, the pick, the
     confirming A/B, one evidence file, and with `apply` the pick `set` with it (see the module doc).
     `harness` replaces the deploy-backed one (tests); `plan_only`: the plan and budget, nothing written."""
-    from knobkeeper.deploy.api import terminate_as_interrupt
-    from knobkeeper.deploy.stack import load_stack
-    from knobkeeper.evidence import ab
-    from knobkeeper.evidence.experiment import Experiment, refuse_if_abandoned
-    from knobkeeper.evidence.store import write, write_plan
-
     refuse_if_abandoned(project)
     stack = load_stack(project.root, inventory)
     if stack_name is not None and stack_name != stack.stack:
@@ -561,8 +548,6 @@ def sweep(project, specs: list[str], *, role: str, inventory: str, design: Desig
     candidates = len(arms) - 1
     levels = len(set(design.levels))
     if design.max_repeats is None:
-        from knobkeeper.evidence.defaults import REAL_MAX_REPEATS
-
         cap = REAL_MAX_REPEATS if simulated is False else judge.sequential_repeats(
             noise, delta, alpha, levels=levels * candidates, guards=True)
         design = dataclasses.replace(design, max_repeats=cap)
@@ -600,7 +585,6 @@ def sweep(project, specs: list[str], *, role: str, inventory: str, design: Desig
         raise UserError("--endpoint: required (the inventory names no router endpoint)")
     setup = Setup.build(project, inventory=inventory, **engine)
     written = write_plan(project, plan, plan_summary(plan), no_commit=no_commit)
-    from knobkeeper import gitio
 
     commit = None if no_commit else gitio.head_sha(project.root)
     context = {"plan": plan.to_json(), "plan_path": project.rel(written), "plan_commit": commit,
@@ -624,7 +608,6 @@ def sweep(project, specs: list[str], *, role: str, inventory: str, design: Desig
                            f"{shlex.quote(words)} --evidence {doc.id}"
                            + (" --allow-undeclared" if allow_undeclared else ""))
             if apply:   # before the put-back: putting the stack back then deploys the pick (one restart, not two)
-                from knobkeeper.changelog.ops import set_knob
 
                 change = set_knob(project, plan.knob, value, scope, words, [doc.id], allow_undeclared=allow_undeclared)
                 out.entry = change.entry.id
@@ -670,9 +653,6 @@ def run_plan(plan: SweepPlan, harness: Harness, design: Design, *, setup: Setup 
 
 def _deploy_harness(project, inventory: str, role: str, knobs: list[str]) -> Harness:
     """ab.deploy_harness with a knob probe over every knob of the grid (the worst of them)."""
-    from knobkeeper.evidence import ab
-    from knobkeeper.evidence import validity
-
     harness = ab.deploy_harness(project, inventory, role, knobs[0], what="sweep")
     if len(knobs) == 1:
         return harness

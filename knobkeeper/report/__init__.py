@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from knobkeeper import gitio
 from knobkeeper.errors import UserError
 from knobkeeper.fsio import atomic_write
 from knobkeeper.project import Project
+from knobkeeper.report.page import Options, render
+from knobkeeper.report.sources import read_sources
 from knobkeeper.timeutil import iso, parse_time, utcnow
 
 DEFAULT_NAME = "knobkeeper-report.html"
@@ -63,10 +66,6 @@ def read_status_json(path: str) -> list[dict]:
 def write_report(project: Project, output: str | os.PathLike | None = None, since: str | None = None,
                  role: str | None = None, status_json: str | None = None) -> Written:
     """Write the report; every bad option is a UserError before anything is written."""
-    from knobkeeper import gitio
-    from knobkeeper.report.page import Options, render
-    from knobkeeper.report.sources import read_sources
-
     target = _check_output(Path(output) if output is not None else default_output(project), output is None)
     lo = datetime(1970, 1, 1, tzinfo=timezone.utc)
     if since is not None:

@@ -21,7 +21,16 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator
 
+from knobkeeper import audit, gitio, timeutil
+from knobkeeper.changelog import incidents, ops, store as changelog_store
+from knobkeeper.deploy import record
+from knobkeeper.deploy.record import DeployRecord, save
+from knobkeeper.deploy.status import declared_knobs_now
+from knobkeeper.evidence import importers, store
 from knobkeeper.project import Project
+from knobkeeper.report import write_report
+from knobkeeper.report.browser import Chromium
+from knobkeeper.timeutil import iso, new_id
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 TITLE = "multi-round harness hangs"
@@ -45,8 +54,6 @@ class Story:
 @contextlib.contextmanager
 def clock(moment: datetime) -> Iterator[list[datetime]]:
     """`utcnow()` of every loaded knobkeeper module returns now[0] (move it by assigning)."""
-    from knobkeeper import timeutil
-
     original = timeutil.utcnow
     now = [moment]
     fake = lambda: now[0]  # noqa: E731
@@ -80,10 +87,6 @@ def bench_serving_lines(arm: str) -> str:
 def _deploy(project: Project, started: datetime, roles: list[str]) -> str:
     """The record of a deploy of inventory/example_prod.py (one host per role) that restarted `roles`,
     each service started with the knobs a deploy gives it now, as a real deploy records them."""
-    from knobkeeper.deploy.record import DeployRecord, save
-    from knobkeeper.deploy.status import declared_knobs_now
-    from knobkeeper.timeutil import iso, new_id
-
     knobs = declared_knobs_now(project, "inventory/example_prod.py")
     services = []
     for k, role in enumerate(["prefill", "decode", "router"]):
@@ -108,10 +111,6 @@ def _deploy(project: Project, started: datetime, roles: list[str]) -> str:
 def build(project: Project, workdir: Path, start: datetime | None = None) -> Story:
     """The story in `project` (a committed infra repo with a git identity), each step one commit."""
     # Imported before the clock is set, so that every `utcnow` they bound is the one it replaces.
-    from knobkeeper import audit
-    from knobkeeper.changelog import incidents, ops, store as changelog_store  # noqa: F401
-    from knobkeeper.deploy import record  # noqa: F401
-    from knobkeeper.evidence import importers, store  # noqa: F401
 
     if start is None:
         today = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
@@ -152,9 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--html", default=None, help="also keep the report's HTML here")
     parser.add_argument("--scroll-to", default="timeline", help="the section at the top of the screenshot")
     args = parser.parse_args(argv)
-    from knobkeeper import gitio
-    from knobkeeper.report import write_report
-    from knobkeeper.report.browser import Chromium
 
     tmp = Path(tempfile.mkdtemp(prefix="kk-fieldstory-"))
     try:

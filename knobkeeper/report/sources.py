@@ -9,8 +9,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from knobkeeper import audit
+from knobkeeper.changelog.entries import load_entries
+from knobkeeper.changelog.filecache import LINK_FIX, refused_files
+from knobkeeper.changelog.incidents import load_incidents
+from knobkeeper.changelog.queries import declared_knobs
+from knobkeeper.deploy.record import load_records
+from knobkeeper.deploy.status import declared_knobs_now, knob_drift
 from knobkeeper.errors import UserError
+from knobkeeper.evidence import store
+from knobkeeper.evidence.plot import arm_levels
+from knobkeeper.knobs.catalog import load_catalog
 from knobkeeper.project import Project
+from knobkeeper.timeutil import id_from_stem
 
 
 @dataclass
@@ -36,14 +47,6 @@ class Sources:
 
 
 def read_sources(project: Project, since: datetime, until: datetime, role: str | None) -> Sources:
-    from knobkeeper import audit
-    from knobkeeper.changelog.entries import load_entries
-    from knobkeeper.changelog.filecache import LINK_FIX, refused_files
-    from knobkeeper.changelog.incidents import load_incidents
-    from knobkeeper.changelog.queries import declared_knobs
-    from knobkeeper.deploy.record import load_records
-    from knobkeeper.knobs.catalog import load_catalog
-
     declared = declared_knobs(project, role)   # also the check that --role names a role
     entries = load_entries(project)
     incidents = load_incidents(project)
@@ -65,8 +68,6 @@ def read_sources(project: Project, since: datetime, until: datetime, role: str |
 
 def started_drift(project: Project, records: list[Any]) -> dict[tuple[str, str, str], list[str] | str | None]:
     """Sources.started_drift: each inventory rendered once (deploy.status.declared_knobs_now)."""
-    from knobkeeper.deploy.status import declared_knobs_now, knob_drift
-
     now: dict[str, dict | str] = {}
     out: dict[tuple[str, str, str], list[str] | str | None] = {}
     for record in records:
@@ -91,8 +92,6 @@ def read_evidence(project: Project) -> tuple[list[dict], list[str]]:
     """Every evidence doc through the store (oldest first), and one line per file it refused."""
     if not project.evidence_dir.is_dir() or not any(project.evidence_dir.glob("*.json")):
         return [], []   # the store imports the judge (scipy): not for a repository without evidence
-    from knobkeeper.evidence import store
-    from knobkeeper.timeutil import id_from_stem
 
     docs, problems = [], []
     for path in store.paths(project):
@@ -105,6 +104,4 @@ def read_evidence(project: Project) -> tuple[list[dict], list[str]]:
 
 def arm_intervals(doc: Any, arm: str) -> list[tuple[int, float, float, float, int]]:
     """[(concurrency, geometric mean, 95% low, 95% high, n)]: the same numbers `ab show --plot` draws."""
-    from knobkeeper.evidence.plot import arm_levels
-
     return arm_levels(doc, arm)
