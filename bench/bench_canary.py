@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from knobkeeper.evidence import canary  # noqa: E402
+from knobkeeper.evidence import canary_design  # noqa: E402
 from knobkeeper.evidence import metrics  # noqa: E402
 from tests.procs import free_port, start, stop, wait_http  # noqa: E402
 from tests.test_canary import PY, Load, Worker  # noqa: E402
@@ -100,7 +101,7 @@ def main() -> int:
         to_verdict: list[float] = []
         for run in range(args.runs):
             for name, value in cases:
-                plan = canary.Plan(KNOB, value, None, "decode", canary=[plan_targets[1]], baseline=[plan_targets[0]])
+                plan = canary_design.Plan(KNOB, value, None, "decode", canary=[plan_targets[1]], baseline=[plan_targets[0]])
 
                 def restart(env):
                     candidate.seed = rng.randrange(1 << 30)   # each restart draws its own run factor
@@ -122,9 +123,9 @@ def main() -> int:
                     before, after = stats_of(doc, "calibration", n, last=True), stats_of(doc, "canary", n)
                     for design in designs:
                         calibration = before if design == "calibrated" else None
-                        runs, windows = canary.window_runs(plan, after, calibration=calibration)
-                        judged = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, calibration is not None)) if runs else None
-                        verdicts[(design, name)][n].append(canary.decide(plan, windows, judged)[0] if runs else "invalid")
+                        runs, windows = canary_design.window_runs(plan, after, calibration=calibration)
+                        judged = canary_design.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, calibration is not None)) if runs else None
+                        verdicts[(design, name)][n].append(canary_design.decide(plan, windows, judged)[0] if runs else "invalid")
             print(f"  run {run + 1}/{args.runs} done", flush=True)
         # the load thread is a daemon: it ends with the workers stopped below, no need to wait it out
     finally:

@@ -28,6 +28,7 @@ from knobkeeper.deploy.record import deploy_lock
 from knobkeeper.deploy.status import ServiceStatus
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import canary
+from knobkeeper.evidence import canary_design
 from knobkeeper.evidence import metrics
 from knobkeeper.evidence import store
 from knobkeeper.fsio import lock_file, unlock_file
@@ -205,20 +206,20 @@ def test_scrape_and_prometheus_agree_on_real_workers(pd):
     # out, not wrong). Their verdicts are not compared: the sim's +12.8% over 6 windows sits at the
     # boundary between "better" and "inconclusive", and beside another stack one source said one,
     # the other the other (issue 38).
-    plan = canary.Plan(KNOB, 512, None, "decode", canary=[targets[1]], baseline=[targets[0]])
-    assessed = {name: canary.window_runs(plan, after, calibration=before)[1]
+    plan = canary_design.Plan(KNOB, 512, None, "decode", canary=[targets[1]], baseline=[targets[0]])
+    assessed = {name: canary_design.window_runs(plan, after, calibration=before)[1]
                 for name, (before, after) in (("scrape", (scrape_before, scrape_after)),
                                               ("prometheus", (prom_before, prom_after)))}
     edges = {name: [(w.index, w.phase, w.start, w.end) for w in windows] for name, windows in assessed.items()}
     assert edges["scrape"] == edges["prometheus"] and len(edges["scrape"]) == 12, edges
     both = set.intersection(*({w.index for w in windows if w.valid} for windows in assessed.values()))
-    for phase in (canary.CALIBRATION, canary.CANARY):   # the judgement needs two windows per arm
+    for phase in (canary_design.CALIBRATION, canary_design.CANARY):   # the judgement needs two windows per arm
         assert sum(1 for w in assessed["scrape"] if w.phase == phase and w.index in both) >= 2, assessed
     levels = {}
     for name, windows in assessed.items():
         for w in windows:
             w.valid = w.valid and w.index in both
-        levels[name] = canary.judgement(canary.ratio_runs(plan, windows), plan.unit_noise(canary.RESTART_NOISE, True)).levels[0]
+        levels[name] = canary_design.judgement(canary_design.ratio_runs(plan, windows), plan.unit_noise(canary.RESTART_NOISE, True)).levels[0]
     # Each source's effect lies within the other's 95% confidence interval: which source measured
     # moves the effect by less than the measurement's own uncertainty (the sources differ by what
     # each one's window edges hold, Prometheus's rate() extrapolating to them, and by which windows
@@ -316,7 +317,7 @@ def _stats(tokens: float, running: float, errors: int = 0, n: int = 6, noise: fl
 
 def _plan():
     t = [metrics.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics") for i in (1, 2, 3)]
-    return canary.Plan(KNOB, 512, None, "decode", canary=[t[0]], baseline=t[1:])
+    return canary_design.Plan(KNOB, 512, None, "decode", canary=[t[0]], baseline=t[1:])
 
 
 def test_round_robin_hides_a_faster_host_in_raw_tokens_normalisation_shows_it():
@@ -325,9 +326,9 @@ def test_round_robin_hides_a_faster_host_in_raw_tokens_normalisation_shows_it():
     plan = _plan()
     stats = {"h1/decode": _stats(1000, 14, seed=1), "h2/decode": _stats(1000, 16, seed=2),
              "h3/decode": _stats(1000, 16, seed=3)}
-    runs, windows = canary.window_runs(plan, stats)
+    runs, windows = canary_design.window_runs(plan, stats)
     assert all(w.valid for w in windows) and len(runs) == 18
-    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
+    verdict, failed = canary_design.decide(plan, windows, canary_design.judgement(runs))
     assert verdict == "better" and not failed
     raw = [r.extra["raw_output_tokens_per_s"] for r in runs]
     assert max(raw) / min(raw) < 1.1   # the raw numbers alone show no difference
@@ -338,7 +339,7 @@ def test_invalid_windows_no_traffic_and_imbalance():
     stats = {"h1/decode": _stats(1000, 16), "h2/decode": _stats(1000, 16), "h3/decode": _stats(1000, 16)}
     stats["h2/decode"][1].output_tokens_per_s = 0.0
     stats["h3/decode"][2].running = 40.0
-    runs, windows = canary.window_runs(plan, stats)
+    runs, windows = canary_design.window_runs(plan, stats)
     assert [w.valid for w in windows] == [True, False, False, True, True, True]
     assert windows[1].reasons == ["no traffic on h2/decode"]
     assert "spread beyond 2x" in windows[2].reasons[0]
@@ -358,25 +359,25 @@ def test_errors_fail_the_canary_when_significant_whatever_the_throughput():
     plan = _plan()
     stats = _with_requests({"h1/decode": _stats(1100, 16), "h2/decode": _stats(1000, 16), "h3/decode": _stats(1000, 16)})
     stats["h1/decode"][0].errors = 8
-    runs, windows = canary.window_runs(plan, stats)
-    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
+    runs, windows = canary_design.window_runs(plan, stats)
+    verdict, failed = canary_design.decide(plan, windows, canary_design.judgement(runs))
     assert verdict == "worse" and failed and failed[0].startswith("errors 8 of 1208 requests on the canary"), failed
     # errors in a window made invalid by the failures themselves still count
     stats["h1/decode"][0].output_tokens_per_s = 0.0
-    runs, windows = canary.window_runs(plan, stats)
-    assert not windows[0].valid and canary.decide(plan, windows, canary.judgement(runs))[0] == "worse"
+    runs, windows = canary_design.window_runs(plan, stats)
+    assert not windows[0].valid and canary_design.decide(plan, windows, canary_design.judgement(runs))[0] == "worse"
     # one error among 1,200 requests is no finding
     stats["h1/decode"][0].errors = 1
     stats["h1/decode"][0].output_tokens_per_s = 1100.0
-    runs, windows = canary.window_runs(plan, stats)
-    assert canary.decide(plan, windows, canary.judgement(runs)) == ("better", [])
+    runs, windows = canary_design.window_runs(plan, stats)
+    assert canary_design.decide(plan, windows, canary_design.judgement(runs)) == ("better", [])
     # errors in proportion to the requests (a client's disconnects hit every host alike): no finding
     for key, count in (("h1/decode", 4), ("h2/decode", 5), ("h3/decode", 3)):
         stats[key][5].errors = count
-    runs, windows = canary.window_runs(plan, stats)
-    test = canary.errors_test(plan, windows)
+    runs, windows = canary_design.window_runs(plan, stats)
+    test = canary_design.errors_test(plan, windows)
     assert not test.failed and test.p_value > 0.1, test
-    assert canary.decide(plan, windows, canary.judgement(runs)) == ("better", [])
+    assert canary_design.decide(plan, windows, canary_design.judgement(runs)) == ("better", [])
 
 
 def test_calibration_divides_out_a_lasting_host_difference():
@@ -391,16 +392,16 @@ def test_calibration_divides_out_a_lasting_host_difference():
                 "h3/decode": _stats(1000, 16, seed=seed + 2, n=8, noise=0.01)}
 
     before, same = phase(1.0, 10), phase(1.0, 20)
-    runs, windows = canary.window_runs(plan, same)
-    assert canary.decide(plan, windows, canary.judgement(runs))[0] == "worse"
-    runs, windows = canary.window_runs(plan, same, calibration=before)
+    runs, windows = canary_design.window_runs(plan, same)
+    assert canary_design.decide(plan, windows, canary_design.judgement(runs))[0] == "worse"
+    runs, windows = canary_design.window_runs(plan, same, calibration=before)
     assert [w.phase for w in windows] == ["calibration"] * 8 + ["canary"] * 8
     assert {r.arm for r in runs if r.extra["phase"] == "calibration"} == {"A"} and len(runs) == 16
-    judged = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
-    assert canary.decide(plan, windows, judged)[0] in ("no detectable change", "inconclusive"), judged.levels
-    runs, windows = canary.window_runs(plan, phase(1.128, 30), calibration=before)
-    judged = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
-    assert canary.decide(plan, windows, judged)[0] == "better", judged.levels
+    judged = canary_design.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
+    assert canary_design.decide(plan, windows, judged)[0] in ("no detectable change", "inconclusive"), judged.levels
+    runs, windows = canary_design.window_runs(plan, phase(1.128, 30), calibration=before)
+    judged = canary_design.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
+    assert canary_design.decide(plan, windows, judged)[0] == "better", judged.levels
     assert judged.levels[0].effect == pytest.approx(0.128, abs=0.03)
 
 
@@ -411,9 +412,9 @@ def test_restart_noise_keeps_a_small_effect_on_one_host_from_being_claimed():
     before = {k: _stats(1000, 16, seed=i, n=20, noise=0.005) for i, k in enumerate(("h1/decode", "h2/decode", "h3/decode"))}
     after = {"h1/decode": _stats(1030, 16, seed=7, n=20, noise=0.005), "h2/decode": _stats(1000, 16, seed=8, n=20, noise=0.005),
              "h3/decode": _stats(1000, 16, seed=9, n=20, noise=0.005)}
-    runs, windows = canary.window_runs(plan, after, calibration=before)
-    assert canary.decide(plan, windows, canary.judgement(runs, 0.0))[0] == "better"
-    noisy = canary.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
+    runs, windows = canary_design.window_runs(plan, after, calibration=before)
+    assert canary_design.decide(plan, windows, canary_design.judgement(runs, 0.0))[0] == "better"
+    noisy = canary_design.judgement(runs, plan.unit_noise(canary.RESTART_NOISE, True))
     assert noisy.unit_noise == canary.RESTART_NOISE and noisy.levels[0].verdict == "inconclusive", noisy.levels
 
 
@@ -426,8 +427,8 @@ def test_guard_regression_fails_the_canary():
         for k, w in enumerate(stats[key]):
             w.ttft_ms = {"p50": ms / 2, "p99": ms * (1 + 0.01 * (k % 3))}
             w.tpot_ms = {"p50": 5.0 + 0.01 * k, "p99": 8.0 + 0.02 * k}
-    runs, windows = canary.window_runs(plan, stats)
-    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
+    runs, windows = canary_design.window_runs(plan, stats)
+    verdict, failed = canary_design.decide(plan, windows, canary_design.judgement(runs))
     assert verdict == "worse" and any(f.startswith("ttft_p99_ms") for f in failed), failed
 
 
@@ -511,7 +512,7 @@ def test_the_evidence_names_the_metrics_of_the_engine_family_it_measured(tmp_pat
 
     project = make_infra_repo(tmp_path)
     t = [metrics.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics", VLLM.metrics) for i in (1, 2, 3)]
-    plan = canary.Plan("NCCL_MIN_NCHANNELS", 8, None, "decode", canary=[t[0]], baseline=t[1:])
+    plan = canary_design.Plan("NCCL_MIN_NCHANNELS", 8, None, "decode", canary=[t[0]], baseline=t[1:])
     recorded = {}
     for kind in ("scrape", "prometheus"):
         source = FakeSource(_noisy(1), _noisy(11, 1.01))
@@ -530,12 +531,12 @@ def test_the_evidence_names_the_metrics_of_the_engine_family_it_measured(tmp_pat
 def test_choose_refuses_one_host_and_the_whole_role():
     plan = _plan()
     with pytest.raises(UserError, match="at least 2"):
-        canary.choose(plan.canary, "decode")
+        canary_design.choose(plan.canary, "decode")
     with pytest.raises(UserError, match="whole decode role"):
-        canary.choose(plan.targets, "decode", hosts=3)
+        canary_design.choose(plan.targets, "decode", hosts=3)
     with pytest.raises(UserError, match="--host nope: not a decode worker"):
-        canary.choose(plan.targets, "decode", names=["nope"])
-    chosen, baseline = canary.choose(plan.targets, "decode", names=["h2"])
+        canary_design.choose(plan.targets, "decode", names=["nope"])
+    chosen, baseline = canary_design.choose(plan.targets, "decode", names=["h2"])
     assert [t.key for t in chosen] == ["h2/decode"] and len(baseline) == 2
 
 
@@ -560,7 +561,7 @@ class Switch:
 
 def _plan_of(pd, value, baseline_value=None):
     d = pd["decodes"]
-    return canary.Plan(KNOB, value, baseline_value, "decode", canary=[d[1].target], baseline=[d[0].target])
+    return canary_design.Plan(KNOB, value, baseline_value, "decode", canary=[d[1].target], baseline=[d[0].target])
 
 
 # "better" and promoted through the real deploy: tests/test_canary_deploy.py
@@ -914,11 +915,11 @@ def test_a_baseline_restart_is_an_invalid_window_not_a_failure():
     plan = _plan()
     scraped = _with_requests(_noisy(41, n=6))
     scraped["h2/decode"][2].restarts = 1
-    runs, windows = canary.window_runs(plan, scraped, calibration=_with_requests(_noisy(40, n=6)))
+    runs, windows = canary_design.window_runs(plan, scraped, calibration=_with_requests(_noisy(40, n=6)))
     invalid = [w for w in windows if not w.valid]
     assert [w.reasons for w in invalid] == [["restarted: h2/decode (1x)"]]
-    assert canary.candidate_death(plan, windows) is None and canary.restarts_of(plan, windows) == 0
-    verdict, failed = canary.decide(plan, windows, canary.judgement(runs))
+    assert canary_design.candidate_death(plan, windows) is None and canary_design.restarts_of(plan, windows) == 0
+    verdict, failed = canary_design.decide(plan, windows, canary_design.judgement(runs))
     assert not any(f.startswith("the candidate died") for f in failed), failed
 
 
@@ -958,7 +959,7 @@ def test_a_window_with_a_failed_scrape_is_not_judged():
     plan = _plan()
     rows = _noisy(50, n=3)
     rows["h2/decode"][1].unanswered = 2
-    windows = canary.assess_windows(plan, rows, canary.CANARY)
+    windows = canary_design.assess_windows(plan, rows, canary_design.CANARY)
     assert [w.reasons for w in windows] == [[], ["unanswered: h2/decode (2 scrapes failed)"], []]
 
 
@@ -1137,7 +1138,7 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
 
 
 def test_a_canary_that_puts_back_leaves_no_marker(project):
-    plan = canary.Plan(KNOB, 512, None, "decode", [], [])
+    plan = canary_design.Plan(KNOB, 512, None, "decode", [], [])
     applied = []
     switch = canary.marked_switch(project, "inventory/local.py", plan,
                              canary.Switch(apply=lambda t, k: applied.append(k), restore=lambda: None))

@@ -23,6 +23,7 @@ import pytest
 
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import canary
+from knobkeeper.evidence import canary_design
 from knobkeeper.evidence import metrics
 from tests.infra import make_infra_repo
 from tests.procs import free_port, start, stop, wait_http
@@ -71,8 +72,8 @@ def stack(tmp_path_factory):
             stop(w.proc)
 
 
-def _plan(workers) -> canary.Plan:
-    return canary.Plan(KNOB, 512, None, "decode", canary=[workers[0].target], baseline=[workers[1].target])
+def _plan(workers) -> canary_design.Plan:
+    return canary_design.Plan(KNOB, 512, None, "decode", canary=[workers[0].target], baseline=[workers[1].target])
 
 
 def test_a_worker_restarted_mid_window_is_a_restart_in_the_prometheus_source(stack):
@@ -95,10 +96,10 @@ def test_a_worker_restarted_mid_window_is_a_restart_in_the_prometheus_source(sta
     assert h1.index(crashed) >= 1 and crashed.errors >= 8, h1   # the 8 in flight at the crash
     assert h1[0].restarts == 0 and h1[0].errors == 0 and h1[0].output_tokens_per_s > 50, h1
     # the window judgement: that window is invalid, its reason says which worker restarted
-    windows = canary.assess_windows(_plan(workers), got, canary.CANARY)
+    windows = canary_design.assess_windows(_plan(workers), got, canary_design.CANARY)
     invalid = [w for w in windows if not w.valid]
     assert [w.reasons for w in invalid] == [["restarted: h1/decode (1x)"]], [w.reasons for w in windows]
-    assert canary.restarts_of(_plan(workers), windows) == 1
+    assert canary_design.restarts_of(_plan(workers), windows) == 1
 
 
 def test_a_candidate_crash_seen_through_prometheus_is_worse_and_stops_the_windows(stack, tmp_path):

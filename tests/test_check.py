@@ -512,7 +512,7 @@ def test_check_fails_on_unbacked_entries_and_hand_edited_evidence(project):
 def test_the_canary_promotes_only_through_a_bound_set(project, monkeypatch):
     """The promote's `set` carries the canary's own evidence; evidence for anything else is refused
     there and the canary hosts are put back."""
-    from knobkeeper.evidence import canary
+    from knobkeeper.evidence import canary, canary_design
     from knobkeeper.evidence.model import CanaryBlock
 
     other = store.build_doc(knob=KNOB, role="decode", runs=ctas_runs(),
@@ -523,7 +523,7 @@ def test_the_canary_promotes_only_through_a_bound_set(project, monkeypatch):
     put_back = []
     switch = canary.Switch(apply=lambda *a: None, restore=lambda: put_back.append("rollback"),
                       promote_rest=lambda: put_back.append("promote"))
-    plan = canary.Plan(KNOB, 512, None, "decode", [], [])
+    plan = canary_design.Plan(KNOB, 512, None, "decode", [], [])
     before = git(project.root, "rev-parse", "HEAD")
     with pytest.raises(UserError, match=f"it tested 256, the change sets 512"):
         canary.run(project, plan, None, switch, canary.Options(promote=True, reason="canary"))
