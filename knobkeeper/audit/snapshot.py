@@ -16,7 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from knobkeeper.changelog.incidents import add_snapshot, find_incident, snapshot_inventory
+from knobkeeper.deploy import stack as deploy_stack
+from knobkeeper.deploy.record import load_records
 from knobkeeper.errors import UserError
+from knobkeeper.evidence import metrics
+from knobkeeper.evidence.metrics import snapshot_summary
 from knobkeeper.project import Project
 
 
@@ -24,10 +29,6 @@ def snapshot_incident(project: Project, ident: str, inventory: str | None = None
     """Scrape every service of the incident's stack (`inventory`, or see the module docstring) twice
     `window` s apart and add the result to incident `ident`; returns the incident change (its commit,
     the note)."""
-    from knobkeeper.changelog.incidents import add_snapshot, find_incident, snapshot_inventory
-    from knobkeeper.deploy.stack import running_stack
-    from knobkeeper.evidence.metrics import snapshot, snapshot_summary
-
     incident = find_incident(project, ident)  # a bad id fails before the window is waited out
     if window <= 0:
         raise UserError(f"--window {window:g}: expected a positive number of seconds")
@@ -38,7 +39,7 @@ def snapshot_incident(project: Project, ident: str, inventory: str | None = None
                         f"{project.rel(project.deploys_dir)}/ no deploy record; give --inventory PATH of the "
                         f"deployed stack the incident is about")
     # Scraped first, the deploy records read after: the gauges are of the moment the command was run.
-    snap = snapshot(running_stack(project.root, inventory), window)  # a Slurm job: where it placed each one
+    snap = metrics.snapshot(deploy_stack.running_stack(project.root, inventory), window)  # a Slurm job: where it placed each one
     if not any(_answered(row) for row in snap["services"]):
         deployed = _deployed_inventories(project)
         if _repo_path(project, inventory) not in deployed:
@@ -66,7 +67,5 @@ def _repo_path(project: Project, inventory: str) -> str:
 
 def _deployed_inventories(project: Project) -> list[str]:
     """The inventories this repo's committed deploy records name, in the order of their last deploy."""
-    from knobkeeper.deploy.record import load_records
-
     seen = [_repo_path(project, r.inventory_path) for r in load_records(project) if r.inventory_path]
     return list(dict.fromkeys(reversed(seen)))[::-1]
