@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,6 +158,8 @@ GADGET_SCHEMA = {
             "properties": {
                 "size": {"type": "integer", "format": "int32"},
                 "mode": {"type": "string", "default": ""},
+                "secrets": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                            "items": {"type": "object", "properties": {"name": {"type": "string", "default": ""}}}},
                 "note": {"type": "string", "nullable": True},
                 "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
                          "properties": {"a": {"type": "string"}}},
@@ -236,19 +237,41 @@ def test_an_edited_crd_file_is_refused(gadget_crds):
         kv.crd_manifests()
 
 
-def _removed(before: Any, after: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
-    """(path, value) of every key in `before` that `after` lacks; fails on any other difference."""
+def test_a_missing_crd_file_is_a_problem_never_a_pass(tmp_path, monkeypatch):
+    monkeypatch.setattr(kv, "crd_dirs", lambda: [tmp_path])
+    _clear_caches()
+    try:
+        [p] = validate_docs([leaderworkerset()], source="lws.yaml")
+        with pytest.raises(UserError, match="is not here"):
+            kv.crd_manifests()
+    finally:
+        _clear_caches()
+    assert (p.obj, p.path) == ("LeaderWorkerSet/decode", "")
+    assert p.message.startswith("no schema: the LeaderWorkerSet CRD file "
+                                f"leaderworkerset.x-k8s.io_leaderworkersets.yaml is not here (looked in: {tmp_path})")
+
+
+def _diff(before: Any, after: Any, path: tuple = ()) -> tuple[list, list]:
+    """(removed, added): (path, value) of each dict key or list item in one and not the other; fails
+    on any other difference (a changed scalar, a list whose first items differ)."""
+    removed: list[tuple[tuple, Any]] = []
+    added: list[tuple[tuple, Any]] = []
     if isinstance(before, dict):
-        assert isinstance(after, dict) and set(after) <= set(before), path
-        out = [(path + (k,), v) for k, v in before.items() if k not in after]
-        for k in after:
-            out += _removed(before[k], after[k], path + (k,))
-        return out
-    if isinstance(before, list):
-        assert isinstance(after, list) and len(after) == len(before), path
-        return [r for i, (b, a) in enumerate(zip(before, after)) for r in _removed(b, a, path + (i,))]
-    assert before == after, path
-    return []
+        assert isinstance(after, dict), path
+        removed += [(path + (k,), v) for k, v in before.items() if k not in after]
+        added += [(path + (k,), v) for k, v in after.items() if k not in before]
+        for k in set(before) & set(after):
+            r, a = _diff(before[k], after[k], path + (k,))
+            removed, added = removed + r, added + a
+    elif isinstance(before, list):
+        assert isinstance(after, list) and len(after) >= len(before), path
+        added += [(path + (i,), v) for i, v in enumerate(after) if i >= len(before)]
+        for i, (b, a) in enumerate(zip(before, after)):
+            r, ad = _diff(b, a, path + (i,))
+            removed, added = removed + r, added + ad
+    else:
+        assert before == after, path
+    return removed, added
 
 
 def _count(node: Any, pred) -> int:
@@ -263,21 +286,39 @@ def _refused_by_1_20(key: str, value: Any) -> bool:
     return key == "x-kubernetes-validations" or (key == "default" and value == "")
 
 
-def _check_for_1_20(crd: dict[str, Any]) -> int:
+def _check_for_1_20(crd: dict[str, Any]) -> tuple[int, int]:
+    """crd_for_server(crd, 20) removes every CEL rule and empty default and nothing else, and adds
+    only `required` entries: the list-map keys whose empty default went (what 1.20 then asks for)."""
     before = copy.deepcopy(crd)
     mended = crd_for_server(crd, 20)
     assert crd == before, "crd_for_server changed its argument"
-    removed = _removed(crd, mended)
+    removed, added = _diff(crd, mended)
     assert removed and all(_refused_by_1_20(path[-1], value) for path, value in removed), removed
     assert len(removed) == _count(crd, _refused_by_1_20)
+    lost_defaults = {path[:-1] for path, value in removed if path[-1] == "default"}  # (..., properties, key)
+    for path, value in added:
+        items = path[:path.index("required")] if "required" in path else None
+        assert items is not None and items[-1] == "items", path
+        keys = [value] if isinstance(value, str) else value
+        list_schema = crd
+        for part in items[:-1]:
+            list_schema = list_schema[part]
+        for key in keys:
+            assert key in list_schema["x-kubernetes-list-map-keys"] and items + ("properties", key) in lost_defaults
     assert crd_for_server(crd, 26) == crd
-    return len(removed)
+    return len(removed), len(added)
 
 
 def test_crd_for_server_removes_what_1_20_refuses_and_nothing_else():
-    assert _check_for_1_20(GADGET_CRD) == 2
-    only_cel = _removed(GADGET_CRD, crd_for_server(GADGET_CRD, 22))
-    assert [p[-1] for p, _ in only_cel] == ["x-kubernetes-validations"]
+    # What 1.20.2 said of the lws CRDs (kubectl create --dry-run=server): `x-kubernetes-validations`
+    # unknown; each `default: ""` "Invalid value: null: must be of type string"; and without its
+    # default, imagePullSecrets' `name` "is in x-kubernetes-list-map-keys, so it must have a default
+    # or be a required property".
+    assert _check_for_1_20(GADGET_CRD) == (3, 1)
+    mended = crd_for_server(GADGET_CRD, 20)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert mended["properties"]["spec"]["properties"]["secrets"]["items"]["required"] == ["name"]
+    removed, added = _diff(GADGET_CRD, crd_for_server(GADGET_CRD, 22))
+    assert [p[-1] for p, _ in removed] == ["x-kubernetes-validations"] and added == []
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -341,5 +382,6 @@ def test_crd_manifests_for_1_20():
     published = kv.crd_manifests()
     assert [c["metadata"]["name"] for c in published] == [c["name"] for c in kv._sources()]
     for crd, mended in zip(published, kv.crd_manifests(server_minor=20)):
-        assert _check_for_1_20(crd) > 0
+        cel = 1 if crd["spec"]["names"]["kind"] == "DisaggregatedSet" else 0  # its one rule; LWS has none
+        assert _check_for_1_20(crd) == (66 + cel, 2)  # 66 empty defaults; leader and worker imagePullSecrets
         assert mended == crd_for_server(crd, 20)
