@@ -61,9 +61,10 @@ tests' minimal LeaderWorkerSet and DisaggregatedSet pass a server dry run.
 
 Cost (measured on the project's kind of machine, 2 cores, others' tests running): a whole process
 (`python -c` importing this module and validating one file of 6 documents: Deployment, StatefulSet,
-Service, router Deployment, LeaderWorkerSet, DisaggregatedSet) median of 5 runs 0.39 s (0.34-0.48 s),
-42 MB peak RSS; of that, the import is 0.12 s and reading, checking and closing the two CRD files (1.3
-and 1.5 MB of YAML, libyaml) ~0.25 s: the 4 built-in documents alone take 0.13 s, 28 MB. In process,
+Service, router Deployment, LeaderWorkerSet, DisaggregatedSet): median of 5 runs 0.39 s and 0.45 s in
+two sets (0.50 s with one core kept busy), 42 MB peak RSS; of that, the import is 0.12 s and reading,
+checking and closing the two CRD files (1.3 and 1.5 MB of YAML, libyaml) ~0.25 s: the 4 built-in
+documents alone take 0.13-0.18 s, 28 MB. In process,
 after warm-up (the schemas of each version and the closed CRD schemas are cached per process): 0.36 ms
 a built-in document, 0.84 ms a LeaderWorkerSet, 1.4 ms a DisaggregatedSet of two roles.
 """
