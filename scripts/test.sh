@@ -23,14 +23,20 @@ mkdir -p "$STATE"
 
 $PY -m tests.real_vllm > "$STATE/engine-install.log" 2>&1 &
 install=$!
+# kube-apiserver and kube-controller-manager 1.20.2 for the Kubernetes tests (tests/kube.py waits on its
+# lock), built from Debian's source once per machine into ~/.cache/knobkeeper/kube/ (knobkeeper/deploy/kube/build.py):
+# cold, minutes of ONE core at nice 19 and ~1.7 GB of Go build cache while it runs (deleted after);
+# cached, a stat of two files.
+$PY -m knobkeeper.deploy.kube.build > "$STATE/kube-build.log" 2>&1 &
+kube_build=$!
 engines=
 # A Ctrl-C or a kill of `make test` stops both halves by PID; pytest turns the TERM into its own
 # interrupt (tests/conftest.py), so the session's real stack is stopped by its fixture.
-trap 'kill -TERM $engines $install 2>/dev/null; wait; exit 130' INT TERM
+trap 'kill -TERM $engines $install $kube_build 2>/dev/null; wait; exit 130' INT TERM
 
 # The engines' own flag parsers (sglang, vllm) in side environments under ~/.cache/knobkeeper/, built
 # once from PyPI (cold: ~3 min here); `check` and its tests use them.
-$PY -m knobkeeper.engine.sideenv inventory || { kill -TERM $install 2>/dev/null; wait; exit 1; }
+$PY -m knobkeeper.engine.sideenv inventory || { kill -TERM $install $kube_build 2>/dev/null; wait; exit 1; }
 
 $PY -m pytest -q --durations=12 -p no:cacheprovider --basetemp=/tmp/kk-engine-tests \
     -m "engine_env or real_engine" > "$STATE/engine-tests.log" 2>&1 &
@@ -46,5 +52,8 @@ echo
 echo "======================== the engine half ($STATE/engine-tests.log) ========================"
 cat "$STATE/engine-tests.log"
 wait $install
+wait $kube_build
+kube_build_status=$?
+echo "the kube-apiserver build exited $kube_build_status ($STATE/kube-build.log): $(tail -n 1 "$STATE/kube-build.log")"
 echo "the other half exited $others, the engine half $engine_status"
 [ "$others" -eq 0 ] && [ "$engine_status" -eq 0 ]
