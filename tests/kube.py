@@ -7,13 +7,15 @@ ports, loopback only.
 The apiserver and controller-manager are built once per machine (knobkeeper/deploy/kube/build.py);
 `make test` starts that build in the background at its start (scripts/test.sh), so the fixture waits
 on the build's lock, then finds them built; alone (pytest by hand, cold cache) it builds them itself,
-minutes of one core. Teardown stops the three daemons by the PIDs their pid files name and fails when
-any is still alive. A failed build or start FAILS the fixture (the tools are in the `test` extra and
-the build needs only apt and them: a missing piece is a broken setup, never a reason to skip).
+~6.5 min of one core. Teardown stops the three daemons by the PIDs their pid files name and fails when
+any is still alive (the folder, logs included, then stays; after a clean stop it is removed). A failed
+build or start FAILS the fixture (the tools are in the `test` extra and the build needs only apt and
+them: a missing piece is a broken setup, never a reason to skip).
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -46,3 +48,4 @@ def kube_cluster() -> Iterator[LocalCluster]:
         stopped = stop_cluster(cluster.root)
         left = cluster_pids(cluster.root)
         assert len(stopped) == 3 and not left, f"Kubernetes daemons left behind: {left} (stopped {stopped})"
+        shutil.rmtree(root, ignore_errors=True)   # etcd's wal/ folder alone is ~62 MB
