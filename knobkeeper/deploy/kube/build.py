@@ -180,6 +180,8 @@ def _build(progress) -> None:
     root = kube_root()
     root.mkdir(parents=True, exist_ok=True)
     work = root / f"work-{VERSION}"     # fixed name: only the lock's holder uses it; its Go cache survives a failure
+    for stale in root.glob(f".{VERSION}-*"):   # an install folder of a build killed before its rename
+        shutil.rmtree(stale, ignore_errors=True)
     started = time.monotonic()
     with open(log_path(), "w") as log:
         step = "start"
@@ -320,6 +322,9 @@ def main() -> int:
     except UserError as exc:
         print(f"kube build: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:   # its go build was killed with it (_run); the work folder stays
+        print(f"kube build: interrupted ({exc or 'SIGINT'}) (log: {log_path()})", file=sys.stderr)
+        return 130
     return 0
 
 
