@@ -77,10 +77,15 @@ def pytest_collection_modifyitems(session, config, items):
     an idle real stack was not idle on this machine before nixl's progress thread slept (each vLLM
     instance's NIXL progress thread polled without sleeping, one core each): the start-up-crash test
     took 235 s in CI beside it; run before it, that test, the port-taken test and the preflight
-    faults passed within about a minute (seen once)."""
-    def order(item) -> tuple[bool, bool]:
+    faults passed within about a minute (seen once).
+    The Kubernetes tests close the first group for the same reason: their control plane builds in the
+    background (cold, once per machine) while every other test of the group runs."""
+    def order(item) -> tuple[bool, bool, bool]:
         engine = item.get_closest_marker("engine_env") is not None or item.get_closest_marker("real_engine") is not None
-        return engine, engine and "real_stack" in getattr(item, "fixturenames", ())
+        # Last of the first group: the tests on the local Kubernetes control plane, whose build (cold:
+        # ~6 min of one niced core, tests/kube.py) runs in the background from the start of `make test`.
+        kube = not engine and "kube_cluster" in getattr(item, "fixturenames", ())
+        return engine, kube, engine and "real_stack" in getattr(item, "fixturenames", ())
 
     items.sort(key=order)  # stable: the order is kept otherwise
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from knobkeeper.project import Project
 
 SOURCE = Path(__file__).resolve().parent.parent
-COPIED = ("inventory", "templates", "deploy.py", "config.py")
+COPIED = ("inventory", "templates", "deploy.py", "config.py", "manifests")
 GITIGNORE = ".knobkeeper-state/\n.knobkeeper-secrets/\n__pycache__/\n"
 
 

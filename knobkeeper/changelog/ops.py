@@ -17,6 +17,7 @@ from knobkeeper.changelog.entries import Entry, entry_path, history, load_entrie
 from knobkeeper.changelog.filecache import files_with_id_prefix
 from knobkeeper.changelog.secrets import secret_path, secret_value, value_files
 from knobkeeper.changelog.store import Message, commit_change, git_author, repo_lock
+from knobkeeper.deploy import repo_files
 from knobkeeper.engine.pins import pins_for
 from knobkeeper.fsio import atomic_write
 from knobkeeper.errors import UserError
@@ -173,6 +174,8 @@ def _write(project: Project, catalog: Catalog, entries: list[Entry], knobs_text:
     files: dict[Path, str] = {project.knobs_path: knobs_text}
     for entry in entries:
         files[entry_path(project, entry)] = entry.to_toml()
+    # The rendered files kept in the repo (a Kubernetes stack's manifests) change in this same commit.
+    files.update(repo_files.after_change(project, knobs_text, entries))
     if len(entries) == 1:
         summary = _summary(entries[0], catalog.get(entries[0].knob))
         body = entries[0].reason
@@ -288,6 +291,8 @@ def set_knobs(project: Project, items: list[tuple[str, str, str]], reason: str, 
             files[project.knobs_path] = text
         for entry in entries:
             files[entry_path(project, entry)] = entry.to_toml()
+        if entries:
+            files.update(repo_files.after_change(project, text, entries))
         body = reason + ("\n\n" + "\n".join(f"- {e.role}: {e.knob} {shown_old(e, catalog.get(e.knob).display)} -> "
                                             f"{catalog.get(e.knob).display(e.new)}" for e in entries) if entries else "")
         message = Message(summary=summary or f"set {len(entries)} knobs", body=body,

@@ -73,6 +73,13 @@ def _summary(result) -> str:
     for row in result.record.services:
         where = f" [job {row.job} on {row.node}]" if row.job and row.node else ""
         lines.append(f"  {row.key}{where}: {row.action} ({fmt.safe(row.reason)}); gate {row.gate.result}")
+    kube = result.record.kubernetes
+    if kube is not None:  # a Kubernetes stack: the revision each workload rolled to
+        rolled = [f"{a.service} revision {a.revision_before or '-'} -> {a.revision or '?'}"
+                  + (f" (ReplicaSet {a.replica_set})" if a.replica_set else "")
+                  for a in kube.applies if a.decision in ("rolls", "created", "co-restart")]
+        lines.append(f"  kubernetes namespace {kube.namespace}: " + ("; ".join(rolled) or "nothing rolled")
+                     + (" (no nodes: rollouts not observable)" if kube.nodes == 0 else ""))
     if result.error:
         lines.append(f"error: {result.error}")
     return "\n".join(lines)
@@ -121,6 +128,35 @@ def plan_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json: b
         click.echo(plan_text(plan))
 
 
+@click.command("render")
+@click.argument("inventory", default=DEFAULT_INVENTORY, required=False)
+@click.option("--write", is_flag=True, help="Write the files that differ into the repo (commit them with the change).")
+@repo_option
+@json_option
+@example("knobkeeper render inventory/example_k8s.py --write")
+def render_cmd(inventory: str, write: bool, repo: str | None, as_json: bool) -> None:
+    """The rendered files INVENTORY keeps in the repo (a Kubernetes stack's manifests, for Argo CD or
+    Flux): printed, or with --write written where they belong; `check` fails when the committed ones
+    are not what the knobs render."""
+    from knobkeeper.deploy import repo_files
+    from knobkeeper.project import find_project
+
+    project = find_project(repo)
+    files = repo_files.repo_files(project, inventory)
+    if not files:
+        raise UserError(f"{inventory}: its target keeps no rendered file in the repo (its files go to its hosts: "
+                        f"`knobkeeper review` shows them)")
+    states = dict(repo_files.stale(project, inventory, files))
+    written = repo_files.write(project, inventory) if write else []
+    if as_json:
+        emit_json({"files": {p: ("written" if p in written else states.get(p, "up to date")) for p in sorted(files)}})
+    elif write:
+        for path in sorted(files):
+            click.echo(f"{path}: {'written (' + states[path] + ')' if path in written else 'up to date'}")
+    else:
+        click.echo("\n".join(files[p] for p in sorted(files)), nl=False)
+
+
 def _say_abandoned_canary(project) -> None:
     """`warning: canary X=V on S abandoned at T; put back with ...` on stderr (deploy/canary_state), and
     the same of an abandoned ab run or sweep (deploy/experiment_state)."""
@@ -148,6 +184,6 @@ def _data(items: tuple[str, ...]) -> dict:
     return out
 
 
-COMMANDS = [deploy_cmd, status_cmd, plan_cmd]
+COMMANDS = [deploy_cmd, status_cmd, plan_cmd, render_cmd]
 
 __all__ = ["COMMANDS"]

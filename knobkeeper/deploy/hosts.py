@@ -23,6 +23,9 @@ class HostsTarget:
     started_record = "started.sh"
     placed_per_run = False
     partial_deploys = True
+    repo_files = False
+    canary_refusal = None
+    installs_engines = True
 
     def __init__(self, stack: Any) -> None:
         self.stack = stack
@@ -44,6 +47,9 @@ class HostsTarget:
 
     def extra_files(self, project: Any, rendered: Mapping[tuple[str, str], Any], source: Any) -> dict:
         return {}
+
+    def lint(self, files: Mapping[str, str]) -> list[tuple[str, str]]:
+        return []  # its files are linted as scripts and units (review/check.py)
 
     def begin(self, run: Any) -> HostsRun:
         return HostsRun(run)

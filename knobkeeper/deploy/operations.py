@@ -446,6 +446,8 @@ def engine(run: DeployRun, plan: HostPlan) -> None:
     `base_python` (the interpreter that makes the venv). The versions installed of every pinned
     distribution go into the record (`engine_versions`); `status` reports a host whose installed
     versions are not the pinned ones as drifted."""
+    if not run.target.installs_engines:   # a Kubernetes stack: the image carries the engine
+        return
     managed = managed_envs(plan)
     if managed:
         for env in current_host.loop(managed):

@@ -17,7 +17,11 @@ reference point for later incidents:
                       "job": {"id", "state", "digest", "submitted_at", "started_at", "cancelled_at",
                               "nodes": {service: node}, "reason"},
                       "replaced": [the jobs it cancelled after the gates, same shape],
-                      "client_calls", "client_seconds"}}
+                      "client_calls", "client_seconds"},
+     "kubernetes": null | {"namespace", "shape", "nodes", "client_calls", "client_seconds",
+                           "applies": [{"role", "service", "kind", "decision", "generation_before", "generation",
+                                        "revision_before", "revision", "replica_set", "applied_at", "observed_at",
+                                        "rollout", "rolled_back_to"}]}}
 
 A Slurm stack (knobkeeper/deploy/slurm/) runs as one job: each service row is one of its components
 (`job`, `node`: where it ran; restart_issued_at: when the job was submitted), `slurm` says which
@@ -53,7 +57,9 @@ from knobkeeper.timeutil import file_stem, iso, parse_time, utcnow
 
 ACTIONS = ("restarted", "started", "unchanged")
 JOURNAL = "deploys-running"
-GATES = ("passed", "failed", "skipped", "not-run")
+# "unobservable": a Kubernetes role was applied and its controller made the new ReplicaSet, but no pod
+# can run (the cluster has no nodes): the gate says so instead of passing.
+GATES = ("passed", "failed", "skipped", "not-run", "unobservable")
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -179,6 +185,46 @@ class SlurmRecord(_ByField):
 
 
 @dataclass
+class KubeApply(_ByField):
+    """What a run did with one workload of a Kubernetes stack: the apply, the rollout it made, the gate."""
+
+    role: str
+    service: str
+    kind: str = "Deployment"
+    decision: str = "not run"  # "rolls" | "created" | "unchanged" | "co-restart" | "not run"
+    generation_before: int | None = None
+    generation: int | None = None
+    revision_before: int | None = None
+    revision: int | None = None  # deployment.kubernetes.io/revision after the apply
+    replica_set: str | None = None  # the ReplicaSet of that revision (its pod-template-hash in its name)
+    applied_at: str | None = None
+    observed_at: str | None = None  # the controller's observedGeneration reached the applied generation
+    rollout: str = "not run"  # "complete" | "not observable: no nodes" | "failed: ..." | "not run"
+    rolled_back_to: int | None = None  # the revision `rollout undo` went back to (rollback=true)
+
+
+@dataclass
+class KubeRecord(_ByField):
+    """What a run did in the stack's namespace."""
+
+    namespace: str
+    shape: str = "deployments"
+    nodes: int | None = None
+    applies: list[KubeApply] = field(default_factory=list)
+    client_calls: int = 0
+    client_seconds: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "KubeRecord":
+        known = _known(cls, data)
+        known["applies"] = [KubeApply(**_known(KubeApply, a)) for a in data.get("applies") or [] if isinstance(a, dict)]
+        return cls(**known)
+
+    def apply_of(self, service: str) -> KubeApply:
+        return next(a for a in self.applies if a.service == service)
+
+
+@dataclass
 class DeployRecord:
     id: str
     inventory: str
@@ -196,12 +242,15 @@ class DeployRecord:
     engine_versions: dict[str, dict[str, str | None]] = field(default_factory=dict)  # host -> {dist: version}
     stack: str = ""  # the inventory's data `stack` ("" : none); its knobs are knobs.toml's [stack.role]
     slurm: SlurmRecord | None = None
+    kubernetes: KubeRecord | None = None
     pd_proof: str | None = None  # per decode instance, what the PD proof saw (vLLM), or None
 
     def __post_init__(self) -> None:
         self.services = [r if isinstance(r, ServiceRow) else ServiceRow.from_json(r) for r in self.services]
         if isinstance(self.slurm, dict):
             self.slurm = SlurmRecord.from_json(self.slurm)
+        if isinstance(self.kubernetes, dict):
+            self.kubernetes = KubeRecord.from_json(self.kubernetes)
 
     @property
     def stem(self) -> str:
@@ -217,6 +266,7 @@ class DeployRecord:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["services"] = [r.to_json() for r in self.services]
         out["slurm"] = asdict(self.slurm) if self.slurm is not None else None
+        out["kubernetes"] = asdict(self.kubernetes) if self.kubernetes is not None else None
         return out
 
     def text(self) -> str:
@@ -251,6 +301,9 @@ def message(record: DeployRecord) -> Message:
         body += f"\n\nSlurm job {record.slurm.job.id} ({record.slurm.decision})" + "".join(
             f", cancelled job {j.id}" for j in record.slurm.replaced if j.cancelled_at)
         trailers += [("Slurm-Job", record.slurm.job.id)]
+    if record.kubernetes is not None:
+        rolled = [f"{a.service} revision {a.revision}" for a in record.kubernetes.applies if a.decision in ("rolls", "created", "co-restart")]
+        body += f"\n\nKubernetes namespace {record.kubernetes.namespace}: " + (", ".join(rolled) or "nothing rolled")
     trailers += [("Restarted" if r.action == "restarted" else "Started", r.key) for r in record.services if r.acted]
     return Message(summary=summary, body=body, trailers=trailers)
 

@@ -86,6 +86,10 @@ class RenderedService:
     # without the headers of the launch scripts it embeds (review shows each launch script's own).
     reviewed: dict[str, str] = field(default_factory=dict)
     templates: dict[str, str] = field(default_factory=dict)  # remote path -> the template under templates/
+    # The variables the launch script exports, as the process sees them (knobs, then the fixed ones);
+    # a secret knob is in `secrets` instead. A target that starts the engine without the script (a
+    # Kubernetes container's env) passes exactly these.
+    environment: dict[str, str] = field(default_factory=dict)
     # Set on a file that carries every component (a Slurm job script): when it changes, every
     # component restarts with it, its own files changed or not.
     whole_stack: WholeStack | None = None
@@ -245,6 +249,7 @@ def render_service(
         service=service, files=files, modes={path: mode for path, _, mode in paths}, secrets=secrets,
         knobs=shown, provenance={n: provenance.get(n, "") for n in knobs}, digest=digest,
         templates={path: tpl for path, tpl, _ in paths},
+        environment={**{row["name"]: row["value"] for row in knob_rows if not row["secret"]}, **env_fixed},
     )
 
 
@@ -387,11 +392,15 @@ def render_stack(
     knob_overrides: Mapping[str, Any] | None = None,
     source: Source | None = None,
     check_secrets: bool = False,
+    declared: Mapping[str, Mapping[str, Value]] | None = None,
+    entries: list[Any] | None = None,
 ) -> dict[tuple[str, str], RenderedService]:
-    """Every (host, service) of the stack rendered from the project's knobs, catalog and changelog."""
+    """Every (host, service) of the stack rendered from the project's knobs, catalog and changelog;
+    `declared` and `entries`: the state a knob change is about to commit, instead of the files' (the
+    change renders the files it commits with it: a Kubernetes stack's manifests)."""
     catalog = load_catalog(project.catalog_path)
-    declared = read_declared(project.knobs_path, catalog)
-    latest = latest_by_knob(load_entries(project))
+    declared = declared if declared is not None else read_declared(project.knobs_path, catalog)
+    latest = latest_by_knob(entries if entries is not None else load_entries(project))
     overrides = normalize_overrides(catalog, knob_overrides, list(stack.roles),
                                     {svc.key: svc.role for svc in stack.services})
     source = source or source_of(project.root)

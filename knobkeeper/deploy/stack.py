@@ -6,7 +6,8 @@ Data keys (host data > group data > group_data/all.py; `--data` wins over all):
 
     prefix            root of everything the stack puts on the host (launch scripts, secrets,
                       supervisord, venv); each host its own. Local: <repo>/.knobkeeper-state/local
-    service_manager   "supervisord" (local stack) | "systemd" (production)
+    service_manager   "supervisord" (local stack) | "systemd" (production) | "slurm" | "kubernetes" (the
+                      stack's own deploy target: deploy/slurm/job.py, deploy/kube/settings.py say its data)
     stack             the stack this inventory belongs to ("" / absent: the unnamed one); its knobs are
                       knobs.toml's [STACK.ROLE] tables (knobkeeper/knobs/__init__.py)
     engines           {role: "ENGINE" or "ENGINE==VERSION"}, ENGINE one of knobkeeper.engine's families
@@ -50,14 +51,16 @@ from typing import Any, Iterator, Mapping
 
 from knobkeeper.deploy.engines import engine_command, workers_of
 from knobkeeper.deploy.model import HostPlan, Service, Stack, Supervisor
-from knobkeeper.deploy.target import target_of
+from knobkeeper.deploy.target import TARGETS, target_of
 from knobkeeper.deploy.topology import ROLE_PREFIX, Role, deploy_order, role_from_data
 from knobkeeper.engine import SIM, role_engine
 from knobkeeper.engine.pins import stack_of
 from knobkeeper.errors import UserError, code_error
 from knobkeeper.knobs.values import check_env_name
 
-MANAGERS = ("supervisord", "systemd", "slurm")  # slurm: the stack is one job (knobkeeper/deploy/slurm/)
+# supervisord and systemd: a service per process on each host; the others are deploy targets of their
+# own (deploy/target.py TARGETS: slurm, kubernetes).
+MANAGERS = ("supervisord", "systemd", *TARGETS)
 WORKER_MODES = ("prefill", "decode")
 
 __all__ = ["HostPlan", "Service", "Stack", "Supervisor", "host_plan", "load_inventory", "load_stack",

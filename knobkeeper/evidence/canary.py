@@ -65,6 +65,7 @@ from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.deploy.record import DEPLOY_BUSY, deploy_lock
 from knobkeeper.deploy.stack import load_stack
 from knobkeeper.engine.pins import evidence_setup
+from knobkeeper.deploy.target import target_of
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge, metrics
 from knobkeeper.evidence.canary_design import (CALIBRATION, Plan, candidate_death, choose, decide, errors_test,
@@ -574,6 +575,9 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
     stack = load_stack(project.root, inventory)
     if role not in stack.roles:
         raise UserError(f"--role {role}: not a role of {inventory} (roles: {', '.join(stack.order)})")
+    refusal = target_of(stack).canary_refusal
+    if refusal:
+        raise UserError(f"canary: {inventory}: {refusal}")
     canary_t, baseline_t = choose(metrics.targets_of(stack, [role]), role, hosts, host_names)
     handle = canary_state.hold(project)   # for the whole run: its death is what makes a marker abandoned
     try:

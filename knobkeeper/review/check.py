@@ -23,7 +23,7 @@ from knobkeeper.changelog.filecache import LINK_FIX, refusal, refused_files
 from knobkeeper.changelog.incidents import parse_incident_file
 from knobkeeper.changelog.secrets import tracked_secret_files
 from knobkeeper.changelog.store import journal_file, settle
-from knobkeeper.deploy import canary_state, experiment_state
+from knobkeeper.deploy import canary_state, experiment_state, repo_files
 from knobkeeper.deploy.stack import load_stack
 from knobkeeper.engine.contract import contract_problems
 from knobkeeper.errors import UserError
@@ -479,6 +479,22 @@ def check_render(run: _Run) -> None:
     res.counts["hosts"], res.counts["files"] = hosts, nfiles
 
 
+def check_repo_files(run: _Run) -> None:
+    """Rendered files kept in the repo (a Kubernetes stack's manifests, applied by Argo CD or Flux):
+    valid by their target's strict linter, as rendered and as committed, and committed as rendered."""
+    if run.catalog is None or run.declared is None or run.bad_values:
+        return  # already reported: nothing renders
+    for inv in inventories(run.project):
+        if inv in run.unloadable:
+            continue
+        try:
+            found = repo_files.problems(run.project, inv)
+        except UserError:
+            continue  # check_render named it
+        for path, what, fix in found:
+            run.add(path, fmt.safe(what), fix)
+
+
 def check_engine_contract(run: _Run) -> None:
     """What the pinned engine versions would make of it: declared knobs they would ignore (or that
     are declared for a role running another engine), launch flags their own parser rejects,
@@ -584,7 +600,7 @@ def _role_of(render, host: str, service: str) -> str:
 CHECKS = (check_unfinished_change, check_catalog, check_declared, check_secret_store, check_refused_files,
           check_abandoned_canary, check_experiments, check_entries, check_links, check_evidence,
           check_immutable_evidence, check_rejudgements, check_incidents, check_immutable_entries, check_render,
-          check_engine_contract)
+          check_repo_files, check_engine_contract)
 
 
 def check(project: Project, base: str | None = None) -> CheckResult:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from knobkeeper.deploy import render
+from knobkeeper.deploy import render, repo_files
 from knobkeeper.deploy.render import SUPERVISORD_TEMPLATE, WholeStack, strip_header
 from knobkeeper.deploy.stack import _host_data, load_inventory, load_stack, Stack, stack_from_inventory
 from knobkeeper.errors import UserError
@@ -55,11 +55,7 @@ class InventoryRender:
         return {p: f for (h, p), f in self.files.items() if h == host and f.service == service}
 
 
-def inventories(project: Project) -> list[str]:
-    """Every pyinfra inventory file: inventory/*.py, sorted."""
-    if not project.inventory_dir.is_dir():
-        return []
-    return sorted(project.rel(p) for p in project.inventory_dir.glob("*.py") if not p.name.startswith("_"))
+inventories = repo_files.inventory_files  # every pyinfra inventory file: inventory/*.py, sorted
 
 
 def relative(message: str, *roots: Path) -> str:

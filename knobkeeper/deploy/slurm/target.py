@@ -23,6 +23,9 @@ class SlurmTarget:
     started_record = "the job's script"
     placed_per_run = True
     partial_deploys = False
+    repo_files = False
+    canary_refusal = None
+    installs_engines = True
 
     def __init__(self, stack: Any) -> None:
         self.stack = stack
@@ -36,6 +39,9 @@ class SlurmTarget:
     def extra_files(self, project: Any, rendered: Mapping[tuple[str, str], Any], source: Any) -> dict:
         job = render_job(project, self.stack, rendered, source)  # role JOB_ROLE: keyed (login host, job name)
         return {(job.service.host, job.service.name): job}
+
+    def lint(self, files: Mapping[str, str]) -> list[tuple[str, str]]:
+        return []  # its files are linted as scripts and units (review/check.py)
 
     def begin(self, run: Any) -> SlurmRun:
         return SlurmRun(run)
