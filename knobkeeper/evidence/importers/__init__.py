@@ -9,7 +9,7 @@ benchmarks, the command line `ab run --bench` runs it with and its `BenchTool` r
     guidellm.py  read_guidellm, guidellm_command, GUIDELLM
     aiperf.py    read_aiperf (a file or an --artifact-dir), aiperf_files, aiperf_command, AIPERF
     kernels.py   read_kernels
-    common.py    what they share: Imported, the parsed file (_File), JSON loading, the request counts
+    common.py    what they share: Imported, the parsed file (File), JSON loading, the request counts
                  and their notes, Load, BenchTool, OFFLINE, check_same_tool; no tool's module
                  imports another's
     __init__.py  the dispatch: FORMATS, TOOLS, detect, read, evidence_fields, expand, check_arms;
@@ -64,7 +64,7 @@ from knobkeeper.errors import UserError
 from knobkeeper.evidence.importers.aiperf import (
     AIPERF, AIPERF_AGGREGATE, AIPERF_RESULT, AIPERF_SWEEP, aiperf_command, aiperf_files, read_aiperf,
 )
-from knobkeeper.evidence.importers.common import OFFLINE, BenchTool, Imported, Load, _load_json, check_same_tool
+from knobkeeper.evidence.importers.common import OFFLINE, BenchTool, Imported, Load, check_same_tool, load_json
 from knobkeeper.evidence.importers.guidellm import GUIDELLM, guidellm_command, read_guidellm
 from knobkeeper.evidence.importers.kernels import read_kernels
 from knobkeeper.evidence.importers.sglang import SGLANG, SGLANG_0_5_23_KEYS, read_sglang, sglang_command
@@ -138,7 +138,7 @@ def read(path: str | Path, fmt: str = "auto") -> tuple[str, Imported]:
         return "aiperf", _name_unrecorded(read_aiperf(path))
     if not path.is_file():
         raise UserError(f"{path}: no such file")
-    data = _load_json(path)
+    data = load_json(path)
     if fmt == "auto":
         fmt = detect(path, data)
     else:

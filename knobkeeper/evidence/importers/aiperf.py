@@ -9,8 +9,8 @@ from typing import Any
 
 from knobkeeper.errors import UserError
 from knobkeeper.evidence.importers.common import (
-    BenchTool, Imported, Load, _clean, _counts, _File, _int_or_none, _load_json, _not_recorded, _pct,
-    _requests_per_run, _str_or_none, _tokenizer, check_same_tool,
+    BenchTool, File, Imported, Load, check_same_tool, clean, int_or_none, load_json, not_recorded, pct,
+    requests_per_run, str_or_none, tokenizer, with_counts,
 )
 from knobkeeper.evidence.model import METRIC
 
@@ -20,7 +20,7 @@ AIPERF_AGGREGATE = "profile_export_aiperf_aggregate.json"
 AIPERF_SWEEP = "profile_export_aiperf_sweep.json"
 
 
-def _aiperf_level(f: _File, doc: dict) -> int:
+def _aiperf_level(f: File, doc: dict) -> int:
     """The configured concurrency: the profiling phase of `input_config.phases[]` (0.13), or
     `input_config.loadgen.concurrency` (before)."""
     config = doc.get("input_config") if isinstance(doc.get("input_config"), dict) else {}
@@ -58,29 +58,29 @@ def _aiperf_setup(doc: dict) -> dict:
     datasets = config.get("datasets")
     if isinstance(datasets, list) and datasets and isinstance(datasets[0], dict):
         ds = datasets[0]
-        setup["dataset"] = _str_or_none(ds.get("type")) or _str_or_none(ds.get("name"))
+        setup["dataset"] = str_or_none(ds.get("type")) or str_or_none(ds.get("name"))
         prompts = ds.get("prompts") if isinstance(ds.get("prompts"), dict) else {}
         for key, name in (("input_len", "isl"), ("output_len", "osl")):
             part = prompts.get(name)
-            if isinstance(part, dict) and _int_or_none(part.get("mean")) is not None:
-                setup[key] = _int_or_none(part["mean"])
+            if isinstance(part, dict) and int_or_none(part.get("mean")) is not None:
+                setup[key] = int_or_none(part["mean"])
     prompt = ((config.get("input") or {}).get("prompt") or {}) if isinstance(config.get("input"), dict) else {}
     for key, name in (("input_len", "input_tokens"), ("output_len", "output_tokens")):   # before 0.13
         part = prompt.get(name)
-        if key not in setup and isinstance(part, dict) and _int_or_none(part.get("mean")) is not None:
-            setup[key] = _int_or_none(part["mean"])
-    return _clean(setup)
+        if key not in setup and isinstance(part, dict) and int_or_none(part.get("mean")) is not None:
+            setup[key] = int_or_none(part["mean"])
+    return clean(setup)
 
 
 def read_aiperf(path: Path, data: Any = None) -> Imported:
     """One profile_export_aiperf.json (one level), or a directory of them (aiperf's --artifact-dir)."""
     if path.is_dir():
         return _read_aiperf_dir(path)
-    doc = _load_json(path) if data is None else data
-    f = _File(path, "aiperf")
+    doc = load_json(path) if data is None else data
+    f = File(path, "aiperf")
     if not isinstance(doc, dict):
         raise f.fail("(top level)", "expected one JSON object (aiperf profile_export_aiperf.json)")
-    version = _str_or_none(doc.get("aiperf_version"))
+    version = str_or_none(doc.get("aiperf_version"))
     tool = "aiperf" + (f" {version}" if version else "")
     f.tool = tool
     if doc.get("aggregation_type") == "sweep" or isinstance((doc.get("metadata") or {}).get("aggregation_type"), str):
@@ -93,7 +93,7 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
         m = doc.get(tag)
         if not isinstance(m, dict):
             return None
-        return _pct(m, {"mean": "avg", "p50": "p50", "p90": "p90", "p99": "p99"}, f, f"{tag}.")
+        return pct(m, {"mean": "avg", "p50": "p50", "p90": "p90", "p99": "p99"}, f, f"{tag}.")
 
     def total(tag: str) -> int | None:
         m = doc.get(tag)
@@ -113,7 +113,7 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
     if None not in (answered, completed, errors) and answered != completed + errors:
         raise f.fail("completed_request_count", f"{answered} answered but request_count {completed} + "
                                                 f"errors {errors} (the file contradicts itself)")
-    run = _counts({
+    run = with_counts({
         "concurrency": _aiperf_level(f, doc),
         METRIC: f.num(tput, "avg", "output_token_throughput.", nonnegative=True),
         "requests_per_s": f.num(doc.get("request_throughput") or {}, "avg", "request_throughput.", required=False),
@@ -131,14 +131,14 @@ def read_aiperf(path: Path, data: Any = None) -> Imported:
                    shape="aiperf profile_export_aiperf.json" + (" (input_config.phases)" if isinstance(
                        (doc.get("input_config") or {}).get("phases"), list) else " (input_config.loadgen)"))
     if errors is None:
-        out.notes.append(_not_recorded(tool, "no error_request_count and no error_summary"))
+        out.notes.append(not_recorded(tool, "no error_request_count and no error_summary"))
     out.setup = _aiperf_setup(doc)
-    out.setup.update(_clean({"requests_per_run": answered if answered is not None else completed,
+    out.setup.update(clean({"requests_per_run": answered if answered is not None else completed,
                              "tool": "aiperf", "tool_version": version}))
     return out
 
 
-def _read_aiperf_summary(f: _File, doc: dict, path: Path) -> Imported:
+def _read_aiperf_summary(f: File, doc: dict, path: Path) -> Imported:
     """An aggregate file (aggregate/concurrency_N/profile_export_aiperf_aggregate.json: one level over
     its trials) or the sweep file (sweep_aggregate/profile_export_aiperf_sweep.json: every level).
     Their numbers are means over trials: one trial each is one run; more is refused (the trials'
@@ -172,7 +172,7 @@ def _read_aiperf_summary(f: _File, doc: dict, path: Path) -> Imported:
     if trials != 1:
         raise f.fail(where, f"{trials!r} trials averaged: each trial is a run, pass the artifact directory "
                             f"(or its profile_runs/*/profile_export_aiperf.json files), not the mean of them")
-    version = _str_or_none(doc.get("aiperf_version"))
+    version = str_or_none(doc.get("aiperf_version"))
     tool = "aiperf" + (f" {version}" if version else "")
     out = Imported(tool, tool_version=version, shape=shape, files=[path])
     for level, metrics, at, suffix in rows:
@@ -195,7 +195,7 @@ def _read_aiperf_summary(f: _File, doc: dict, path: Path) -> Imported:
         completed = mean("request_count")
         answered = mean("completed_request_count")
         errors = None if completed is None or answered is None else int(round(answered - completed))
-        out.runs.append(_counts({
+        out.runs.append(with_counts({
             "concurrency": level,
             METRIC: mean("output_token_throughput", required=True),
             "requests_per_s": mean("request_throughput"),
@@ -205,13 +205,13 @@ def _read_aiperf_summary(f: _File, doc: dict, path: Path) -> Imported:
         }, completed=None if completed is None else int(round(completed)), errors=errors,
             requested=None if answered is None else int(round(answered))))
         if errors is None:
-            out.notes = [_not_recorded(tool, "no completed_request_count beside request_count")]
-    out.setup = _clean({"model": _str_or_none(meta.get("model")), "requests_per_run": _requests_per_run(out.runs),
+            out.notes = [not_recorded(tool, "no completed_request_count beside request_count")]
+    out.setup = clean({"model": str_or_none(meta.get("model")), "requests_per_run": requests_per_run(out.runs),
                         "tool": "aiperf", "tool_version": version})
     return out
 
 
-def _mean_key(metrics: dict, key: str, f: _File, at: str) -> float | None:
+def _mean_key(metrics: dict, key: str, f: File, at: str) -> float | None:
     m = metrics.get(key)
     return f.num(m, "mean", f"{at}{key}.", required=False) if isinstance(m, dict) else None
 
@@ -237,7 +237,7 @@ def _read_aiperf_dir(directory: Path) -> Imported:
                    files=[p for imp in parts for p in imp.files])
     out.notes = sorted({n for imp in parts for n in imp.notes})
     out.setup = dict(first.setup)
-    out.setup["requests_per_run"] = _requests_per_run(out.runs)
+    out.setup["requests_per_run"] = requests_per_run(out.runs)
     if out.setup["requests_per_run"] is None:
         out.setup.pop("requests_per_run")
     _check_aiperf_summaries(directory, out)
@@ -252,7 +252,7 @@ def _check_aiperf_summaries(directory: Path, imp: Imported) -> None:
     summaries = sorted(directory.glob(f"sweep_aggregate/{AIPERF_SWEEP}")) + sorted(
         directory.glob(f"aggregate/*/{AIPERF_AGGREGATE}"))
     for path in summaries:
-        data = _load_json(path)
+        data = load_json(path)
         if isinstance(data, dict) and ((data.get("metadata") or {}).get("num_trials_per_value", 1) != 1
                                        or (data.get("metadata") or {}).get("num_profile_runs", 1) != 1):
             continue   # a mean over several trials: not comparable run by run
@@ -268,7 +268,7 @@ def aiperf_command(load: Load) -> list[str]:
     """`aiperf profile` for one level into an artifact directory; server token counts (not the client's
     tokenizer's). Not HF_HUB_OFFLINE: aiperf 0.13.0 then looks a tokenizer directory up in the hub cache."""
     return ["profile", "--model", load.model, "--url", load.endpoint, "--endpoint-type", load.api, "--streaming",
-            *_tokenizer(load), "--concurrency", str(load.concurrency), "--request-count", str(load.requests),
+            *tokenizer(load), "--concurrency", str(load.concurrency), "--request-count", str(load.requests),
             "--synthetic-input-tokens-mean", str(load.input_len), "--output-tokens-mean", str(load.output_len),
             "--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--random-seed", str(load.seed),
             "--ui-type", "simple", "--artifact-dir", str(load.out)]

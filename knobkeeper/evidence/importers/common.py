@@ -1,4 +1,4 @@
-"""What the readers share: `Imported` (one file's runs and what it says of the setup), `_File` (a parsed
+"""What the readers share: `Imported` (one file's runs and what it says of the setup), `File` (a parsed
 file whose helpers raise a UserError naming it and the field), JSON loading, the request counts and
 their notes, the setup helpers; and what running a tool takes (`Load`, `BenchTool`, OFFLINE), and
 `check_same_tool` (one arm, one tool version: the dispatch's and aiperf's directory reader's)."""
@@ -40,7 +40,7 @@ class Imported:
         return all(r.get("errors_recorded", True) for r in self.runs)
 
 
-class _File:
+class File:
     """A parsed file plus helpers that raise UserError naming it and the field."""
 
     def __init__(self, path: Path, tool: str = ""):
@@ -89,7 +89,7 @@ class _File:
         return int(value)
 
 
-def _load_json(path: Path) -> Any:
+def load_json(path: Path) -> Any:
     """One JSON document, or JSON lines (a list); a truncated or broken file is one UserError."""
     try:
         text = path.read_text()
@@ -116,38 +116,38 @@ def _load_json(path: Path) -> Any:
     return out
 
 
-def _pct(obj: dict, mapping: dict[str, str], f: _File, where: str) -> dict | None:
+def pct(obj: dict, mapping: dict[str, str], f: File, where: str) -> dict | None:
     out = {k: f.num(obj, src, where, required=False) for k, src in mapping.items()}
     return out if any(v is not None for v in out.values()) else None
 
 
-def _counts(run: dict, *, completed: int | None, errors: int | None, requested: int | None) -> dict:
+def with_counts(run: dict, *, completed: int | None, errors: int | None, requested: int | None) -> dict:
     """`run` with the three request counts and `errors_recorded` (errors None: not in the file)."""
     run.update(completed=completed, errors=errors, requested=requested, errors_recorded=errors is not None)
     return run
 
 
-def _not_recorded(tool: str, how: str) -> str:
+def not_recorded(tool: str, how: str) -> str:
     return f"errors: not recorded by {tool} ({how})"
 
 
-def _one_value(values: Iterable[Any]) -> Any:
+def one_value(values: Iterable[Any]) -> Any:
     """The value all items share, or None (several levels of one file may differ)."""
     found = {json.dumps(v) for v in values if v is not None}
     return json.loads(found.pop()) if len(found) == 1 else None
 
 
-def _requests_per_run(runs: list[dict]) -> int | None:
-    return _one_value(r.get("requested") if r.get("requested") is not None else r.get("completed") for r in runs)
+def requests_per_run(runs: list[dict]) -> int | None:
+    return one_value(r.get("requested") if r.get("requested") is not None else r.get("completed") for r in runs)
 
 
-_TPOT = {"mean": "mean_tpot_ms", "p50": "median_tpot_ms", "p90": "p90_tpot_ms", "p99": "p99_tpot_ms"}
-_TTFT = {"mean": "mean_ttft_ms", "p50": "median_ttft_ms", "p90": "p90_ttft_ms", "p99": "p99_ttft_ms"}
-_ITL = {"mean": "mean_itl_ms", "p50": "median_itl_ms", "p90": "p90_itl_ms", "p99": "p99_itl_ms"}
-_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*_[A-Z0-9_]+$")
+TPOT = {"mean": "mean_tpot_ms", "p50": "median_tpot_ms", "p90": "p90_tpot_ms", "p99": "p99_tpot_ms"}
+TTFT = {"mean": "mean_ttft_ms", "p50": "median_ttft_ms", "p90": "p90_ttft_ms", "p99": "p99_ttft_ms"}
+ITL = {"mean": "mean_itl_ms", "p50": "median_itl_ms", "p90": "p90_itl_ms", "p99": "p99_itl_ms"}
+ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*_[A-Z0-9_]+$")
 
 
-def _server_env(info: Any) -> dict[str, str] | None:
+def server_env(info: Any) -> dict[str, str] | None:
     """Environment variables a result file's server info reports ({NAME: value}), or None.
 
     Accepted: an object with an `environ`/`env`/`environment`/`knobs` object, or upper-case
@@ -157,19 +157,19 @@ def _server_env(info: Any) -> dict[str, str] | None:
     for key in ("environ", "env", "environment", "knobs"):
         if isinstance(info.get(key), dict):
             return {k: None if v is None else str(v) for k, v in info[key].items()}
-    names = {k: str(v) for k, v in info.items() if _ENV_NAME.match(k) and v is not None}
+    names = {k: str(v) for k, v in info.items() if ENV_NAME.match(k) and v is not None}
     return names or None
 
 
-def _int_or_none(x: Any) -> int | None:
+def int_or_none(x: Any) -> int | None:
     return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def _str_or_none(x: Any) -> str | None:
+def str_or_none(x: Any) -> str | None:
     return x if isinstance(x, str) and x else None
 
 
-def _clean(setup: dict) -> dict:
+def clean(setup: dict) -> dict:
     return {k: v for k, v in setup.items() if v is not None}
 
 
@@ -211,7 +211,7 @@ class BenchTool:
     apis: tuple[str, ...] = ("chat", "completions")
 
 
-def _tokenizer(load: Load) -> list[str]:
+def tokenizer(load: Load) -> list[str]:
     return ["--tokenizer", load.tokenizer] if load.tokenizer else []
 
 

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper.evidence.importers.common import (
-    OFFLINE, BenchTool, Imported, Load, _clean, _counts, _File, _int_or_none, _load_json, _not_recorded,
-    _requests_per_run, _str_or_none,
+    OFFLINE, BenchTool, File, Imported, Load, clean, int_or_none, load_json, not_recorded, requests_per_run,
+    str_or_none, with_counts,
 )
 from knobkeeper.evidence.model import METRIC
 
 
-def _guidellm_level(f: _File, bench: dict, where: str) -> int:
+def _guidellm_level(f: File, bench: dict, where: str) -> int:
     strategy = None
     for holder in (bench.get("config"), bench.get("args"), bench):
         if isinstance(holder, dict) and isinstance(holder.get("strategy"), dict):
@@ -30,7 +30,7 @@ def _guidellm_level(f: _File, bench: dict, where: str) -> int:
     return f.level(strategy, "streams", f"{where}config.strategy.")
 
 
-def _guidellm_dist(f: _File, metrics: dict, name: str, where: str, *, scale: float = 1.0,
+def _guidellm_dist(f: File, metrics: dict, name: str, where: str, *, scale: float = 1.0,
                    required: bool = False, status: str = "successful") -> dict | None:
     dist = metrics.get(name)
     if not isinstance(dist, dict) or not isinstance(dist.get(status), dict):
@@ -53,7 +53,7 @@ def _guidellm_model(doc: dict, bench: dict) -> str | None:
     backend = (spec or {}).get("backend") if isinstance(spec, dict) else None
     for holder in (backend, bench.get("config"), bench.get("args"), bench.get("worker"), bench.get("backend")):
         if isinstance(holder, dict):
-            name = _str_or_none(holder.get("model")) or _str_or_none(holder.get("backend_model"))
+            name = str_or_none(holder.get("model")) or str_or_none(holder.get("backend_model"))
             if name:
                 return name
     requests = bench.get("requests") if isinstance(bench.get("requests"), dict) else {}
@@ -62,18 +62,18 @@ def _guidellm_model(doc: dict, bench: dict) -> str | None:
             body = json.loads(req.get("request_args") or "{}").get("body") or {}
         except (AttributeError, TypeError, json.JSONDecodeError):
             continue
-        if _str_or_none(body.get("model")):
+        if str_or_none(body.get("model")):
             return body["model"]
     return None
 
 
 def read_guidellm(path: Path, data: Any = None) -> Imported:
-    doc = _load_json(path) if data is None else data
-    f = _File(path, "guidellm")
+    doc = load_json(path) if data is None else data
+    f = File(path, "guidellm")
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list) or not doc["benchmarks"]:
         raise f.fail("benchmarks", "expected a non-empty list (guidellm benchmarks.json)")
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-    version = _str_or_none(meta.get("guidellm_version"))
+    version = str_or_none(meta.get("guidellm_version"))
     tool = "guidellm" + (f" {version}" if version else "")
     f.tool = tool
     out = Imported(tool, tool_version=version,
@@ -106,7 +106,7 @@ def read_guidellm(path: Path, data: Any = None) -> Imported:
         finished = (None if errors is None or counts.get("successful") is None
                     else counts["successful"] + errors)
         unrecorded = unrecorded or errors is None
-        out.runs.append(_counts({
+        out.runs.append(with_counts({
             "concurrency": _guidellm_level(f, bench, where),
             METRIC: tput["mean"],
             "requests_per_s": rps["mean"] if rps else None,
@@ -121,20 +121,20 @@ def read_guidellm(path: Path, data: Any = None) -> Imported:
         if model:
             out.setup["model"] = model
     if unrecorded:
-        out.notes.append(_not_recorded(tool, "no request_totals in metrics or at the benchmark's top level"))
+        out.notes.append(not_recorded(tool, "no request_totals in metrics or at the benchmark's top level"))
     spec = (doc.get("config") or {}).get("spec") if isinstance(doc.get("config"), dict) else None
     spec = spec if isinstance(spec, dict) else {}
     data_specs = [d for d in spec.get("data") or [] if isinstance(d, dict)]
     synthetic = data_specs[0] if len(data_specs) == 1 and data_specs[0].get("kind") == "synthetic_text" else {}
     backend = spec.get("backend") if isinstance(spec.get("backend"), dict) else {}
-    request_format = _str_or_none(backend.get("request_format"))
-    out.setup.update(_clean({
+    request_format = str_or_none(backend.get("request_format"))
+    out.setup.update(clean({
         "api": {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(request_format),
         "request_format": request_format,
-        "dataset": _str_or_none(data_specs[0].get("kind")) if data_specs else None,
-        "input_len": _int_or_none(synthetic.get("prompt_tokens")),
-        "output_len": _int_or_none(synthetic.get("output_tokens")),
-        "requests_per_run": _requests_per_run(out.runs),
+        "dataset": str_or_none(data_specs[0].get("kind")) if data_specs else None,
+        "input_len": int_or_none(synthetic.get("prompt_tokens")),
+        "output_len": int_or_none(synthetic.get("output_tokens")),
+        "requests_per_run": requests_per_run(out.runs),
         "tool": "guidellm", "tool_version": version,
     }))
     return out

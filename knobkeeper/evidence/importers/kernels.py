@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from knobkeeper.evidence.importers.common import Imported, _File, _load_json
+from knobkeeper.evidence.importers.common import File, Imported, load_json
 from knobkeeper.evidence.model import METRIC
 from knobkeeper.evidence.schema import SCHEMA, SCHEMAS, validate
 
@@ -23,8 +23,8 @@ def _non_finite(value: Any, where: str) -> str | None:
 
 
 def read_kernels(path: Path, data: Any = None) -> Imported:
-    f = _File(path)
-    doc = _load_json(path) if data is None else data
+    f = File(path)
+    doc = load_json(path) if data is None else data
     if not isinstance(doc, dict) or doc.get("schema") not in SCHEMAS:
         raise f.fail("schema", f"expected {SCHEMA!r} (the kernels benchmark writes evidence docs)")
     bad = _non_finite(doc, "")

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper.evidence.importers.common import (
-    _ENV_NAME, _ITL, _TPOT, _TTFT, OFFLINE, BenchTool, Imported, Load, _clean, _counts, _File, _int_or_none,
-    _load_json, _not_recorded, _pct, _server_env, _str_or_none, _tokenizer,
+    ENV_NAME, ITL, OFFLINE, TPOT, TTFT, BenchTool, File, Imported, Load, clean, int_or_none, load_json,
+    not_recorded, pct, server_env, str_or_none, tokenizer, with_counts,
 )
 from knobkeeper.evidence.model import METRIC
 
@@ -25,8 +25,8 @@ def _exact_mean(total: Any, count: int | None) -> int | None:
 
 
 def read_vllm(path: Path, data: Any = None) -> Imported:
-    f = _File(path, "vllm bench serve")
-    rec = _load_json(path) if data is None else data
+    f = File(path, "vllm bench serve")
+    rec = load_json(path) if data is None else data
     if not isinstance(rec, dict):
         raise f.fail("(top level)", "expected one JSON object (vllm bench serve --save-result)")
     completed, failed = f.count(rec, "completed", ""), f.count(rec, "failed", "")
@@ -36,35 +36,35 @@ def read_vllm(path: Path, data: Any = None) -> Imported:
     f.tool = tool
     if "output_throughput" not in rec:
         raise f.unknown("output_throughput", "missing (expected a number)")
-    run = _counts({
+    run = with_counts({
         "concurrency": f.level(rec, "max_concurrency", ""),
         METRIC: f.num(rec, "output_throughput", "", nonnegative=True),
         "requests_per_s": f.num(rec, "request_throughput", "", required=False),
-        "ttft_ms": _pct(rec, _TTFT, f, ""),
-        "tpot_ms": _pct(rec, _TPOT, f, ""),
-        "itl_ms": _pct(rec, _ITL, f, ""),
-        "e2e_ms": _pct(rec, {"mean": "mean_e2el_ms", "p50": "median_e2el_ms", "p90": "p90_e2el_ms",
+        "ttft_ms": pct(rec, TTFT, f, ""),
+        "tpot_ms": pct(rec, TPOT, f, ""),
+        "itl_ms": pct(rec, ITL, f, ""),
+        "e2e_ms": pct(rec, {"mean": "mean_e2el_ms", "p50": "median_e2el_ms", "p90": "p90_e2el_ms",
                              "p99": "p99_e2el_ms"}, f, ""),
-        "output_tokens": _int_or_none(rec.get("total_output_tokens")),
+        "output_tokens": int_or_none(rec.get("total_output_tokens")),
         "duration_s": f.num(rec, "duration", "", required=False),
     }, completed=completed, errors=failed, requested=requested)
     # `vllm bench serve --metadata KEY=VALUE` puts the pairs at the top level: the way a user
     # records the server's environment in the result file.
-    metadata = {k: v for k, v in rec.items() if _ENV_NAME.match(k) and isinstance(v, (str, int, float))}
-    env = _server_env(rec.get("server_info"))
+    metadata = {k: v for k, v in rec.items() if ENV_NAME.match(k) and isinstance(v, (str, int, float))}
+    env = server_env(rec.get("server_info"))
     if metadata or env is not None:
         run["server_env"] = {**{k: str(v) for k, v in metadata.items()}, **(env or {})}
     out = Imported(tool, [run], tool_version=version,
                    shape="vllm bench serve JSON" + (" (0.32+: endpoint_type, max_concurrent_requests)"
                                                     if "max_concurrent_requests" in rec else ""))
     if failed is None:
-        out.notes.append(_not_recorded(tool, "the file has no `failed`"))
-    out.setup = _clean({
+        out.notes.append(not_recorded(tool, "the file has no `failed`"))
+    out.setup = clean({
         "api": _VLLM_API.get(rec.get("backend")),
-        "backend": _str_or_none(rec.get("backend")),
-        "model": _str_or_none(rec.get("model_id")),
-        "served_model_name": _str_or_none(rec.get("model_name")),
-        "tokenizer": _str_or_none(rec.get("tokenizer_id")),
+        "backend": str_or_none(rec.get("backend")),
+        "model": str_or_none(rec.get("model_id")),
+        "served_model_name": str_or_none(rec.get("model_name")),
+        "tokenizer": str_or_none(rec.get("tokenizer_id")),
         "requests_per_run": requested if requested is not None else completed,
         # the file has no lengths: a whole mean per request (random prompts, --ignore-eos) is the length
         "input_len": _exact_mean(rec.get("total_input_tokens"), requested),
@@ -81,7 +81,7 @@ def vllm_command(load: Load) -> list[str]:
     backend, path = {"completions": ("vllm", "/v1/completions"),
                      "chat": ("openai-chat", "/v1/chat/completions")}[load.api]
     return ["bench", "serve", "--backend", backend, "--base-url", load.endpoint, "--endpoint", path,
-            "--model", load.model, *_tokenizer(load), "--dataset-name", "random",
+            "--model", load.model, *tokenizer(load), "--dataset-name", "random",
             "--random-input-len", str(load.input_len), "--random-output-len", str(load.output_len), "--ignore-eos",
             "--num-prompts", str(load.requests), "--max-concurrency", str(load.concurrency), "--seed", str(load.seed),
             "--disable-tqdm", "--save-result", "--result-dir", str(load.out.parent),
