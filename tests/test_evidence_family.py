@@ -158,9 +158,17 @@ def test_sequential_stops_a_big_effect_early_and_records_its_looks():
         judgement, record = _sequential(rng, LEVELS[3], cap, effect=0.128)
         assert all(lv.verdict == "better" for lv in judgement.levels)
         used += [lv.n_a for lv in judgement.levels]
+        # a level settles at a look it was open at, and is no longer loaded after it (ab.Stopping):
+        # the next look opens exactly the levels left open, no level is measured past its look,
+        # and the run ends (before the cap) once every level has settled
+        assert all(int(c) in look.open for look in record.looks for c in look.settled)
+        for look, after in zip(record.looks, record.looks[1:]):
+            assert after.open == [c for c in look.open if str(c) not in look.settled]
+        settled_at = {int(c): look.repeat for look in record.looks for c in look.settled}
+        assert sorted(settled_at) == LEVELS[3]
+        assert all(lv.n_a <= settled_at[lv.concurrency] for lv in judgement.levels)
     assert sum(used) / len(used) <= 0.6 * n_fixed
     assert record.looks[0].repeat == judge.FIRST_LOOK and record.max_repeats == cap
-    assert all(str(c) in look.settled for look in record.looks for c in look.settled)
 
 
 def test_sequential_p_is_the_union_bound_over_the_looks():
