@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import io
 import json
-import shlex
 import time
 from typing import Any
 
@@ -95,6 +94,10 @@ class KubeRun:
             text = self._manifest(role)
             files.put(name=f"knobkeeper: {s.upload_dir}/{role}.yaml", src=io.StringIO(text),
                       dest=f"{s.upload_dir}/{role}.yaml", mode="644", create_remote_dir=True)
+            # A secret knob's value travels as a file (0600), never on a command line (`ps` shows those).
+            for knob, (local, remote) in current_host.loop(sorted(self._secret_files(role).items())):
+                files.put(name=f"knobkeeper: secret {knob} of {role}", src=str(local), dest=remote, mode="600",
+                          create_remote_dir=True)
         python.call(name=f"knobkeeper: namespace {s.namespace}", function=self.namespace)
         for role in current_host.loop(self.run.order):
             python.call(name=f"knobkeeper: apply {role} (kubernetes)", function=self.apply, role=role)
@@ -118,21 +121,23 @@ class KubeRun:
         except KubeError as exc:
             self._fail(str(exc))
 
-    def _secrets(self, kube: Kubectl, role: str) -> None:
-        """The role's secret knobs as one Secret, from the files `knobkeeper set --secret` stored."""
-        paths: dict[str, str] = {}
+    def _secret_files(self, role: str) -> dict[str, tuple[Any, str]]:
+        """{knob: (the value's file in the local store, its path on the kubectl host)} of the role's secret knobs."""
+        out: dict[str, tuple[Any, str]] = {}
         for svc in self.stack.services:
             rendered = self.run.rendered[(svc.host, svc.name)]
-            if svc.role != role or not rendered.secrets:
+            if svc.role != role:
                 continue
             for _, (scope, knob) in sorted(rendered.secrets.items()):
                 local = secret_path(self.run.project, scope, knob, rendered.knobs[knob])
-                remote = f"{self.settings.upload_dir}/secrets/{role}/{knob}"
-                on_host()(f"mkdir -p {shlex.quote(remote.rsplit('/', 1)[0])} && umask 077 && "
-                          f"printf %s {shlex.quote(local.read_text())} > {shlex.quote(remote)}")
-                paths[knob] = remote
-        if paths:
-            kube.secret_from_files(knob_secret_name(self.stack, role), paths)
+                out[knob] = (local, f"{self.settings.upload_dir}/secrets/{role}/{knob}")
+        return out
+
+    def _secrets(self, kube: Kubectl, role: str) -> None:
+        """The role's secret knobs as one Secret, from the files uploaded (0600) beside the manifests."""
+        files = {knob: remote for knob, (_, remote) in self._secret_files(role).items()}
+        if files:
+            kube.secret_from_files(knob_secret_name(self.stack, role), files)
 
     # --- apply -----------------------------------------------------------------------------------------
 
