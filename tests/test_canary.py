@@ -646,33 +646,53 @@ def test_interrupt_puts_the_canary_back(pd):
     assert switch.calls == [("apply", {KNOB: 512}), ("restore",)]
 
 
-# The CLI in a process of its own (the deploy and the host look-up of `status` stood in for, the
-# workers those of this module's fixture): the test kills the candidate worker by its PID, then the
-# canary by its PID while its put-back deploy runs.
-CANARY_KILLED_IN_PUT_BACK = textwrap.dedent(f"""
-    import json, sys, time
-    from types import SimpleNamespace
-    import knobkeeper.deploy.api as api
-    from knobkeeper.deploy import status
-    from knobkeeper.evidence import canary
-    from knobkeeper.evidence import metrics
-    from knobkeeper.cli import main
+# `knobkeeper canary KNOB=512 --role decode ... --repo <argv[1]>` in a process of its own, the deploy and
+# the host look-up of `status` stood in for: the deploy prints the phase it is asked for (the tests read
+# them on stdout) and answers ok, the candidate being the worker already running; the rollback is held
+# for HOLD_ROLLBACK_S seconds, where a test's signal lands. `Source` stands for metrics.ScrapeSource
+# where a script puts it there. Each script adds only what it stands in for besides.
+CANARY_CLI_PRELUDE = """\
+import json, sys, time
+from types import SimpleNamespace
+import knobkeeper.deploy.api as api
+from knobkeeper.deploy import status
+from knobkeeper.evidence import canary
+from knobkeeper.evidence import metrics
+from knobkeeper.cli import main
 
+class Source:
+    name = "scrape"
+    def __init__(self, targets, *a, **k): self.keys = [t.key for t in targets]
+    def check(self): pass
+    def start(self): pass
+    def stop(self): pass
+
+def deploy(project, inventory, **kw):
+    phase = kw["extra_data"]["canary"]["phase"]
+    print(phase, flush=True)
+    if phase == "rollback" and HOLD_ROLLBACK_S:
+        time.sleep(HOLD_ROLLBACK_S)                # a test's signal lands here
+    return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
+
+status.stack_status = lambda project, inventory: []
+api.run_deploy = deploy
+"""
+
+
+def canary_cli(options: str, setup: str = "", hold_rollback_s: int = 0) -> str:
+    """The script: the prelude, `setup` (dedented), then the canary with `options` (split on spaces)."""
+    argv = ", ".join(repr(a) for a in ["canary", f"{KNOB}=512", "--role", "decode", *options.split()])
+    return (CANARY_CLI_PRELUDE + f"HOLD_ROLLBACK_S = {hold_rollback_s}\n" + textwrap.dedent(setup)
+            + f"main([{argv}, '--repo', sys.argv[1]])\n")
+
+
+# The workers those of this module's fixture: the test kills the candidate worker by its PID, then
+# the canary by its PID (SIGKILL) while its put-back deploy runs.
+CANARY_KILLED_IN_PUT_BACK = canary_cli(
+    "--calibrate 2s --duration 20s --interval 1s --scrape-interval 0.25s", hold_rollback_s=120, setup="""
     workers = json.loads(sys.argv[2])          # [canary, baseline]: (key, host, url)
     metrics.targets_of = lambda stack, roles=None: [metrics.Target(key, host, "decode", url) for key, host, url in workers]
-
-    def deploy(project, inventory, **kw):      # the candidate is the worker already running
-        phase = kw["extra_data"]["canary"]["phase"]
-        print(phase, flush=True)
-        if phase == "rollback":
-            time.sleep(120)                    # SIGKILL lands here
-        return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
-
     canary.SETTLE_MIN_S = 0.0
-    status.stack_status = lambda project, inventory: []
-    api.run_deploy = deploy
-    main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "2s", "--duration", "20s", "--interval", "1s",
-          "--scrape-interval", "0.25s", "--repo", sys.argv[1]])
 """)
 
 
@@ -1353,30 +1373,8 @@ def test_a_candidate_deploy_that_never_started_rolls_nothing_back(tmp_path, monk
 # the signal path); SIGTERM by its PID once the candidate is on: the canary hosts are put back (a
 # rollback deploy), and it says so in one line, exit 130.
 
-CANARY_CLI = textwrap.dedent(f"""
-    import sys
-    from types import SimpleNamespace
-    import knobkeeper.deploy.api as api
-    from knobkeeper.deploy import status
-    from knobkeeper.evidence import metrics
-    from knobkeeper.cli import main
-
-    class Source:                                  # windows are never asked for: SIGTERM comes first
-        name = "scrape"
-        def __init__(self, *a, **k): pass
-        def check(self): pass
-        def start(self): pass
-        def stop(self): pass
-
-    def deploy(project, inventory, **kw):
-        print(kw["extra_data"]["canary"]["phase"], flush=True)
-        return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
-
-    status.stack_status = lambda project, inventory: []
-    metrics.ScrapeSource = Source
-    api.run_deploy = deploy
-    main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "0", "--duration", "60s", "--interval", "30s",
-          "--repo", sys.argv[1]])
+CANARY_CLI = canary_cli("--calibrate 0 --duration 60s --interval 30s", setup="""
+    metrics.ScrapeSource = Source                  # windows are never asked for: SIGTERM comes first
 """)
 
 
@@ -1401,38 +1399,15 @@ def test_sigterm_says_what_was_put_back(project):
 
 # The same CLI with windows to judge (test_canary's prepared numbers, keyed by the real targets) and
 # a put-back deploy that takes long enough for SIGTERM to land in it, after the evidence was written.
-CANARY_PUTBACK = textwrap.dedent(f"""
-    import sys, time
-    from types import SimpleNamespace
-    import knobkeeper.deploy.api as api
-    from knobkeeper.deploy import status
-    from knobkeeper.evidence import canary
-    from knobkeeper.evidence import metrics
-    from knobkeeper.cli import main
+CANARY_PUTBACK = canary_cli("--calibrate 0 --duration 2s --interval 1s", hold_rollback_s=60, setup="""
     from tests.test_canary import _stats
 
-    class Source:
-        name = "scrape"
-        def __init__(self, targets, *a, **k): self.keys = [t.key for t in targets]
-        def check(self): pass
-        def start(self): pass
-        def stop(self): pass
+    class Judged(Source):
         def windows(self, edges):
-            return {{key: _stats(1000, 16, n=len(edges) - 1, seed=i) for i, key in enumerate(self.keys)}}
-
-    def deploy(project, inventory, **kw):
-        phase = kw["extra_data"]["canary"]["phase"]
-        print(phase, flush=True)
-        if phase == "rollback":
-            time.sleep(60)                         # SIGTERM lands here
-        return api.DeployResult(0, "", SimpleNamespace(result="ok", error=None), "d3p10y00", 0.1)
+            return {key: _stats(1000, 16, n=len(edges) - 1, seed=i) for i, key in enumerate(self.keys)}
 
     canary.SETTLE_MIN_S = 0.0
-    status.stack_status = lambda project, inventory: []
-    metrics.ScrapeSource = Source
-    api.run_deploy = deploy
-    main(["canary", "{KNOB}=512", "--role", "decode", "--calibrate", "0", "--duration", "2s", "--interval", "1s",
-          "--repo", sys.argv[1]])
+    metrics.ScrapeSource = Judged
 """)
 
 
