@@ -12,24 +12,16 @@ from pathlib import Path
 
 from knobkeeper.deploy.observe import parse_manager_status
 from knobkeeper.errors import UserError
+from knobkeeper.pids import alive, pid_of
 
 
 def supervisor_root(prefix: str | Path) -> Path:
     return Path(prefix) / "supervisor"
 
 
-def _live_pid(pidfile: Path) -> int | None:
-    """The pid a pidfile names, when that process is alive."""
-    try:
-        pid = int(pidfile.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _alive(pid) else None
-
-
 def supervisord_pid(prefix: str | Path) -> int | None:
     """supervisord's pid from its pidfile, when that process is alive."""
-    return _live_pid(supervisor_root(prefix) / "supervisord.pid")
+    return pid_of(supervisor_root(prefix) / "supervisord.pid")
 
 
 def program_pids(prefix: str | Path, ctl: str, programs: list[str]) -> dict[str, int | None]:
@@ -56,18 +48,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except OSError:
-        return True
 
 
 def stop_local(prefix: str | Path, timeout: float = 30.0) -> list[int]:
@@ -80,10 +60,10 @@ def stop_local(prefix: str | Path, timeout: float = 30.0) -> list[int]:
     os.kill(pid, signal.SIGTERM)
     pids = [pid, *children]
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.05)
     for p in pids:
-        if _alive(p):
+        if alive(p):
             try:
                 os.killpg(p, signal.SIGKILL) if p != pid else os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
@@ -101,7 +81,7 @@ def prometheus_root(prefix: str | Path) -> Path:
 
 
 def prometheus_pid(prefix: str | Path) -> int | None:
-    return _live_pid(prometheus_root(prefix) / "prometheus.pid")
+    return pid_of(prometheus_root(prefix) / "prometheus.pid")
 
 
 def start_prometheus(prefix: str | Path, config_text: str, port: int = PROMETHEUS_PORT,
@@ -149,9 +129,9 @@ def stop_prometheus(prefix: str | Path, timeout: float = 20.0) -> int | None:
         return None
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.05)
-    if _alive(pid):
+    if alive(pid):
         os.kill(pid, signal.SIGKILL)
     (prometheus_root(prefix) / "prometheus.pid").unlink(missing_ok=True)
     return pid

@@ -11,7 +11,7 @@ import re
 import shlex
 import subprocess
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from knobkeeper import fmt
 from knobkeeper.deploy.model import Service
@@ -201,6 +201,18 @@ def hand_edits(rendered_launch: str, host_launch: str | None) -> list[str] | Non
 
 
 # --- shell on the hosts of an inventory ---------------------------------------------------------------
+
+
+def host_runner(shell: "HostShell", host: str, unreachable: Callable[[str], Exception]) -> Callable[[str], list[str]]:
+    """`run(command) -> output lines` on `host` through `shell`, for a target's own client (Slurm's,
+    kubectl); a host that cannot be reached raises `unreachable(why)`."""
+    def run(command: str) -> list[str]:
+        lines = shell.run(host, command)
+        if lines is None:
+            raise unreachable(shell.errors.get(host, "could not connect"))
+        return lines
+
+    return run
 
 
 class HostShell:

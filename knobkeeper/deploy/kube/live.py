@@ -22,7 +22,7 @@ from knobkeeper import fmt
 from knobkeeper.deploy.kube.client import Kubectl, KubeError
 from knobkeeper.deploy.kube.manifests import CONTAINER, DIGEST, KNOBS, SECRETS, objects_of, selector_of
 from knobkeeper.deploy.kube.settings import settings_of
-from knobkeeper.deploy.observe import knob_differences
+from knobkeeper.deploy.observe import host_runner, knob_differences
 from knobkeeper.deploy.status import ServiceStatus
 
 REVISION = "deployment.kubernetes.io/revision"
@@ -186,14 +186,8 @@ def kube_plan(shell: Any, stack: Any, rendered: Mapping[tuple[str, str], Any], r
 
 
 def _runner(shell: Any, settings: Any):
-    def run(command: str) -> list[str]:
-        lines = shell.run(settings.host, command)
-        if lines is None:
-            raise KubeError(f"kubernetes: cannot reach {settings.host}, where kubectl runs: "
-                            f"{shell.errors.get(settings.host, 'could not connect')}")
-        return lines
-
-    return run
+    return host_runner(shell, settings.host, lambda why: KubeError(
+        f"kubernetes: cannot reach {settings.host}, where kubectl runs: {why}"))
 
 
 def readiness(live: Live) -> str:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from knobkeeper.deploy.kube import build
 from knobkeeper.errors import UserError
+from knobkeeper.pids import pid_of, stop_pid
 from knobkeeper.ports import free_port
 
 STATE_FILE = "cluster.json"
@@ -271,37 +272,10 @@ def start_cluster(root: str | Path, timeout: float = 120.0, bin_dir: Path | None
 # --- stopping -----------------------------------------------------------------------------------------
 
 
-def _pid_of(pidfile: str | Path, marker: str) -> int | None:
-    """The pid a pid file names, when that process is alive and its command line holds `marker`."""
-    try:
-        pid = int(Path(pidfile).read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if marker in cmdline and _alive(pid) else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
-def _stop_pid(pid: int, timeout: float = 15.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.05)
-    if _alive(pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def cluster_pids(root: str | Path) -> list[int]:
@@ -310,7 +284,7 @@ def cluster_pids(root: str | Path) -> list[int]:
     cluster = LocalCluster.load(root)
     if cluster is None:
         return []
-    pids = (_pid_of(cluster.pidfiles.get(name, ""), str(root)) for name in DAEMONS)
+    pids = (pid_of(cluster.pidfiles.get(name, ""), str(root)) for name in DAEMONS)
     return [pid for pid in pids if pid is not None]
 
 
@@ -323,8 +297,8 @@ def stop_cluster(root: str | Path) -> list[int]:
         return []
     stopped = []
     for name in reversed(DAEMONS):
-        pid = _pid_of(cluster.pidfiles.get(name, ""), str(root))
+        pid = pid_of(cluster.pidfiles.get(name, ""), str(root))
         if pid is not None:
-            _stop_pid(pid)
+            stop_pid(pid)
             stopped.append(pid)
     return stopped

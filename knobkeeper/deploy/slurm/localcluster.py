@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from knobkeeper.errors import UserError
+from knobkeeper.pids import pid_of, stop_pid
 from knobkeeper.ports import free_port
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
@@ -229,37 +230,10 @@ def _all_idle(cluster: LocalCluster) -> bool:
 # --- stopping -----------------------------------------------------------------------------------------
 
 
-def _pid_of(pidfile: str | Path, marker: str) -> int | None:
-    """The pid a pid file names, when that process is alive and its command line holds `marker`."""
-    try:
-        pid = int(Path(pidfile).read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if marker in cmdline else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
-def _stop_pid(pid: int, timeout: float = 10.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.05)
-    if _alive(pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def stepd_pids(root: str | Path) -> list[int]:
@@ -302,7 +276,7 @@ def stop_cluster(root: str | Path, timeout: float = 30.0) -> list[int]:
     if cluster is None:
         return []
     conf = cluster.conf
-    ctld = _pid_of(cluster.pidfiles.get("slurmctld", ""), conf)
+    ctld = pid_of(cluster.pidfiles.get("slurmctld", ""), conf)
     if ctld is not None:
         try:
             cluster.client("scancel", "--full", "--quiet", f"--partition={cluster.partition}", timeout=10)
@@ -324,9 +298,9 @@ def stop_cluster(root: str | Path, timeout: float = 30.0) -> list[int]:
     names = [k for k in cluster.pidfiles if k.startswith("slurmd-")] + ["slurmctld", "munged"]
     for name in names:
         marker = conf if name != "munged" else str(root / "munge-run")
-        pid = _pid_of(cluster.pidfiles.get(name, ""), marker)
+        pid = pid_of(cluster.pidfiles.get(name, ""), marker)
         if pid is not None:
-            _stop_pid(pid)
+            stop_pid(pid)
             stopped.append(pid)
     return stopped
 
@@ -339,7 +313,7 @@ def cluster_pids(root: str | Path) -> list[int]:
         return []
     pids = []
     for name, pidfile in cluster.pidfiles.items():
-        pid = _pid_of(pidfile, cluster.conf if name != "munged" else str(root / "munge-run"))
+        pid = pid_of(pidfile, cluster.conf if name != "munged" else str(root / "munge-run"))
         if pid is not None:
             pids.append(pid)
     return pids + stepd_pids(root)

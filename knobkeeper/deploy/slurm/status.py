@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from knobkeeper import fmt
 from knobkeeper.deploy.health import healthy_now
-from knobkeeper.deploy.observe import host_shell
+from knobkeeper.deploy.observe import host_runner, host_shell
 from knobkeeper.deploy.plan import change_reasons
 from knobkeeper.deploy.slurm.client import Client, Job, SlurmError
 from knobkeeper.deploy.slurm.decide import decide, job_changes
@@ -45,14 +45,8 @@ class JobView:
 
 
 def client_for(shell: Any, settings: Settings) -> Client:
-    def run(command: str) -> list[str]:
-        lines = shell.run(settings.host, command)
-        if lines is None:
-            raise SlurmError(f"slurm: cannot reach the login host {settings.host}: "
-                             f"{shell.errors.get(settings.host, 'could not connect')}")
-        return lines
-
-    return Client(settings, run)
+    return Client(settings, host_runner(shell, settings.host, lambda why: SlurmError(
+        f"slurm: cannot reach the login host {settings.host}: {why}")))
 
 
 def observe(shell: Any, stack: Any) -> JobView:
