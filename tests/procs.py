@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+from knobkeeper import pids
 from knobkeeper.ports import free_port  # noqa: F401  (tests import it from here)
 
 
@@ -40,22 +41,8 @@ def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 def stop_pid(pid: int, timeout: float = 10.0) -> None:
-    """Stop a process we did not Popen ourselves (e.g. a daemon's pidfile)."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """Stop a process we did not Popen ourselves (e.g. a daemon's pidfile): knobkeeper.pids'."""
+    pids.stop_pid(pid, timeout)
 
 
 def wait_http(url: str, timeout: float = 30.0, status: int = 200, proc: subprocess.Popen | None = None) -> None:
