@@ -166,3 +166,66 @@ def test_assess_marks_a_level_with_an_unrecorded_count_and_still_judges_it():
     runs = [{**r, "errors": None, "not_recorded": {"errors": "t 1"}} if r["concurrency"] == 96 else r for r in _runs()]
     assessed, invalid = validity.assess(runs)
     assert invalid == {} and [row.not_applied for row in assessed.levels] == [[], ["errors gate not applied: errors not recorded by t 1"]]
+
+
+def _host(tokens: float, **more) -> dict:
+    """A worker's numbers in one window, with the keys in the order the canary writes them."""
+    return {"start": 0, "end": 2.0, "output_tokens_per_s": tokens, "running": 16.0, "errors": 0,
+            "ttft_ms": {"p50": 21.5, "p99": 60.25}, "tpot_ms": {"p50": 4.0, "p99": 9}, "decoding": 15.5,
+            "itl_ms": 16.25, "requests": 50, **more}
+
+
+# A canary's block as `knobkeeper canary` writes it (knobkeeper/evidence/canary.py: _record), keys
+# in its order: a calibration window, then a canary window in which the candidate restarted.
+CANARY_BLOCK = {
+    "hosts": {"canary": ["h1/decode"], "baseline": ["h2/decode"]},
+    "source": {"kind": "prometheus", "url": "http://127.0.0.1:9090"},
+    "queries": {"output_tokens_per_s": "sum by (kk_target) (rate(sglang:generation_tokens_total[2000ms]))"},
+    "design": "calibrated: per-window canary/baseline ratios, canary windows (B) against calibration windows (A)",
+    "interval_s": 2.0, "duration_s": 2.0, "calibration_s": 2.0, "calibration_windows": 1, "imbalance_threshold": 2.0,
+    "restart_noise": 0.02, "normalisation": "tokens/s per request in flight x the window's mean requests in flight",
+    "windows": [
+        {"index": 0, "phase": "calibration", "start": 0, "end": 2.0, "valid": True, "reasons": [],
+         "hosts": {"h1/decode": _host(1001.5), "h2/decode": _host(998)},
+         "throughput": {"h1/decode": 1001.5, "h2/decode": 998.0}, "in_flight": 15.5},
+        {"index": 1, "phase": "canary", "start": 2.0, "end": 4.0, "valid": False,
+         "reasons": ["restarted: h1/decode (1x)", "the candidate died: h1/decode"],
+         "hosts": {"h1/decode": _host(310.0, errors=8, requests=None, restarts=1),
+                   "h2/decode": _host(1002.0, requests=None, unanswered=2)}}],
+    "errors": {"canary": {"errors": 8, "requests": None, "hosts": 1}, "baseline": {"errors": 0, "requests": None, "hosts": 1},
+               "share": 0.5, "p_value": 0.00390625, "alpha": 0.009999999999999998, "failed": True},
+    "verdict": "worse", "failed_guards": ["the candidate died: h1/decode: its process was replaced in window 1"],
+    "rolled_back": True, "deployed_at": 1780000000.5, "seconds_to_verdict": 4.25}
+
+
+def test_a_canary_block_reads_as_typed_parts_and_writes_back_byte_for_byte():
+    """The canary's window numbers, its errors test's sides and its metrics source are parts read by
+    attribute; the file written from them is the one read, byte for byte (a count of 0 restarts or
+    unanswered scrapes is left out, as the canary has always written it)."""
+    from knobkeeper.evidence import canary_design, metrics
+    from knobkeeper.evidence.model import CanarySource, ErrorCounts, WindowStats
+
+    text = json.dumps(_doc(canary=CANARY_BLOCK).to_json(), indent=2, allow_nan=False) + "\n"
+    doc = Evidence.from_json(json.loads(text))
+    assert json.dumps(doc.to_json(), indent=2, allow_nan=False) + "\n" == text
+    assert json.dumps(doc.canary.to_json()) == json.dumps(CANARY_BLOCK)
+    c = doc.canary
+    assert isinstance(c.source, CanarySource) and (c.source.kind, c.source.url) == ("prometheus", "http://127.0.0.1:9090")
+    calm, died = c.windows
+    assert all(isinstance(s, WindowStats) for w in c.windows for s in w.hosts.values())
+    assert calm.hosts["h1/decode"].restarts == 0 and calm.hosts["h2/decode"].requests == 50
+    assert "restarts" not in calm.hosts["h1/decode"].to_json() and "unanswered" not in calm.hosts["h1/decode"].to_json()
+    assert died.hosts["h1/decode"].restarts == 1 and died.hosts["h1/decode"].requests is None
+    assert died.hosts["h2/decode"].unanswered == 2 and died.hosts["h1/decode"].ttft_ms == {"p50": 21.5, "p99": 60.25}
+    assert isinstance(c.errors.canary, ErrorCounts) and (c.errors.canary.errors, c.errors.baseline.hosts) == (8, 1)
+    assert c.errors.text() == "errors 8 on the canary vs 0 on the baseline (p 0.0039)"
+    assert validate(doc) == [] and doc.disagreements() == []
+    # the canary's own readers take the windows as read from the file
+    t = [metrics.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics") for i in (1, 2)]
+    plan = canary_design.Plan(KNOB, 512, None, "decode", canary=[t[0]], baseline=[t[1]])
+    assert canary_design.errors_test(plan, c.windows) == c.errors
+    assert canary_design.restarts_of(plan, c.windows) == 1
+    assert canary_design.candidate_death(plan, c.windows).what == "its process was replaced in window 1"
+    # a measurement is the same part: written as the window holds it
+    stats = metrics.WindowStats(2.0, 4.0, 310.0, 16.0, 8, requests=None, restarts=1)
+    assert stats.to_json()["restarts"] == 1 and "unanswered" not in stats.to_json()

@@ -78,7 +78,7 @@ from knobkeeper.fmt import pct
 from knobkeeper.fsio import lock_file, unlock_file
 from knobkeeper.knobs.state import read_declared, value_of
 from knobkeeper.timeutil import iso, utcnow
-from knobkeeper.evidence.model import CanaryBlock, Evidence, Run, Setup, Window, Workload
+from knobkeeper.evidence.model import CanaryBlock, CanarySource, Evidence, Run, Setup, Window, Workload
 
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
@@ -358,7 +358,7 @@ def _record(plan: Plan, source, options: Options, seen: _Measured, seconds: floa
     """The evidence's `canary` block: the design, every window, the errors test, what was done."""
     return CanaryBlock(
         hosts={"canary": [t.key for t in plan.canary], "baseline": [t.key for t in plan.baseline]},
-        source={"kind": source.name, "url": getattr(source, "url", None)},
+        source=CanarySource(kind=source.name, url=getattr(source, "url", None)),
         # the names of the family measured (issue 37: a vLLM canary recorded SGLang's here)
         queries=(queries(options.interval, plan.metrics) if source.name == "prometheus"
                  else scrape_queries(plan.metrics)),
@@ -728,7 +728,7 @@ def report_lines(out: Outcome) -> list[str]:
     lines = [f"canary {doc.knob}={_raw(doc.candidate)} on {', '.join(c.hosts['canary'])} vs "
              f"{', '.join(c.hosts['baseline'])}: {out.verdict}",
              f"  {doc.summary_line()}",
-             f"  windows: {phases} ({c.interval_s:g} s each, source {c.source['kind']}; "
+             f"  windows: {phases} ({c.interval_s:g} s each, source {c.source.kind}; "
              f"restart noise ±{c.restart_noise:.1%})"]
     if c.failed_guards:
         lines.append(f"  failed guards: {', '.join(c.failed_guards)}")

@@ -70,7 +70,7 @@ fails the canary whatever its throughput. One error among thousands is not a fin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 from typing import Any
 
@@ -78,8 +78,8 @@ from knobkeeper.engine.family import Metrics
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge
 from knobkeeper.evidence.defaults import ALPHA, IMBALANCE
-from knobkeeper.evidence.metrics import Gone, Target, WindowStats
-from knobkeeper.evidence.model import METRIC, ErrorsTest, Judgement, Run, Window
+from knobkeeper.evidence.metrics import Gone, Target
+from knobkeeper.evidence.model import METRIC, ErrorCounts, ErrorsTest, Judgement, Run, Window, WindowStats
 
 GUARD_FIELDS = ("ttft_ms", "tpot_ms")
 GUARD_KEYS = ("p50", "p99")
@@ -171,7 +171,7 @@ def assess_windows(plan: Plan, stats: dict[str, list[WindowStats]], phase: str, 
             reasons.append(f"requests in flight {min(loads):.1f}..{max(loads):.1f}: spread beyond {imbalance:g}x")
         first = next(iter(row.values()))
         window = Window(index=first_index + k, phase=phase, start=first.start, end=first.end, valid=not reasons,
-                        reasons=reasons, hosts={key: s.as_dict() for key, s in row.items()})
+                        reasons=reasons, hosts={key: replace(s) for key, s in row.items()})   # copies: what it saw
         if not reasons:
             mean_load = sum(loads) / len(loads)
             window.throughput = {key: rate * mean_load for key, (_, rate) in flight.items()}
@@ -194,7 +194,7 @@ def _guard_ratio(plan: Plan, w: Window, field: str) -> dict[str, float] | None:
     """{p50, p99}: the window's canary/baseline ratio of a latency percentile (every host has it)."""
     out = {}
     for key in GUARD_KEYS:
-        values = {t.key: (w.hosts[t.key].get(field) or {}).get(key) for t in plan.targets}
+        values = {t.key: (getattr(w.hosts[t.key], field) or {}).get(key) for t in plan.targets}
         if not all(values.values()):
             return None
         out[key] = (_geomean([values[t.key] for t in plan.canary]) / _geomean([values[t.key] for t in plan.baseline]))
@@ -211,7 +211,7 @@ def ratio_runs(plan: Plan, windows: list[Window]) -> list[Run]:
     guard_ref = {}
     for field in GUARD_FIELDS:
         for key in GUARD_KEYS:
-            seen = [(w.hosts[t.key].get(field) or {}).get(key) for w in valid for t in plan.baseline]
+            seen = [(getattr(w.hosts[t.key], field) or {}).get(key) for w in valid for t in plan.baseline]
             if seen and all(seen):
                 guard_ref[(field, key)] = _geomean(seen)
     level = _level(windows)
@@ -223,8 +223,8 @@ def ratio_runs(plan: Plan, windows: list[Window]) -> list[Run]:
         ratio = _geomean([x[t.key] for t in plan.canary]) / _geomean([x[t.key] for t in plan.baseline])
         run = Run(arm=arm, repeat=repeat[arm], concurrency=level, output_tokens_per_s=ratio * ref, errors=0,
                   extra={"ratio": ratio, "phase": w.phase, "window": w.index,
-                         "aborted": {"canary": sum(w.hosts[t.key]["errors"] for t in plan.canary),
-                                     "baseline": sum(w.hosts[t.key]["errors"] for t in plan.baseline)}})
+                         "aborted": {"canary": sum(w.hosts[t.key].errors for t in plan.canary),
+                                     "baseline": sum(w.hosts[t.key].errors for t in plan.baseline)}})
         for field in GUARD_FIELDS:
             ratios = _guard_ratio(plan, w, field)
             if ratios and all((field, key) in guard_ref for key in GUARD_KEYS):
@@ -235,9 +235,9 @@ def ratio_runs(plan: Plan, windows: list[Window]) -> list[Run]:
 
 def _host_run(arm: str, repeat: int, level: int, value: float, w: Window, key: str, **more: Any) -> Run:
     s = w.hosts[key]
-    return Run(arm=arm, repeat=repeat, concurrency=level, output_tokens_per_s=value, errors=0, ttft_ms=s["ttft_ms"],
-               tpot_ms=s["tpot_ms"], extra={"raw_output_tokens_per_s": s["output_tokens_per_s"], **more,
-                                            "aborted": s["errors"], "host": key, "window": w.index})
+    return Run(arm=arm, repeat=repeat, concurrency=level, output_tokens_per_s=value, errors=0, ttft_ms=s.ttft_ms,
+               tpot_ms=s.tpot_ms, extra={"raw_output_tokens_per_s": s.output_tokens_per_s, **more,
+                                         "aborted": s.errors, "host": key, "window": w.index})
 
 
 def host_runs(plan: Plan, windows: list[Window]) -> list[Run]:
@@ -262,7 +262,7 @@ def candidate_death(plan: Plan, windows: list[Window]) -> Gone | None:
     poll, leaves; the module doc)."""
     for w in windows:
         for t in plan.canary if w.phase == CANARY else ():
-            if w.hosts[t.key].get("restarts"):
+            if w.hosts[t.key].restarts:
                 return Gone(t.key, w.start, w.end, f"its process was replaced in window {w.index}")
     return None
 
@@ -303,9 +303,9 @@ def unjudged_runs(plan: Plan, windows: list[Window]) -> list[Run]:
         if w.phase != CANARY:
             continue
         for key, s in w.hosts.items():
-            if s["output_tokens_per_s"]:
+            if s.output_tokens_per_s:
                 repeat[arm_of[key]] += 1
-                runs.append(_host_run(arm_of[key], repeat[arm_of[key]], 1, s["output_tokens_per_s"], w, key,
+                runs.append(_host_run(arm_of[key], repeat[arm_of[key]], 1, s.output_tokens_per_s, w, key,
                                       valid_window=False))
     return runs
 
@@ -331,29 +331,29 @@ def errors_test(plan: Plan, windows: list[Window], alpha: float = ALPHA) -> Erro
     totals = {}
     for arm, targets in (("canary", plan.canary), ("baseline", plan.baseline)):
         rows = [w.hosts[t.key] for w in windows if w.phase == CANARY for t in targets]
-        errors = sum(r["errors"] for r in rows)
-        finished = [r.get("requests") for r in rows]
+        errors = sum(r.errors for r in rows)
+        finished = [r.requests for r in rows]
         requests = None if any(f is None for f in finished) else sum(finished) + errors
-        totals[arm] = {"errors": errors, "requests": requests, "hosts": len(targets)}
+        totals[arm] = ErrorCounts(errors=errors, requests=requests, hosts=len(targets))
     c, b = totals["canary"], totals["baseline"]
-    if c["requests"] is not None and b["requests"] is not None and c["requests"] + b["requests"] > 0:
-        share = c["requests"] / (c["requests"] + b["requests"])
+    if c.requests is not None and b.requests is not None and c.requests + b.requests > 0:
+        share = c.requests / (c.requests + b.requests)
     else:
-        share = c["hosts"] / (c["hosts"] + b["hosts"])
-    total = c["errors"] + b["errors"]
-    if c["errors"] == 0 or share >= 1.0:
+        share = c.hosts / (c.hosts + b.hosts)
+    total = c.errors + b.errors
+    if c.errors == 0 or share >= 1.0:
         p = 1.0
     else:
         from scipy import special
 
-        p = float(special.bdtrc(c["errors"] - 1, total, share)) if share > 0 else 0.0  # P(X >= canary errors)
+        p = float(special.bdtrc(c.errors - 1, total, share)) if share > 0 else 0.0  # P(X >= canary errors)
     return ErrorsTest(canary=c, baseline=b, share=share, p_value=p, alpha=errors_alpha(alpha),
                       failed=p < errors_alpha(alpha))
 
 
 def restarts_of(plan: Plan, windows: list[Window]) -> int:
     """How often the canary workers' processes were replaced during the canary windows."""
-    return sum(int(w.hosts[t.key].get("restarts") or 0) for w in windows if w.phase == CANARY for t in plan.canary)
+    return sum(w.hosts[t.key].restarts for w in windows if w.phase == CANARY for t in plan.canary)
 
 
 def decide(plan: Plan, windows: list[Window], judged: Judgement | None, alpha: float = ALPHA,

@@ -2,7 +2,8 @@
 numbers: knobkeeper scraping every worker's /metrics itself (`ScrapeSource`, the embedded default)
 or a real Prometheus scraping the same endpoints (`PrometheusSource`, PromQL over its HTTP API).
 
-Per target (one worker service: host/service) and per window (t_start, t_end], under the names its
+Per target (one worker service: host/service) and per window (t_start, t_end], a `WindowStats` (the
+evidence model's part: a canary window's `hosts` holds them as measured), under the names its
 engine family exports (knobkeeper.engine: Family.metrics; shown here with SGLang's, which the sim
 exports too; vLLM's are vllm:generation_tokens_total, vllm:num_requests_running, ...):
 
@@ -61,6 +62,7 @@ from typing import Any, Callable, Iterable
 from knobkeeper.engine.family import Metrics, Series
 from knobkeeper.engine.sglang import SGLANG_METRICS
 from knobkeeper.errors import UserError
+from knobkeeper.evidence.model import WindowStats
 from knobkeeper.timeutil import iso
 
 QUANTILES = {"p50": 0.5, "p99": 0.99}
@@ -76,31 +78,6 @@ class Target:
     role: str
     url: str
     metrics: Metrics = SGLANG_METRICS  # the names its engine family exports
-
-
-@dataclass
-class WindowStats:
-    """One target's numbers over one window (None: no data for that quantity)."""
-
-    start: float
-    end: float
-    output_tokens_per_s: float | None
-    running: float | None
-    errors: int
-    ttft_ms: dict[str, float] | None = None
-    tpot_ms: dict[str, float] | None = None
-    decoding: float | None = None
-    itl_ms: float | None = None
-    requests: int | None = None
-    restarts: int = 0   # times the worker's process was seen replaced in the window (restarts_in)
-    unanswered: int = 0   # scrapes of the worker that failed in the window (the module doc)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "output_tokens_per_s": self.output_tokens_per_s,
-                "running": self.running, "errors": self.errors, "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
-                "decoding": self.decoding, "itl_ms": self.itl_ms, "requests": self.requests,
-                **({"restarts": self.restarts} if self.restarts else {}),
-                **({"unanswered": self.unanswered} if self.unanswered else {})}
 
 
 def queries(window_s: float, names: Metrics) -> dict[str, str]:

@@ -8,6 +8,8 @@ only (as deploy/record.py does for deploy records). schema.py says what a valid 
     Run        one arm at one level in one repeat: throughput, latencies, request counts
     Judgement  the family-wise verdicts: a Level per concurrency, a Guard per latency metric
     Validity   per level: the gates it failed (and those that could not be applied)
+    Window     one canary window: each worker's WindowStats and its validity (in a CanaryBlock, with
+               the CanarySource that measured them and the ErrorsTest of each side's ErrorCounts)
 
 Every part's attribute names are its JSON keys (`doc.judgement.levels[0].verdict` is the file's
 `["judgement"]["levels"][0]["verdict"]`). Parts are read by attribute only, not by key: a field
@@ -99,9 +101,11 @@ def _reader(hint: Any) -> Callable[[Any], Any]:
 class Typed:
     """A typed part of the evidence file (a dataclass; see the module doc).
 
-    OMIT: the fields left out of the JSON when None or empty (optional parts of the schema)."""
+    OMIT: the fields left out of the JSON when None or empty (optional parts of the schema).
+    OMIT_ZERO: the counts left out of the JSON when 0 (most windows restart nothing)."""
 
     OMIT: ClassVar[frozenset[str]] = frozenset()
+    OMIT_ZERO: ClassVar[frozenset[str]] = frozenset()
     extra: dict[str, Any]
 
     @classmethod
@@ -136,7 +140,7 @@ class Typed:
         out = {}
         for name, _ in self._fields():
             value = getattr(self, name)
-            if name in self.OMIT and _absent(value):
+            if name in self.OMIT and _absent(value) or name in self.OMIT_ZERO and value == 0:
                 continue
             out[name] = _plain(value)
         out.update(_plain(self.extra))
@@ -519,6 +523,35 @@ class Source(Typed):
 
 
 @typed
+class WindowStats(Typed):
+    """One canary worker's numbers over one window (knobkeeper.evidence.metrics measures them; None:
+    no data for that quantity). `errors` counts its aborted requests (and those in flight at a
+    restart), `requests` its finished ones (None where the engine does not count them), `decoding`
+    the requests in flight from the engine's ITL integral, `restarts` the times its process was seen
+    replaced, `unanswered` its failed scrapes (knobkeeper.evidence.canary_design: the window's validity)."""
+
+    start: float = 0.0
+    end: float = 0.0
+    output_tokens_per_s: float | None = None
+    running: float | None = None
+    errors: int = 0
+    ttft_ms: dict[str, float] | None = None
+    tpot_ms: dict[str, float] | None = None
+    decoding: float | None = None
+    itl_ms: float | None = None
+    requests: int | None = None
+    restarts: int = 0
+    unanswered: int = 0
+    OMIT_ZERO = frozenset({"restarts", "unanswered"})
+    extra: dict[str, Any] = _extra()
+
+    def as_dict(self) -> dict[str, Any]:
+        """`to_json()`, by the name the measurement had before it was a part (tests/test_canary.py
+        still calls it; its JSON is written by to_json only)."""
+        return self.to_json()
+
+
+@typed
 class Window(Typed):
     """One canary window: every host's stats, its validity, and (when valid) each host's x."""
 
@@ -528,7 +561,7 @@ class Window(Typed):
     end: float = 0.0
     valid: bool = True
     reasons: list[str] = field(default_factory=list)
-    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hosts: dict[str, WindowStats] = field(default_factory=dict)   # {target key: its numbers}
     throughput: dict[str, float] | None = None
     in_flight: float | None = None
     OMIT = frozenset({"throughput", "in_flight"})
@@ -536,11 +569,26 @@ class Window(Typed):
 
 
 @typed
+class ErrorCounts(Typed):
+    """One side of the errors test over the canary windows: its aborted requests, its requests
+    (finished + aborted; None where an engine does not count them) and how many workers it has."""
+
+    errors: int = 0
+    requests: int | None = None
+    hosts: int = 0
+    extra: dict[str, Any] = _extra()
+
+    def text(self) -> str:
+        """`1527 of 5110 requests`, or `1527` without a request count."""
+        return f"{self.errors} of {self.requests} requests" if self.requests is not None else f"{self.errors}"
+
+
+@typed
 class ErrorsTest(Typed):
     """The canary's aborted requests: canary hosts against baseline hosts (canary.errors_test)."""
 
-    canary: dict[str, Any] = field(default_factory=dict)     # {"errors", "requests", "hosts"}
-    baseline: dict[str, Any] = field(default_factory=dict)
+    canary: ErrorCounts = field(default_factory=ErrorCounts)
+    baseline: ErrorCounts = field(default_factory=ErrorCounts)
     share: float = 0.0
     p_value: float = 1.0
     alpha: float = 0.01
@@ -549,12 +597,19 @@ class ErrorsTest(Typed):
 
     def text(self) -> str:
         """`errors 1527 of 5110 requests on the canary vs 0 of 5120 requests on the baseline (p < 1e-12)`."""
-        def side(t: dict) -> str:
-            return f"{t['errors']} of {t['requests']} requests" if t.get("requests") is not None else f"{t['errors']}"
-
         p = self.p_value
-        return (f"errors {side(self.canary)} on the canary vs {side(self.baseline)} on the baseline "
+        return (f"errors {self.canary.text()} on the canary vs {self.baseline.text()} on the baseline "
                 f"(p {'< 1e-12' if p < 1e-12 else f'{p:.2g}'})")
+
+
+@typed
+class CanarySource(Typed):
+    """Where a canary's window numbers came from: knobkeeper's own scrape of the workers ("scrape",
+    no url) or a Prometheus ("prometheus", its url)."""
+
+    kind: str = ""
+    url: str | None = None
+    extra: dict[str, Any] = _extra()
 
 
 @typed
@@ -562,7 +617,7 @@ class CanaryBlock(Typed):
     """The `canary` block of a canary's evidence (knobkeeper.evidence.canary)."""
 
     hosts: dict[str, list[str]] = field(default_factory=dict)   # {"canary": [...], "baseline": [...]}
-    source: dict[str, Any] = field(default_factory=dict)        # {"kind": "scrape"|"prometheus", "url"}
+    source: CanarySource = field(default_factory=CanarySource)
     queries: dict[str, str] = field(default_factory=dict)
     design: str = ""
     interval_s: float = 0.0

@@ -52,8 +52,14 @@ One JSON object:
     judge_options  optional: the judgement's parameters other than its defaults, e.g. a canary's
                 {"unit_noise": 0.02} (judge.compare: a restart offset its windows cannot average
                 out; the judgement then also carries "unit_noise") or {"alpha": 0.01}
-    canary      optional (source tool "knobkeeper canary"): hosts, calibration, windows, queries
-                (knobkeeper/evidence/canary.py)
+    canary      optional (source tool "knobkeeper canary", knobkeeper/evidence/canary.py):
+                {"hosts": {"canary": [keys], "baseline": [keys]}, "source": {"kind": "scrape"|"prometheus",
+                 "url": str|null}, "queries", the design and calibration, "windows": [{"index", "phase",
+                 "start", "end", "valid", "reasons", "hosts": {key: {"start", "end", "output_tokens_per_s",
+                 "running", "errors", "ttft_ms", "tpot_ms", "decoding", "itl_ms", "requests", "restarts"
+                 and "unanswered" (left out when 0)}}, "throughput", "in_flight"}], "errors": {"canary" and
+                 "baseline": {"errors", "requests": int|null, "hosts"}, "share", "p_value", "alpha",
+                 "failed"}, "verdict", "failed_guards", "rolled_back", ...}
     rejudges    optional: the id of the evidence whose runs this file judges again by today's
                 method (`knobkeeper ab rejudge ID`); everything measured is that file's, unchanged.
                 Evidence files are never rewritten: a new judgement is a new file.
