@@ -903,7 +903,7 @@ def test_a_restart_inside_a_window_is_counted_with_the_requests_it_failed():
     assert 60 < crashed.output_tokens_per_s < 100   # summed sample to sample, not "the last value since the reset"
     before = metrics.ScrapeSource._window(_samples(5), 0.0, 4.0)
     assert before.restarts == 0 and before.errors == 0   # the window before the crash is untouched
-    assert crashed.as_dict()["restarts"] == 1 and "restarts" not in steady.as_dict()
+    assert crashed.to_json()["restarts"] == 1 and "restarts" not in steady.to_json()
 
 
 def test_a_restart_of_the_candidate_is_its_death_and_no_window_from_it_on_is_judged(tmp_path):
@@ -974,7 +974,7 @@ def test_lost_a_refused_scrape_is_death_a_slow_one_is_not_until_it_lasts():
 
 def test_a_window_with_a_failed_scrape_is_not_judged():
     stats = metrics.ScrapeSource._window(_samples(None), 4.0, 8.0, unanswered=[metrics.Unanswered(5.5, "refused", True)])
-    assert stats.unanswered == 1 and stats.as_dict()["unanswered"] == 1
+    assert stats.unanswered == 1 and stats.to_json()["unanswered"] == 1
     assert metrics.ScrapeSource._window(_samples(None), 0.0, 4.0, unanswered=[metrics.Unanswered(5.5, "x")]).unanswered == 0
     plan = _plan()
     rows = _noisy(50, n=3)

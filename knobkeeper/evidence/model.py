@@ -545,11 +545,6 @@ class WindowStats(Typed):
     OMIT_ZERO = frozenset({"restarts", "unanswered"})
     extra: dict[str, Any] = _extra()
 
-    def as_dict(self) -> dict[str, Any]:
-        """`to_json()`, by the name the measurement had before it was a part (tests/test_canary.py
-        still calls it; its JSON is written by to_json only)."""
-        return self.to_json()
-
 
 @typed
 class Window(Typed):
