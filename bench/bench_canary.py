@@ -52,7 +52,7 @@ def stats_of(doc, phase: str, upto: int, last: bool = False) -> dict[str, list[m
     out: dict[str, list[metrics.WindowStats]] = {}
     for w in (rows[-upto:] if last else rows[:upto]):
         for key, s in w.hosts.items():
-            out.setdefault(key, []).append(metrics.WindowStats(**s))
+            out.setdefault(key, []).append(s)
     return out
 
 

@@ -119,3 +119,12 @@ def exit_words(code: int) -> str:
         return f"signal {number}"
     words = _SIGNAL_WORDS.get(name)
     return f"{name} ({words})" if words else name
+
+
+def change(old: str | None, new: str | None) -> str:
+    """A value's change in words: "set to 512 (was unset)", "unset (was 64)", "128 -> 512"."""
+    if old is None:
+        return f"set to {quoted_if_needed(new)} (was unset)"
+    if new is None:
+        return f"unset (was {quoted_if_needed(old)})"
+    return f"{quoted_if_needed(old)} -> {quoted_if_needed(new)}"

@@ -112,6 +112,13 @@ def replace_dir(built: Path, target: Path) -> None:
     fsync_dir(Path(target).parent)
 
 
+def move_into_place(written: Path, target: Path) -> None:
+    """Rename a file another program wrote whole (a compiler's `-o` output) over `target`, atomically,
+    and fsync the folder: a reader finds the old file, the new one, or none, never a part."""
+    os.replace(written, target)
+    fsync_dir(Path(target).parent)
+
+
 def fsync_dir(folder: Path) -> None:
     """fsync a folder, so that a rename in it is on disk (a no-op where the OS cannot open a folder)."""
     try:

@@ -7,6 +7,7 @@ import json
 
 from knobkeeper.changelog.entries import Entry, entry_path
 from knobkeeper.knobs.state import load_document, with_value
+from knobkeeper.deploy import repo_files
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, parse_time
 from tests.infra import git
@@ -28,12 +29,14 @@ def commit_all(project: Project, message: str) -> str:
 
 
 def write_entry(project: Project, **fields) -> Entry:
-    """An entry file (fixed id/time) and the knobs.toml value it explains; not committed."""
+    """An entry file (fixed id/time), the knobs.toml value it explains and the repo files (a Kubernetes
+    stack's manifests) that change with it, as `set` writes them; not committed."""
     fields.setdefault("author", AUTHOR)
     entry = Entry(**fields)
-    path = entry_path(project, entry)
-    path.write_text(entry.to_toml())
     text = with_value(load_document(project.knobs_path), entry.role, entry.knob, entry.new)
+    for path, content in repo_files.after_change(project, text, [entry]).items():
+        path.write_text(content)
+    entry_path(project, entry).write_text(entry.to_toml())
     project.knobs_path.write_text(text)
     return entry
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from knobkeeper import pids
 from knobkeeper.deploy.api import run_deploy
-from knobkeeper.deploy.local import _alive, program_pids, stop_local
+from knobkeeper.deploy.local import program_pids, stop_local
 from knobkeeper.deploy.record import load_records
 from knobkeeper.deploy.render import parse_meta
 from knobkeeper.evidence import store
@@ -119,7 +120,7 @@ def stack():
             else:
                 os.environ[k] = v
         left = subprocess.run(["pgrep", "-f", str(s.prefix)], capture_output=True, text=True).stdout.split()
-        alive = [p for p in stopped if _alive(p)]
+        alive = [p for p in stopped if pids.alive(p)]
         shutil.rmtree(tmp, ignore_errors=True)
         assert not left and not alive, f"processes left behind: {left or alive}"
 

@@ -181,6 +181,9 @@ def test_no_commit_stages_and_branch_commits_on_a_new_branch(project):
     assert again.exit_code == 2 and "already exists" in again.output
 
 
+DECODE_MANIFESTS = ("manifests/example_k8s/decode.yaml", "manifests/local_k8s/decode.yaml")
+
+
 def test_commit_holds_only_its_own_paths(project):
     notes = project.root / "NOTES.md"
     notes.write_text("staged work\n")
@@ -190,7 +193,9 @@ def test_commit_holds_only_its_own_paths(project):
     scratch.write_text("untracked\n")
     change = ops.set_knob(project, KNOB, "512", "decode", "only mine")
     committed = git(project.root, "show", "--name-only", "--format=", change.commit).splitlines()
-    assert sorted(committed) == sorted(["inventory/knobs.toml", f"changelog/entries/{change.entry.stem}.toml"])
+    # its entry, knobs.toml, and the manifests it renders anew (the Kubernetes inventories' decode role)
+    assert sorted(committed) == sorted(["inventory/knobs.toml", f"changelog/entries/{change.entry.stem}.toml",
+                                        *DECODE_MANIFESTS])
     assert "A  NOTES.md" in git(project.root, "status", "--porcelain")  # still staged, not committed
     assert scratch.exists()
 
@@ -337,7 +342,9 @@ def test_racing_writers_serialise_on_the_lock(project):
     assert ops.unexplained_edits(project) == []
     for sha in git(project.root, "rev-list", "HEAD~" + str(2 * rounds) + "..HEAD").splitlines():
         files = git(project.root, "show", "--name-only", "--format=", sha).splitlines()
-        assert len(files) == 2  # knobs.toml and exactly its own entry
+        # knobs.toml, exactly its own entry, and the decode manifests that change with it
+        assert len([f for f in files if not f.startswith("manifests/")]) == 2
+        assert set(files) - {f for f in files if not f.startswith("manifests/")} == set(DECODE_MANIFESTS), files
 
 
 # --- the Old of a change: what the role ran, declared or the inventories' knob_defaults -------

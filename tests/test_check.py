@@ -35,7 +35,7 @@ def test_clean_repo_passes_and_says_which_linters_ran(project):
     result = kk(project)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert out.startswith("check: OK:") and "6 inventories" in out  # local, local_vllm, example_prod, example_prod_vllm, local_slurm, example_slurm
+    assert out.startswith("check: OK:") and "8 inventories" in out  # local, local_vllm, example_prod, example_prod_vllm, local_slurm, example_slurm, local_k8s, example_k8s
     for tool in ("bash -n", "shellcheck", "systemd-analyze verify"):
         assert (tool in out) if lint.available(tool.split()[0]) else (f"{tool} (not installed)" in out)
     assert "configparser" in out
@@ -144,7 +144,7 @@ def test_check_json(project):
     result = kk(project, "--json")
     assert result.exit_code == 1
     data = json.loads(result.stdout)
-    assert data["ok"] is False and data["counts"]["inventories"] == 6
+    assert data["ok"] is False and data["counts"]["inventories"] == 8
     assert [p["path"] for p in data["problems"]][0] == "inventory/knobs.toml"
     assert "unknown knob 'NO_SUCH_KNOB'" in data["problems"][0]["what"]
 
@@ -596,7 +596,7 @@ def test_an_inventory_that_does_not_load_is_named_with_its_line_and_the_others_a
                         f"fix the inventory so that it loads")
     assert local_line.startswith("inventory/local.py: fails to render for host @local of inventory/local.py: host "
                                  "@local: data knob_defaults: unknown knob 'NO_SUCH_KNOB'"), local_line
-    assert not any(s.startswith("rendering") for s in data["skipped"]) and data["counts"]["inventories"] == 7
+    assert not any(s.startswith("rendering") for s in data["skipped"]) and data["counts"]["inventories"] == 9
     assert data["counts"]["files"] > 0
     with pytest.raises(UserError, match=f"^inventory/new.py: line {python.value.lineno}: SyntaxError: .*; fix the "
                                         f"inventory first"):  # set cannot judge a knob against it: refused

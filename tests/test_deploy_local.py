@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from knobkeeper import pids
 from knobkeeper.changelog.ops import set_knob
 from knobkeeper.deploy import parent
 from knobkeeper.deploy.api import deploy_command, run_deploy
-from knobkeeper.deploy.local import _alive, program_pids, stop_local, supervisord_pid
+from knobkeeper.deploy.local import program_pids, stop_local, supervisord_pid
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.record import (DeployRecord, ServiceRow, journal_path, load_records, recover_interrupted,
                                       write_journal)
@@ -102,7 +103,7 @@ def stack(tmp_path_factory):
         else:
             os.environ["KNOBKEEPER_LOCAL_PORTS"] = old
         left = subprocess.run(["pgrep", "-f", str(s.prefix)], capture_output=True, text=True).stdout.split()
-        alive = [p for p in stopped if _alive(p)]
+        alive = [p for p in stopped if pids.alive(p)]
         assert not left and not alive, f"processes left behind: {left or alive}"
 
 
@@ -148,7 +149,7 @@ def test_sigterm_during_a_deploy_stops_the_run_and_runs_the_callers_finally(tmp_
         if proc.poll() is None:
             proc.kill()
     assert marker.read_text() == "restored"
-    assert not _alive(pyinfra_pid)
+    assert not pids.alive(pyinfra_pid)
 
 
 def test_first_deploy_starts_roles_in_order_each_healthy_first(stack):
@@ -433,7 +434,7 @@ def test_a_sigkilled_deploy_leaves_a_record_the_next_command_completes():
             proc.wait(30)
         time.sleep(1)   # the killed run's restart command may still be starting its program
         stopped = stop_local(prefix)
-    assert not [p for p in stopped if _alive(p)]
+    assert not [p for p in stopped if pids.alive(p)]
 
     # The next command (any reader of the records: log, timeline, report, the next deploy) completes it.
     records = load_records(Project(project.root))
@@ -472,11 +473,11 @@ def test_a_deploy_dies_with_its_sigkilled_caller(tmp_path):
             time.sleep(0.1)
         pyinfra_pid = int(pid_file.read_text())
         _sigkill_then_wait_for(caller, pyinfra_pid)
-        assert not _alive(pyinfra_pid), "the deploy outlived its killed caller"
+        assert not pids.alive(pyinfra_pid), "the deploy outlived its killed caller"
     finally:
         if caller.poll() is None:
             caller.kill()
-        if pyinfra_pid and _alive(pyinfra_pid):
+        if pyinfra_pid and pids.alive(pyinfra_pid):
             os.kill(pyinfra_pid, signal.SIGKILL)
 
 
@@ -485,7 +486,7 @@ def _sigkill_then_wait_for(parent: subprocess.Popen, child: int, seconds: float 
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait(30)
     deadline = time.monotonic() + seconds
-    while _alive(child) and time.monotonic() < deadline:
+    while pids.alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
@@ -508,12 +509,12 @@ def test_a_watched_child_dies_with_its_sigkilled_parent_without_prctl():
         child = int(first if first.isdigit() else second)
         assert "True" in (first, second)           # watching
         _sigkill_then_wait_for(middle, child)
-        assert not _alive(child), "the child outlived its SIGKILLed parent"
+        assert not pids.alive(child), "the child outlived its SIGKILLed parent"
     finally:
         if middle.poll() is None:
             middle.kill()
             middle.wait()
-        if child and _alive(child):
+        if child and pids.alive(child):
             os.kill(child, signal.SIGKILL)
     # not started by run_deploy: nothing to watch
     assert parent.PARENT_ENV not in os.environ and parent.watch_parent() is False

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from knobkeeper import pids
 from knobkeeper.deploy.local import stop_local, supervisord_pid
 from knobkeeper.engine.vllm import VLLM_METRICS
 from knobkeeper.timeutil import parse_time
@@ -267,9 +268,8 @@ def test_an_engine_crashing_at_start_up_fails_its_gate_with_its_last_log_lines(t
             in record.error), record.error
     for name in ("knobkeeper-decode", "knobkeeper-router"):
         assert record.service("@local", name).restart_issued_at is None
-    from knobkeeper.deploy.local import _alive
-
-    left = [pid for pid in stopped if _alive(pid)]
+    
+    left = [pid for pid in stopped if pids.alive(pid)]
     assert not left
     assert "(failed)" in git(project.root, "log", "-1", "--format=%s")
 

@@ -150,7 +150,7 @@ def test_diff_names_a_rename_through_the_alias():
 def test_set_refuses_the_story_knob_against_023_without_allow_undeclared(project):
     before = snapshot(project)
     line = refused(kk(project, "set", f"{STORY}=512", "--role", "decode", "--reason", "A/B"),
-                            STORY, "sglang 0.5.23", "inventory/example_prod.py", "does not declare it",
+                            STORY, "sglang 0.5.23", "inventory/example_k8s.py", "does not declare it",
                             "close names it declares:", "--allow-undeclared")
     assert line.startswith("error: ")
     assert snapshot(project) == before
@@ -203,9 +203,10 @@ def test_ignored_knobs_lists_what_the_pinned_version_would_ignore(project):
     ops.set_knob(project, STORY, "512", "decode", "A/B", allow_undeclared=True)
     assert pinned.ignored_knobs(project) == []  # its catalog source says where it comes from
     lines = pinned.ignored_knobs(project, include_other_origin=True)
-    # One line per inventory that pins sglang 0.5.23 for decode (example_slurm.py pins it too).
-    assert len(lines) == 2 and "(pinned in inventory/example_slurm.py)" in lines[1]
-    assert lines[:1] == [f"inventory/knobs.toml: [decode] {STORY}: sglang 0.5.23 (pinned in inventory/example_prod.py) "
+    # One line per inventory that pins sglang 0.5.23 for decode (the Kubernetes and Slurm ones pin it too).
+    assert [line.split("(pinned in ", 1)[1].split(")", 1)[0] for line in lines] == [
+        "inventory/example_k8s.py", "inventory/example_prod.py", "inventory/example_slurm.py", "inventory/local_k8s.py"]
+    assert lines[1:2] == [f"inventory/knobs.toml: [decode] {STORY}: sglang 0.5.23 (pinned in inventory/example_prod.py) "
                      f"does not declare it; the engine would ignore it (close names it declares: "
                      f"{', '.join(registry.load_registry(project.inventory_dir, 'sglang', '0.5.23').close(STORY))})"]
     # A knob the catalog claims is sglang's, declared by hand, that 0.5.23 does not read.
@@ -213,7 +214,7 @@ def test_ignored_knobs_lists_what_the_pinned_version_would_ignore(project):
         fh.write('\n[knobs.SGLANG_GRAMMAR_TIMEOUT]\ntype = "float"\nroles = ["decode"]\nrisk = "behaviour"\n'
                  'source = "sglang"\nunset = "300 s"\ndoc = "Grammar compile timeout (removed after 0.5.6)."\n')
     project.knobs_path.write_text(project.knobs_path.read_text().replace("[decode]\n", "[decode]\nSGLANG_GRAMMAR_TIMEOUT = 30.0\n", 1))
-    (line, _slurm) = pinned.ignored_knobs(project)  # example_prod.py, then example_slurm.py
+    (line, *_others) = pinned.ignored_knobs(project)  # example_k8s.py, then example_prod.py, ...
     assert line.startswith("inventory/knobs.toml: [decode] SGLANG_GRAMMAR_TIMEOUT: sglang 0.5.23") and "would ignore it" in line
 
 
@@ -353,8 +354,9 @@ def test_pins_come_from_host_and_group_data(project):
     def of(role, stack=""):
         return sorted((p.inventory, p.engine, p.version) for p in engine_pins.pins_for(project.inventory_dir, stack, role))
 
-    assert of("decode") == [("inventory/example_prod.py", "sglang", "0.5.23"), ("inventory/example_slurm.py", "sglang", "0.5.23"),
-                            ("inventory/local.py", "sim", None), ("inventory/local_slurm.py", "sim", None)]
+    assert of("decode") == [("inventory/example_k8s.py", "sglang", "0.5.23"), ("inventory/example_prod.py", "sglang", "0.5.23"),
+                            ("inventory/example_slurm.py", "sglang", "0.5.23"), ("inventory/local.py", "sim", None),
+                            ("inventory/local_k8s.py", "sglang", "0.5.23"), ("inventory/local_slurm.py", "sim", None)]
     assert of("decode", "vllm") == [("inventory/example_prod_vllm.py", "vllm", "0.32.0"),
                                     ("inventory/local_vllm.py", "vllm", "0.32.0")]
     assert of("router", "vllm") == [("inventory/example_prod_vllm.py", "vllm-router", "0.1.17"),
@@ -365,8 +367,9 @@ def test_pins_come_from_host_and_group_data(project):
     group = project.inventory_dir / "group_data" / "decode.py"
     group.write_text(group.read_text() + '\nengines = {"decode": "sglang==0.5.6"}\n')
     # Host data wins over group data (every inventory here sets engines in host data).
-    assert of("decode") == [("inventory/example_prod.py", "sglang", "0.5.23"), ("inventory/example_slurm.py", "sglang", "0.5.23"),
-                            ("inventory/local.py", "sim", None), ("inventory/local_slurm.py", "sim", None)]
+    assert of("decode") == [("inventory/example_k8s.py", "sglang", "0.5.23"), ("inventory/example_prod.py", "sglang", "0.5.23"),
+                            ("inventory/example_slurm.py", "sglang", "0.5.23"), ("inventory/local.py", "sim", None),
+                            ("inventory/local_k8s.py", "sglang", "0.5.23"), ("inventory/local_slurm.py", "sim", None)]
 
 
 def test_launch_script_unsets_only_hand_written_catalog_knobs(project):

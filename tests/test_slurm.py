@@ -179,7 +179,7 @@ def test_check_lints_the_job_script_and_its_component_wrapper(shared):
 
     result = kk(shared, "check")
     assert result.exit_code == 0, result.output
-    assert "in 6 inventories" in result.output and "shellcheck" in result.output
+    assert "in 8 inventories" in result.output and "shellcheck" in result.output
     if shutil.which("shellcheck"):  # the wrapper lives inside a here-document: lint it on its own too
         from knobkeeper import lint
         from knobkeeper.deploy.render import render_stack

@@ -267,8 +267,9 @@ def test_two_stacks_scope_knobs_to_the_engine_that_reads_them(project):
     before = snapshot(project)
     refused(kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=0-1", "--role", "decode", "--reason", "x"),
                      "VLLM_CPU_OMP_THREADS_BIND is read by vllm, but role decode runs sglang 0.5.23 (pinned in "
-                     "inventory/example_prod.py), sglang 0.5.23 (pinned in inventory/example_slurm.py), sim (pinned in "
-                     "inventory/local.py), sim (pinned in inventory/local_slurm.py); declare it for --stack vllm")
+                     "inventory/example_k8s.py), sglang 0.5.23 (pinned in inventory/example_prod.py), sglang 0.5.23 "
+                     "(pinned in inventory/example_slurm.py), sglang 0.5.23 (pinned in inventory/local_k8s.py), sim "
+                     "(pinned in inventory/local.py), sim (pinned in inventory/local_slurm.py); declare it for --stack vllm")
     refused(kk(project, "set", "SGLANG_DISAGGREGATION_QUEUE_SIZE=4", "--stack", "vllm", "--role", "decode",
                         "--reason", "x"), "role decode of stack vllm runs vllm 0.32.0", "declare it without --stack")
     refused(kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=0-1", "--stack", "vlm", "--role", "decode",

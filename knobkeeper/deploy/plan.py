@@ -49,15 +49,20 @@ def role_batches(stack: Stack, role: str, size: int | None) -> list[list[str]]:
 # --- what changed, in words -----------------------------------------------------------------------------
 
 
-def change_reasons(old_files: Mapping[str, str], new_files: Mapping[str, str]) -> list[str]:
+def change_reasons(old_files: Mapping[str, str], new_files: Mapping[str, str],
+                   describe: Any = None) -> list[str]:
     """What differs between two renders of one service ({path: text}; headers are ignored except
-    for the knob values they name, which is how a secret's new fingerprint shows)."""
+    for the knob values they name, which is how a secret's new fingerprint shows). `describe(old,
+    new)`: the words of a target's own file (RenderedService.describe: a Kubernetes manifest's pod
+    templates), where it has one."""
     out: list[str] = []
     for path in sorted(set(old_files) | set(new_files)):
         old, new = old_files.get(path), new_files.get(path)
         name = Path(path).name
         if old is None or new is None:
             out.append(f"{name}: {'new file' if old is None else 'no longer rendered'}")
+        elif describe is not None:
+            out += describe(old, new) if strip_header(old) != strip_header(new) else []
         elif _is_launch_script(new):
             out += _launch_changes(old, new)
         elif strip_header(old) != strip_header(new):
@@ -85,7 +90,7 @@ def _launch_changes(old: str, new: str) -> list[str]:
         if knob and (a == "(secret)" or b == "(secret)" or a is None and b is None):
             a, b = old_knobs.get(name), new_knobs.get(name)  # a secret: its fingerprint
         if a != b:
-            out.append(f"{'knob' if knob else 'environment'} {name}: {_change(a, b)}")
+            out.append(f"{'knob' if knob else 'environment'} {name}: {fmt.change(a, b)}")
     old_cmd, new_cmd = _exec_argv(old_body), _exec_argv(new_body)
     out += _command_changes(old_cmd, new_cmd)
     old_rest, new_rest = _template_lines(old_body), _template_lines(new_body)
@@ -95,14 +100,6 @@ def _launch_changes(old: str, new: str) -> list[str]:
         sample = (f"+ {added[0]}" if added else f"- {removed[0]}") if added or removed else "lines reordered"
         out.append(f"launch script template: {len(added)} line(s) added, {len(removed)} removed ({fmt.short(sample, 60)})")
     return out
-
-
-def _change(old: str | None, new: str | None) -> str:
-    if old is None:
-        return f"set to {fmt.quoted_if_needed(new)} (was unset)"
-    if new is None:
-        return f"unset (was {fmt.quoted_if_needed(old)})"
-    return f"{fmt.quoted_if_needed(old)} -> {fmt.quoted_if_needed(new)}"
 
 
 def _exec_argv(body: str) -> list[str]:
@@ -196,7 +193,7 @@ def _section_changes(old: str, new: str, kind: str) -> list[str]:
         return keyed, other
 
     (a, a_other), (b, b_other) = pairs(old), pairs(new)
-    out = [f"{kind}: {key.split(' ', 1)[-1]}: {_change(a.get(key), b.get(key))}"
+    out = [f"{kind}: {key.split(' ', 1)[-1]}: {fmt.change(a.get(key), b.get(key))}"
            for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
     if a_other != b_other or not out:
         out.append(f"{kind}: template changed")

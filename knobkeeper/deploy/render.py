@@ -90,6 +90,10 @@ class RenderedService:
     # a secret knob is in `secrets` instead. A target that starts the engine without the script (a
     # Kubernetes container's env) passes exactly these.
     environment: dict[str, str] = field(default_factory=dict)
+    # What differs between two texts of one of its files, in words (a Kubernetes manifest: its pod
+    # templates' variables, image, command; deploy/kube/manifests.manifest_changes), for a file whose
+    # target reads it; None: plan.change_reasons reads launch scripts and units itself.
+    describe: Any = None
     # Set on a file that carries every component (a Slurm job script): when it changes, every
     # component restarts with it, its own files changed or not.
     whole_stack: WholeStack | None = None

@@ -70,9 +70,9 @@ def write(project: Project, inventory: str) -> list[str]:
     return written
 
 
-def problems(project: Project, inventory: str) -> list[tuple[str, str, str]]:
+def problems(project: Project, inventory: str, stale_too: bool = True) -> list[tuple[str, str, str]]:
     """(path, what, fix) for each repo file of `inventory` that its target's own linter refuses (as
-    rendered, and as committed where that differs) or that is not committed as rendered."""
+    rendered, and as committed where that differs) or (`stale_too`) that is not committed as rendered."""
     stack = load_stack(project.root, inventory)
     target = target_of(stack)
     files: dict[str, str] = {}
@@ -80,7 +80,7 @@ def problems(project: Project, inventory: str) -> list[tuple[str, str, str]]:
         files.update({path: text for path, text in rendered.files.items() if not path.startswith("/")})
     out = [(path, f"as {inventory} renders it: {line}", "fix the inventory data or the knob value it renders")
            for path, line in target.lint(files)]
-    for path, state in stale(project, inventory, files):
+    for path, state in stale(project, inventory, files) if stale_too else []:
         fix = f"run `knobkeeper render {inventory} --write` and commit it"
         if state == "missing":
             out.append((path, f"not in the repo: {inventory} renders it (for Argo CD or Flux)", fix))

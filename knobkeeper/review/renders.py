@@ -29,6 +29,7 @@ class RenderedFile:
     reviewed: str | None = None  # the text a review diffs, where not `text` (RenderedService.reviewed)
     template: str = ""  # the template under templates/ it was rendered from: what a lint failure names
     whole_stack: WholeStack | None = None  # RenderedService.whole_stack: its change restarts every component
+    describe: Any = None  # RenderedService.describe: a target's words for what changed in it (a manifest)
 
     @property
     def shown(self) -> str:
@@ -114,7 +115,7 @@ def render_inventory(project: Project, inventory: str, source: Any = None, data:
         for path, text in svc.files.items():
             out.files[(host, path)] = RenderedFile(inventory, host, svc.service.role, name, path, text,
                                                    json.dumps(svc.knobs, sort_keys=True), svc.reviewed.get(path),
-                                                   svc.templates.get(path, ""), svc.whole_stack)
+                                                   svc.templates.get(path, ""), svc.whole_stack, svc.describe)
     return out
 
 

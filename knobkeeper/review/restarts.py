@@ -34,7 +34,9 @@ def plan_inventory(base: InventoryRender, head: InventoryRender) -> dict[str, An
         elif base.services.get((host, service)) == digest:
             action, reason = "unchanged", "files unchanged"
         else:
-            why = change_reasons({p: f.text for p, f in old_files.items()}, {p: f.text for p, f in new_files.items()})
+            describe = next((f.describe for f in new_files.values() if f.describe), None)
+            why = change_reasons({p: f.text for p, f in old_files.items()}, {p: f.text for p, f in new_files.items()},
+                                 describe)
             action, reason = "restart", "; ".join(why) or "files changed"
         row = {"host": host, "service": service, "action": action, "reason": reason, "why": why, "digest": digest,
                "gate": True}

@@ -273,7 +273,7 @@ def _build(progress) -> None:
                                   f"-X {pkg}.buildDate=1970-01-01T00:00:00Z"]
                     _run(name, [go, "build", "-p", JOBS, "-ldflags", " ".join(["-s", "-w", *stamp]),
                                 "-o", out / f".{name}.partial", f"k8s.io/kubernetes/cmd/{name}"], log, cwd=kk, env=env)
-                    os.replace(out / f".{name}.partial", out / name)
+                    fsio.move_into_place(out / f".{name}.partial", out / name)
                 return fn
 
             timed("download", download)
@@ -288,7 +288,7 @@ def _build(progress) -> None:
             staged_dir = fsio.temp_dir_beside(target_dir())
             (staged_dir / "bin").mkdir()
             for name in BINARIES:
-                os.replace(out / name, staged_dir / "bin" / name)
+                fsio.move_into_place(out / name, staged_dir / "bin" / name)
             (staged_dir / STAMP).write_text(json.dumps({"version": VERSION, "seconds": seconds,
                                                         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
             staged_dir.chmod(0o755)

@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 from knobkeeper import fmt
 from knobkeeper.deploy.kube.client import Kubectl, KubeError
-from knobkeeper.deploy.kube.manifests import CONTAINER, DIGEST, KNOBS, SECRETS, objects_of, selector_of
+from knobkeeper.deploy.kube.manifests import (DIGEST, KNOBS, SECRETS, annotation_json, container_of, env_of,
+                                            objects_of, selector_of, template_changes)
 from knobkeeper.deploy.kube.settings import settings_of
 from knobkeeper.deploy.observe import host_runner, knob_differences
 from knobkeeper.deploy.status import ServiceStatus
@@ -63,61 +64,23 @@ class Live:
         return None
 
 
-def container_of(template: Mapping[str, Any]) -> dict[str, Any]:
-    containers = (template.get("spec") or {}).get("containers") or []
-    return next((c for c in containers if c.get("name") == CONTAINER), containers[0] if containers else {})
 
 
-def env_of(template: Mapping[str, Any]) -> dict[str, str]:
-    """{NAME: value} of the engine container; a variable from a Secret as '(Secret NAME key KEY)'."""
-    out = {}
-    for item in container_of(template).get("env") or []:
-        if "value" in item:
-            out[item["name"]] = str(item["value"])
-        elif "valueFrom" in item:
-            ref = (item["valueFrom"] or {}).get("secretKeyRef") or {}
-            out[item["name"]] = f"(Secret {ref.get('name')} key {ref.get('key')})"
-        else:
-            out[item["name"]] = ""
-    return out
 
 
 def knobs_of(template: Mapping[str, Any]) -> dict[str, str]:
     """The knob values a pod template gives its pods, as shown (a secret: its fingerprint)."""
     annotations = (template.get("metadata") or {}).get("annotations") or {}
-    names = _json(annotations.get(KNOBS))
-    secrets = _json(annotations.get(SECRETS))
+    names = annotation_json(annotations.get(KNOBS))
+    secrets = annotation_json(annotations.get(SECRETS))
     env = env_of(template)
     return {name: str(secrets.get(name, env.get(name, ""))) for name in names}
 
 
-def _json(text: Any) -> dict[str, Any]:
-    try:
-        value = json.loads(text) if isinstance(text, str) else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
-def template_changes(live: Mapping[str, Any], want: Mapping[str, Any]) -> list[str]:
-    """What differs between two pod templates, in words: each variable, the image, the command."""
-    out = [line.replace(": running ", ": live ") for line in knob_differences(env_of(want), env_of(live))]
-    live_c, want_c = container_of(live), container_of(want)
-    if live_c.get("image") != want_c.get("image"):
-        out.append(f"image: live {live_c.get('image')}, declared {want_c.get('image')}")
-    if live_c.get("command") != want_c.get("command"):
-        out.append("command: " + fmt.safe(" ".join(str(a) for a in want_c.get("command") or [])))
-    if live_c.get("resources") != want_c.get("resources") and (live_c.get("resources") or want_c.get("resources")):
-        out.append(f"resources: live {json.dumps(live_c.get('resources') or {})}, "
-                   f"declared {json.dumps(want_c.get('resources') or {})}")
-    live_keys, want_keys = _json(_ann(live, KNOBS)), _json(_ann(want, KNOBS))
-    if not out and live_keys != want_keys:
-        out.append("the changelog entries behind its knobs")
-    return out or ["its pod template"]
 
 
-def _ann(template: Mapping[str, Any], key: str) -> Any:
-    return ((template.get("metadata") or {}).get("annotations") or {}).get(key)
 
 
 def wanted_objects(rendered_service: Any) -> dict[tuple[str, str], dict[str, Any]]:

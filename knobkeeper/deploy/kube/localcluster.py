@@ -30,7 +30,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import ssl
 import subprocess
 import time

@@ -35,8 +35,10 @@ from typing import Any, Mapping
 
 import yaml
 
+from knobkeeper import fmt
 from knobkeeper.deploy.engines import engine_command, workers_of
 from knobkeeper.deploy.kube.settings import Settings, settings_of
+from knobkeeper.deploy.observe import knob_differences
 from knobkeeper.deploy.render import RenderedService
 from knobkeeper.errors import UserError
 
@@ -225,10 +227,78 @@ def render_manifests(project: Any, stack: Any, rendered: Mapping[tuple[str, str]
         for svc in services:
             want = rendered[(svc.host, svc.name)]
             out[(svc.host, svc.name)] = dataclasses.replace(
-                want, files={path: text}, modes={path: "0644"}, digest=digests[svc.name], templates={}, reviewed={})
+                want, files={path: text}, modes={path: "0644"}, digest=digests[svc.name], templates={}, reviewed={},
+                describe=manifest_changes)
     return out
 
 
 def objects_of(text: str) -> list[dict[str, Any]]:
     """The objects of a rendered manifest file (its header is YAML comments)."""
     return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+
+
+# --- what a pod template says, and what differs between two ------------------------------------------
+
+def container_of(template: Mapping[str, Any]) -> dict[str, Any]:
+    containers = (template.get("spec") or {}).get("containers") or []
+    return next((c for c in containers if c.get("name") == CONTAINER), containers[0] if containers else {})
+def env_of(template: Mapping[str, Any]) -> dict[str, str]:
+    """{NAME: value} of the engine container; a variable from a Secret as '(Secret NAME key KEY)'."""
+    out = {}
+    for item in container_of(template).get("env") or []:
+        if "value" in item:
+            out[item["name"]] = str(item["value"])
+        elif "valueFrom" in item:
+            ref = (item["valueFrom"] or {}).get("secretKeyRef") or {}
+            out[item["name"]] = f"(Secret {ref.get('name')} key {ref.get('key')})"
+        else:
+            out[item["name"]] = ""
+    return out
+def template_changes(live: Mapping[str, Any], want: Mapping[str, Any]) -> list[str]:
+    """What differs between two pod templates, in words: each variable, the image, the command."""
+    out = [line.replace(": running ", ": live ") for line in knob_differences(env_of(want), env_of(live))]
+    live_c, want_c = container_of(live), container_of(want)
+    if live_c.get("image") != want_c.get("image"):
+        out.append(f"image: live {live_c.get('image')}, declared {want_c.get('image')}")
+    if live_c.get("command") != want_c.get("command"):
+        out.append("command: " + fmt.safe(" ".join(str(a) for a in want_c.get("command") or [])))
+    if live_c.get("resources") != want_c.get("resources") and (live_c.get("resources") or want_c.get("resources")):
+        out.append(f"resources: live {json.dumps(live_c.get('resources') or {})}, "
+                   f"declared {json.dumps(want_c.get('resources') or {})}")
+    live_keys, want_keys = annotation_json(_ann(live, KNOBS)), annotation_json(_ann(want, KNOBS))
+    if not out and live_keys != want_keys:
+        out.append("the changelog entries behind its knobs")
+    return out or ["its pod template"]
+def _ann(template: Mapping[str, Any], key: str) -> Any:
+    return ((template.get("metadata") or {}).get("annotations") or {}).get(key)
+def annotation_json(text: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def manifest_changes(old_text: str, new_text: str) -> list[str]:
+    """What differs between two renders of one role's manifest, in the words `review` uses for a
+    launch script ("knob SGLANG_SM120_MMA_TARGET_CTAS: set to 512 (was unset)"): each Deployment's
+    pod template, then its replicas (which roll nothing)."""
+    old = {d["metadata"]["name"]: d for d in objects_of(old_text) if d.get("kind") == "Deployment"}
+    new = {d["metadata"]["name"]: d for d in objects_of(new_text) if d.get("kind") == "Deployment"}
+    out: list[str] = []
+    for name in sorted(set(old) | set(new)):
+        if name not in old or name not in new:
+            out.append(f"Deployment {name}: {'new' if name not in old else 'no longer rendered'}")
+            continue
+        a, b = old[name]["spec"]["template"], new[name]["spec"]["template"]
+        if a != b:
+            knobs = set(annotation_json(_ann(a, KNOBS))) | set(annotation_json(_ann(b, KNOBS)))
+            env_a, env_b = env_of(a), env_of(b)
+            changed = [f"{'knob' if n in knobs else 'environment'} {n}: {fmt.change(env_a.get(n), env_b.get(n))}"
+                       for n in sorted(set(env_a) | set(env_b)) if env_a.get(n) != env_b.get(n)]
+            rest = [line for line in template_changes(a, b) if not line.startswith(tuple(f"{n}:" for n in env_a | env_b))]
+            out += changed + [line for line in rest if line != "its pod template" or not changed]
+        replicas = (old[name]["spec"].get("replicas"), new[name]["spec"].get("replicas"))
+        if replicas[0] != replicas[1]:
+            out.append(f"Deployment {name}: replicas {replicas[0]} -> {replicas[1]} (scaling rolls nothing)")
+    return out

@@ -38,7 +38,7 @@ from pyinfra.operations import files, python
 from knobkeeper.changelog.secrets import secret_path
 from knobkeeper.deploy.health import PROGRESS_EVERY_S, QUIET_S
 from knobkeeper.deploy.kube.client import Kubectl, KubeError
-from knobkeeper.deploy.kube.live import container_of, env_of, observe, role_plan, wanted_deployment
+from knobkeeper.deploy.kube.live import Live, container_of, env_of, observe, role_plan, wanted_deployment
 from knobkeeper.deploy.kube.manifests import CONTAINER, knob_secret_name, required_crds
 from knobkeeper.deploy.kube.settings import settings_of
 from knobkeeper.deploy.onhost import GateFailed, on_host, say
