@@ -318,10 +318,11 @@ class Stack:
 
     def stop(self) -> None:
         sys.path.insert(0, str(ROOT))
-        from knobkeeper.deploy.local import _alive, stop_local
+        from knobkeeper import pids
+        from knobkeeper.deploy.local import stop_local
 
-        pids = stop_local(self.prefix)
-        left = [p for p in pids if _alive(p)]
+        stopped = stop_local(self.prefix)
+        left = [p for p in stopped if pids.alive(p)]
         if left:
             print(f"warning: processes left: {left}", file=sys.stderr)
 

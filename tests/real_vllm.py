@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from knobkeeper import pids
 from knobkeeper.engine import engine_spec
 from knobkeeper.engine import vllm_install
 from knobkeeper.engine.pins import engine_versions
@@ -200,7 +201,7 @@ def started_real_stack():
     import os
     import tempfile
 
-    from knobkeeper.deploy.local import _alive, stop_local
+    from knobkeeper.deploy.local import stop_local
     from tests.infra import make_infra_repo
     from tests.procs import free_port
 
@@ -227,7 +228,7 @@ def started_real_stack():
         stopped = stop_local(stack.prefix, timeout=60)
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        left = [pid for pid in stopped if _alive(pid)]   # a zombie no one reaps here is not left running
+        left = [pid for pid in stopped if pids.alive(pid)]   # a zombie no one reaps here is not left running
         assert not left, f"processes left behind: {left}"
 
 

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from knobkeeper import pids
 from knobkeeper.changelog.ops import set_knob
 from knobkeeper.deploy.api import run_deploy
-from knobkeeper.deploy.local import _alive, stop_local, supervisord_pid
+from knobkeeper.deploy.local import stop_local, supervisord_pid
 from knobkeeper.deploy.status import stack_status
 from knobkeeper.timeutil import parse_time
 from tests.fleet_inventory import (FLEET, build_wheel, by_name, deps_dir, host_root, hosts_of, seed_venv, stack_data,
@@ -116,7 +117,7 @@ def fleet(sshd, tmp_path_factory):
         for host in FLEET:
             stopped += stop_local(host_root(hosts_root, host))
         left = subprocess.run(["pgrep", "-f", str(hosts_root)], capture_output=True, text=True).stdout.split()
-        alive = [p for p in stopped if _alive(p)]
+        alive = [p for p in stopped if pids.alive(p)]
         listening = [f"{h.address}:{port}" for h in FLEET for port in (*PORT.values(), 8998, 29080)
                      if _listening(h.address, port)]  # sglang-router renames itself: look for its sockets too
         assert not left and not alive and not listening, f"left behind: {left or alive or listening}"

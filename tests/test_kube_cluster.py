@@ -79,3 +79,33 @@ def test_server_refuses_a_wrongly_typed_field(kube_cluster):
     assert done.returncode != 0, done.stdout
     assert "Error from server (BadRequest)" in done.stderr and "Replicas" in done.stderr, done.stderr
     assert kube_cluster.kubectl("get", "deploy", "y", "-n", "default").returncode != 0   # a dry run stores nothing
+
+
+def test_the_lws_crds_load_with_the_smallest_edit_and_their_objects_dry_run(kube_cluster):
+    """The CRDs as published are refused by this 1.20 server; crd_for_server's edit makes them load, and
+    a LeaderWorkerSet and a DisaggregatedSet the offline validator passes pass the server's dry run."""
+    from knobkeeper.deploy.kube import validate as kv
+    from tests.test_kube_validate import disaggregatedset, leaderworkerset
+
+    if not all(kv._crd_path(c) is not None for c in kv._sources()):
+        pytest.skip(f"the lws CRD files are not laid out here (looked in {', '.join(map(str, kv.crd_dirs()))})")
+    c = kube_cluster
+    published = kv.crd_manifests()
+    refused = c.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "List", "items": published}))
+    assert refused.returncode != 0, refused.stdout
+    mended = kv.crd_manifests(server_minor=20)
+    c.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": mended}), check=True)
+    deadline = time.monotonic() + DEADLINE_S
+    names = [crd["metadata"]["name"] for crd in mended]
+    while time.monotonic() < deadline:
+        done = c.kubectl("wait", "--for=condition=Established", "--timeout=10s", *[f"crd/{n}" for n in names])
+        if done.returncode == 0:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"CRDs not established: {done.stderr}")
+    for doc in (leaderworkerset(), disaggregatedset()):
+        assert kv.validate_docs([doc], source="pd.yaml") == []
+        done = c.kubectl("apply", "--dry-run=server", "-n", "default", "-f", "-", input=json.dumps(doc))
+        assert done.returncode == 0, done.stderr
