@@ -97,8 +97,12 @@ def test_a_worker_restarted_mid_window_is_a_restart_in_the_prometheus_source(sta
     assert h1[0].restarts == 0 and h1[0].errors == 0 and h1[0].output_tokens_per_s > 50, h1
     # the window judgement: that window is invalid, its reason says which worker restarted
     windows = canary_design.assess_windows(_plan(workers), got, canary_design.CANARY)
-    invalid = [w for w in windows if not w.valid]
-    assert [w.reasons for w in invalid] == [["restarted: h1/decode (1x)"]], [w.reasons for w in windows]
+    # The restart's window is invalid and says which worker restarted. A scrape Prometheus could not
+    # make (a worker starved of CPU past the scrape timeout: seen in a fresh clone's make test beside
+    # the API server's build) makes its window invalid too, as the design says, and only that way.
+    reasons = [r for w in windows for r in w.reasons]
+    assert [r for r in reasons if r.startswith("restarted")] == ["restarted: h1/decode (1x)"], reasons
+    assert all(r == "restarted: h1/decode (1x)" or r.startswith("unanswered: ") for r in reasons), reasons
     assert canary_design.restarts_of(_plan(workers), windows) == 1
 
 
