@@ -48,8 +48,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-
-
 def stop_local(prefix: str | Path, timeout: float = 30.0) -> list[int]:
     """SIGTERM supervisord (it stops its programs first), wait, SIGKILL what is left. Returns the pids
     that were stopped (supervisord and its direct children)."""

@@ -64,10 +64,6 @@ class Live:
         return None
 
 
-
-
-
-
 def knobs_of(template: Mapping[str, Any]) -> dict[str, str]:
     """The knob values a pod template gives its pods, as shown (a secret: its fingerprint)."""
     annotations = (template.get("metadata") or {}).get("annotations") or {}
@@ -75,12 +71,6 @@ def knobs_of(template: Mapping[str, Any]) -> dict[str, str]:
     secrets = annotation_json(annotations.get(SECRETS))
     env = env_of(template)
     return {name: str(secrets.get(name, env.get(name, ""))) for name in names}
-
-
-
-
-
-
 
 
 def wanted_objects(rendered_service: Any) -> dict[tuple[str, str], dict[str, Any]]:

@@ -271,12 +271,6 @@ def start_cluster(root: str | Path, timeout: float = 120.0, bin_dir: Path | None
 # --- stopping -----------------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
 def cluster_pids(root: str | Path) -> list[int]:
     """The live daemons of the cluster under `root` (tests assert none is left)."""
     root = Path(root).resolve()

@@ -230,12 +230,6 @@ def _all_idle(cluster: LocalCluster) -> bool:
 # --- stopping -----------------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
 def stepd_pids(root: str | Path) -> list[int]:
     """The slurmstepd processes of this cluster: they hold their step's socket in our spool folder."""
     spool = str(Path(root).resolve() / "spool") + "/"
