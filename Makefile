@@ -55,7 +55,7 @@ bench: $(STAMP)
 
 # docs/report.png (the README's screenshot): the report of the field story, in headless Chromium.
 docs-screenshot: system-deps $(STAMP)
-	$(PY) -m knobkeeper.report.fieldstory --screenshot docs/report.png
+	$(PY) -m tests.fieldstory --screenshot docs/report.png
 
 clean:
 	rm -rf $(VENV) .knobkeeper-state

@@ -25,7 +25,7 @@ SIZES = [(1_000, 50, 20), (10_000, 500, 200)]
 
 
 def main() -> None:
-    from knobkeeper.report.browser import Chromium
+    from tests.browser import Chromium
 
     failed = False
     out = ROOT / "bench" / "out"

@@ -14,8 +14,9 @@ import pytest
 
 from knobkeeper import audit
 from knobkeeper.changelog import incidents, ops
-from knobkeeper.report import fieldstory, page, svg, write_report
-from knobkeeper.report.browser import Chromium
+from knobkeeper.report import page, svg, write_report
+from tests import fieldstory
+from tests.browser import Chromium
 from tests.infra import git, kk, make_infra_repo
 
 KNOB = fieldstory.KNOB

@@ -2,7 +2,7 @@
 library, on a clock that moves minutes and hours between the steps as it did in the field; the
 report's tests and the README screenshot (`make docs-screenshot`) use it.
 
-    python -m knobkeeper.report.fieldstory --screenshot docs/report.png
+    python -m tests.fieldstory --screenshot docs/report.png
 
 1. A/B evidence imported from sglang bench_serving results: +12.8% at concurrency 64, +5.7% at 96,
    and without the knob throughput at 96 is lower than at 80; the knob is set with it, deployed.
@@ -29,8 +29,8 @@ from knobkeeper.deploy.status import declared_knobs_now
 from knobkeeper.evidence import importers, store
 from knobkeeper.project import Project
 from knobkeeper.report import write_report
-from knobkeeper.report.browser import Chromium
 from knobkeeper.timeutil import iso, new_id
+from tests.browser import Chromium
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 TITLE = "multi-round harness hangs"
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
     import tempfile
 
-    parser = argparse.ArgumentParser(prog="python -m knobkeeper.report.fieldstory", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.fieldstory", description=__doc__.splitlines()[0])
     parser.add_argument("--screenshot", default=None, help="write a 1280x800 PNG of the report here")
     parser.add_argument("--html", default=None, help="also keep the report's HTML here")
     parser.add_argument("--scroll-to", default="timeline", help="the section at the top of the screenshot")
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kk-fieldstory-"))
     try:
         root = tmp / "infra"
-        source = Path(__file__).resolve().parents[2]
+        source = Path(__file__).resolve().parents[1]
         root.mkdir()
         for item in ("inventory", "templates"):
             shutil.copytree(source / item, root / item, ignore=shutil.ignore_patterns("__pycache__"))
