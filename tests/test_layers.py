@@ -4,6 +4,7 @@ scratch copy of the package that adds one upward import."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -69,3 +70,20 @@ def test_every_deploy_module_is_under_the_target_contract():
     modules = {f"knobkeeper.deploy.{p.stem}" for p in (ROOT / "knobkeeper" / "deploy").glob("*.py") if p.stem != "__init__"}
     unlisted = sorted(m for m in modules - set(contract["source_modules"]) if m not in targets)
     assert unlisted == [], f"add {unlisted} to the target contract's source_modules in pyproject.toml"
+
+
+def test_the_package_imports_nothing_of_the_tests():
+    """The test tooling (tests/browser.py, tests/fieldstory.py, tests/infra.py) is not shipped: no
+    module of knobkeeper/ imports the tests package, at module level or in a function."""
+    found = []
+    for path in sorted((ROOT / "knobkeeper").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
+                      if name == "tests" or name.startswith("tests.")]
+    assert found == [], found
