@@ -13,14 +13,6 @@ from tests.infra import git, make_infra_repo
 
 
 @pytest.fixture
-def project():
-    """A fresh infra repo per test: committed, clean, on main, with its own git identity. Under a
-    short path: inventory/local.py puts supervisord's unix socket under the repo (< 100 chars)."""
-    with tempfile.TemporaryDirectory(prefix="kk") as tmp:
-        yield make_infra_repo(Path(tmp))
-
-
-@pytest.fixture
 def short_tmp():
     """An empty folder per test under a short path (/tmp/kkXXXXXXXX, not pytest's deep tmp_path):
     inventory/local.py puts supervisord's unix socket under the repo made in it, whose path must stay
@@ -29,6 +21,25 @@ def short_tmp():
     path = Path(tempfile.mkdtemp(prefix="kk", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def project(short_tmp):
+    """A fresh infra repo per test: committed, clean, on main, with its own git identity. Under a
+    short path: short_tmp/infra (inventory/local.py puts supervisord's unix socket under the repo,
+    < 100 chars); a test that also asks for short_tmp gets the folder the repo is in."""
+    return make_infra_repo(short_tmp)
+
+
+@pytest.fixture
+def infra_repo(tmp_path):
+    """For a test that needs more than `project`: a maker of infra repos under the test's tmp_path,
+    `infra_repo(name="infra", identity="Test Operator")` -> the repo at tmp_path/name (two repos:
+    two names)."""
+    def make(name: str = "infra", identity: str = "Test Operator"):
+        return make_infra_repo(tmp_path, name=name, identity=identity)
+
+    return make
 
 
 @pytest.fixture(scope="module")

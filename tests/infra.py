@@ -1,7 +1,8 @@
 """Build a temporary infra repo for tests: a copy of this repo's inventory/, templates/ and
 deploy.py under its own `git init`, with a local git identity (a new machine may have none).
 
-    project = make_infra_repo(tmp_path)      # committed, clean, on branch main
+    project = make_infra_repo(tmp_path)      # committed, clean, on branch main (a test takes it from
+                                             # conftest: `project`, `shared`, `infra_repo(name=, identity=)`)
     kk(project, "log") / cli(project, "log")  # the CLI in this process / in its own (bytes, exit codes)
     snapshot(project)                        # HEAD, status, knobs.toml: what "nothing written" keeps
 """
