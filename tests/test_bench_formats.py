@@ -19,7 +19,6 @@ from click.testing import CliRunner
 from knobkeeper.cli.ab import ab
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import importers
-from tests.infra import make_infra_repo
 
 DATA = Path(__file__).resolve().parent / "data" / "bench_formats"
 LEVELS = [2, 8]
@@ -242,10 +241,9 @@ def _head(project) -> str:
     ("aiperf-0.13.0", ["baseline"], ["candidate"]),
     ("sglang-0.5.23", ["baseline-details.jsonl"], ["candidate-details.jsonl"]),
 ])
-def test_import_carries_the_candidates_lost_requests(tmp_path, tool, base, cand):
+def test_import_carries_the_candidates_lost_requests(project, tool, base, cand):
     """Today's import path stores the failed requests a file records: the candidate's errors reach
     the evidence runs (and its error-rate gate), the baseline's zero is a recorded zero."""
-    project = make_infra_repo(tmp_path)
     out = _import(project, [str(DATA / tool / f) for f in base], [str(DATA / tool / f) for f in cand])
     assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
@@ -264,8 +262,7 @@ def test_import_carries_the_candidates_lost_requests(tmp_path, tool, base, cand)
     assert len(doc["source"]["raw_files"]) == sum(len(importers.expand([str(DATA / tool / f)])) for f in base + cand)
 
 
-def test_import_of_a_file_that_does_not_record_errors_says_so(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_import_of_a_file_that_does_not_record_errors_says_so(project):
     here = DATA / "sglang-0.5.23"
     out = CliRunner().invoke(ab, ["import", "--repo", str(project.root), "--baseline", str(here / "baseline.jsonl"),
                                   "--candidate", str(here / "candidate.jsonl"), "--role", "decode",
@@ -352,8 +349,7 @@ def _bad_cases(tmp_path: Path) -> list[tuple[list[str], list[str], str, str]]:
     ]
 
 
-def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path):
-    project = make_infra_repo(tmp_path / "repo")
+def test_bad_input_is_one_line_exit_2_and_nothing_written(project, tmp_path):
     head = _head(project)
     cand = [str(DATA / "guidellm-0.8.1" / "candidate.json")]
     for base, extra, needle, named in _bad_cases(tmp_path):

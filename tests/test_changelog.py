@@ -19,7 +19,7 @@ from knobkeeper.cli import main
 from knobkeeper.errors import UserError
 from knobkeeper.knobs.catalog import fingerprint, load_catalog
 from knobkeeper.knobs.state import read_declared
-from tests.infra import git, kk, make_infra_repo, set_identity
+from tests.infra import git, kk, set_identity
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 
@@ -431,8 +431,8 @@ def test_every_command_help_ends_with_an_example():
         assert "Example:" in result.output and "knobkeeper " in result.output.split("Example:")[1], path
 
 
-def test_identity_comes_from_git_config(tmp_path):
-    project = make_infra_repo(tmp_path, identity="Ada Operator")
+def test_identity_comes_from_git_config(infra_repo):
+    project = infra_repo(identity="Ada Operator")
     change = ops.set_knob(project, KNOB, "64", "decode", "x")
     assert change.entry.author == "Ada Operator <ada.operator@example.com>"
     set_identity(project.root, "Grace Operator")

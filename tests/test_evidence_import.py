@@ -14,7 +14,6 @@ from knobkeeper.errors import UserError
 from knobkeeper.evidence import importers
 from knobkeeper.evidence import store
 from knobkeeper.evidence.schema import validate
-from tests.infra import make_infra_repo
 
 DATA = Path(__file__).resolve().parent / "data" / "bench_formats"
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
@@ -70,8 +69,7 @@ def test_guidellm_latency_in_seconds_becomes_ms():
     assert r["ttft_ms"]["p90"] > r["ttft_ms"]["p50"] and r["completed"] == 640
 
 
-def test_import_sglang_builds_judged_evidence_and_commits(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_import_sglang_builds_judged_evidence_and_commits(project):
     doc = store.import_files(project, baseline=_files("sglang_unset.jsonl"), candidate=_files("sglang_ctas512.jsonl"),
                              role="decode", knob=f"{KNOB}=512")
     assert validate(doc) == []
@@ -98,8 +96,7 @@ def test_import_sglang_builds_judged_evidence_and_commits(tmp_path):
     ("guidellm_unset_*.json", "guidellm_ctas512_*.json", "guidellm", [64, 80, 96]),
     ("aiperf_unset_*/profile_export_aiperf.json", "aiperf_ctas512_*/profile_export_aiperf.json", "aiperf", [64]),
 ])
-def test_import_other_formats(tmp_path, base, cand, fmt, levels):
-    project = make_infra_repo(tmp_path)
+def test_import_other_formats(project, base, cand, fmt, levels):
     doc = store.import_files(project, baseline=_files(base), candidate=_files(cand), role="decode",
                              knob=f"{KNOB}=512", no_commit=True)
     assert [lv.concurrency for lv in doc.judgement.levels] == levels
@@ -107,8 +104,7 @@ def test_import_other_formats(tmp_path, base, cand, fmt, levels):
     assert doc.source.format == fmt
 
 
-def test_import_kernels_rejudges_bench_output(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_import_kernels_rejudges_bench_output(project):
     doc = store.import_files(project, baseline=[str(KERNEL_FILE)], candidate=[], role="decode", fmt="kernels")
     assert doc.knob == "KNOBKEEPER_SPLITKV_TARGET_CTAS" and doc.id != "5eed0001"
     assert doc.arms["A"].knobs == {"KNOBKEEPER_SPLITKV_TARGET_CTAS": 256}
@@ -117,8 +113,7 @@ def test_import_kernels_rejudges_bench_output(tmp_path):
     assert doc.setup.device == "NVIDIA H200"
 
 
-def test_cli_import_with_several_files_per_option(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_cli_import_with_several_files_per_option(project):
     out = CliRunner().invoke(ab, ["import", "--repo", str(project.root), "--baseline", *_files("vllm_unset_*.json"),
                                   "--candidate", *_files("vllm_ctas512_*.json"), "--role", "decode",
                                   "--knob", f"{KNOB}=512"])
@@ -129,10 +124,9 @@ def test_cli_import_with_several_files_per_option(tmp_path):
     assert "better" in out.output and "95% CI" in out.output
 
 
-def test_cli_import_names_the_stack_measured(tmp_path):
+def test_cli_import_names_the_stack_measured(project):
     """`--stack vllm`: the evidence is of stack vllm's decode (setup.stack), the only role it backs;
     a stack no inventory names is refused, nothing written."""
-    project = make_infra_repo(tmp_path)
     args = ["import", "--repo", str(project.root), "--baseline", *_files("vllm_unset_*.json"), "--candidate",
             *_files("vllm_ctas512_*.json"), "--role", "decode", "--knob", "NCCL_MIN_NCHANNELS=4"]
     head = _head(project)
@@ -152,8 +146,7 @@ def test_cli_import_names_the_stack_measured(tmp_path):
     (["sglang_unset.jsonl"], "vllm", "this is a sglang bench_serving JSONL"),
     (["nonexistent.json"], "auto", "no such file"),
 ])
-def test_bad_files_name_file_and_field_and_write_nothing(tmp_path, files, fmt, needle):
-    project = make_infra_repo(tmp_path)
+def test_bad_files_name_file_and_field_and_write_nothing(project, files, fmt, needle):
     head = _head(project)
     out = CliRunner().invoke(ab, ["import", "--repo", str(project.root), "--baseline", *[str(DATA / f) for f in files],
                                   "--candidate", *_files("sglang_ctas512.jsonl"), "--role", "decode",
@@ -165,8 +158,7 @@ def test_bad_files_name_file_and_field_and_write_nothing(tmp_path, files, fmt, n
     assert [p.name for p in (project.root / "changelog" / "evidence").iterdir()] == [".gitkeep"]
 
 
-def test_bad_knob_is_rejected_before_writing(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_bad_knob_is_rejected_before_writing(project):
     with pytest.raises(UserError, match="8192"):
         store.import_files(project, baseline=_files("sglang_unset.jsonl"), candidate=_files("sglang_ctas512.jsonl"),
                            role="decode", knob=f"{KNOB}=0")

@@ -16,7 +16,6 @@ from knobkeeper.cli.ab import ab
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import store
 from knobkeeper.evidence.plot import plot
-from tests.infra import make_infra_repo
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 
@@ -52,8 +51,7 @@ def test_summary_line_and_gains():
     assert store.commit_summary(doc).startswith(f"evidence: {KNOB}=512 on decode (+1")
 
 
-def test_load_by_prefix_list_and_errors(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_load_by_prefix_list_and_errors(project):
     d1, d2 = _doc(1), _doc(2)
     d2.id = d1.id[:3] + ("0" if d1.id[3] != "0" else "1") + d1.id[4:]
     store.write(project, d1)
@@ -71,8 +69,7 @@ def test_load_by_prefix_list_and_errors(tmp_path):
     assert out.exit_code == 0 and d1.id in out.output and "(unset) -> 512" in out.output
 
 
-def test_show_table_json_and_plot(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_show_table_json_and_plot(project, tmp_path):
     doc = _doc()
     store.write(project, doc)
     runner = CliRunner()

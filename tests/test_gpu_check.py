@@ -33,7 +33,7 @@ from knobkeeper.evidence.schema import validate  # noqa: E402
 from knobkeeper.knobs.catalog import load_catalog  # noqa: E402
 from knobkeeper_kernels import gpu_check  # noqa: E402
 from knobkeeper_kernels.bench import KNOB, ROLE  # noqa: E402
-from tests.infra import kk, make_infra_repo  # noqa: E402
+from tests.infra import kk  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "kernels" / "gpu_check.py"
@@ -228,9 +228,8 @@ def test_fake_evidence_one_file_per_candidate_and_context(fake_run):
         assert all(sorted(reps) == [0, 1, 2] for reps in per_level.values())
 
 
-def test_fake_evidence_imports_and_links_to_a_set(fake_run, tmp_path):
+def test_fake_evidence_imports_and_links_to_a_set(fake_run, project):
     _, _, loose = fake_run
-    project = make_infra_repo(tmp_path)
     path = next(p for p in sorted(loose.glob("*.json"))
                 if json.loads(p.read_text())["arms"]["B"]["knobs"][KNOB] == 512)
     fmt, imported = importers.read(path)

@@ -113,8 +113,7 @@ def test_refuted_and_confirmed_reverts_look_different(story, browser):
     assert refuted != confirmed and refuted[0] != confirmed[0] and refuted[2] != confirmed[2]
 
 
-def test_hostile_strings_are_text_not_markup(tmp_path, browser):
-    project = make_infra_repo(tmp_path)
+def test_hostile_strings_are_text_not_markup(project, tmp_path, browser):
     evil = '<script>window.__pwned=1</script><img src="x.png" onerror="window.__pwned=2">'
     ops.set_knob(project, "NCCL_DEBUG", "INFO", "prefill", f"debug {evil}")
     incidents.open_incident(project, f"hang {evil}")
@@ -125,10 +124,9 @@ def test_hostile_strings_are_text_not_markup(tmp_path, browser):
     assert evil in tab.evaluate("document.body.textContent")
 
 
-def test_a_hostile_value_and_reason_are_escaped_in_the_html(tmp_path):
+def test_a_hostile_value_and_reason_are_escaped_in_the_html(project, tmp_path):
     """The page's text itself, not the DOM: a knob value and a reason with <script>, quotes and &
     come out escaped by the templates' autoescape, in the declared table and the knob's history."""
-    project = make_infra_repo(tmp_path)
     value, reason = '<script>alert("v")</script>', "it's <b>fast</b> & \"safe\""
     ops.set_knob(project, "NCCL_SOCKET_IFNAME", value, "prefill", reason)
     text = write_report(project, tmp_path / "r.html").path.read_text()
