@@ -33,7 +33,6 @@ from knobkeeper.evidence import ab
 from knobkeeper.evidence import importers
 from knobkeeper.evidence import store
 from knobkeeper.evidence.bench import locate
-from tests.infra import make_infra_repo
 from tests.real_vllm import ensure
 from tests.test_evidence_ab import KNOB, SimSwitcher, raised_priority
 
@@ -61,9 +60,8 @@ decode_step = 1.0
 """
 
 
-def test_ab_run_bench_vllm_on_the_sim_to_a_decided_verdict(tmp_path, engine, monkeypatch):
+def test_ab_run_bench_vllm_on_the_sim_to_a_decided_verdict(project, tmp_path, engine, monkeypatch):
     python, tokenizer = engine
-    project = make_infra_repo(tmp_path / "repo")
     (tmp_path / "effects.toml").write_text(EFFECTS)
     monkeypatch.setenv("KNOBKEEPER_SIM_EFFECTS", str(tmp_path / "effects.toml"))
     sw = SimSwitcher(tmp_path, declared={KNOB: None}, time_scale=0.5)
@@ -109,10 +107,9 @@ def test_ab_run_bench_vllm_on_the_sim_to_a_decided_verdict(tmp_path, engine, mon
     assert {str(p.relative_to(project.root)) for p in raws} <= set(tracked)
 
 
-def test_a_failing_tool_stops_the_run_with_its_last_lines_and_the_arms_are_put_back(tmp_path, engine):
+def test_a_failing_tool_stops_the_run_with_its_last_lines_and_the_arms_are_put_back(project, engine):
     """vllm bench serve exits 2 (argparse) on a --bench-arg it does not know: the run stops there."""
     python, tokenizer = engine
-    project = make_infra_repo(tmp_path)
     switched, restored = [], []
     harness = ab.Harness(lambda arm: switched.append(arm["knobs"]), lambda: restored.append(1),
                          "http://127.0.0.1:9", warm_up=lambda *a, **k: {})
@@ -144,8 +141,7 @@ def test_a_failing_tools_last_lines_are_one_line_of_its_error(tmp_path):
                                  "usage: vllm bench serve [options] | error: unrecognized arguments: --no-such-flag")
 
 
-def test_a_tool_not_installed_is_said_before_any_arm_is_switched(tmp_path, monkeypatch):
-    project = make_infra_repo(tmp_path)
+def test_a_tool_not_installed_is_said_before_any_arm_is_switched(project, tmp_path, monkeypatch):
     runner = CliRunner()
     base = ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role", "decode",
             "--set", f"{KNOB}=512", "--concurrency", "8", "--repeats", "2", "--requests", "16"]

@@ -33,7 +33,7 @@ from knobkeeper.evidence import metrics
 from knobkeeper.evidence import store
 from knobkeeper.fsio import lock_file, unlock_file
 from knobkeeper.review.check import check
-from tests.infra import cli, git, kk, make_infra_repo, one_line_exit_2, snapshot
+from tests.infra import cli, git, kk, one_line_exit_2, snapshot
 from tests.procs import free_port, start, stop, wait_http
 from tests.prometheus import Prometheus
 
@@ -459,11 +459,10 @@ def _noisy(seed: int, canary_speed: float = 1.0, n: int = 4, noise: float = 0.03
             "h3/decode": _stats(1000, 16, seed=seed + 2, n=n, noise=noise)}
 
 
-def test_inconclusive_canary_says_how_long_would_decide(tmp_path):
+def test_inconclusive_canary_says_how_long_would_decide(project):
     """Few noisy windows: inconclusive, put back, and the report says how long a canary (and its
     calibration) would need; with the default 2% restart noise on one canary host, 80% power for ±5%
     is out of reach at any length (at most ~70%), and it says that only more hosts would do."""
-    project = make_infra_repo(tmp_path)
     plan = _plan()
     calls = []
     out = canary.run(project, plan, FakeSource(_noisy(1), _noisy(11, 1.01)),
@@ -479,10 +478,9 @@ def test_inconclusive_canary_says_how_long_would_decide(tmp_path):
     assert any("no canary length on 1 canary host(s) would detect ±5%" in line for line in canary.report_lines(out))
 
 
-def test_failing_candidate_is_rolled_back_with_evidence(tmp_path):
+def test_failing_candidate_is_rolled_back_with_evidence(project):
     """A candidate whose host aborts a third of its requests: worse on the errors test, rolled back,
     evidence written with the verdict, knobs.toml untouched."""
-    project = make_infra_repo(tmp_path)
     plan = _plan()
     before = (project.root / "inventory" / "knobs.toml").read_text()
     windows = _with_requests(_noisy(21))
@@ -504,13 +502,12 @@ def test_failing_candidate_is_rolled_back_with_evidence(tmp_path):
     assert (project.root / "inventory" / "knobs.toml").read_text() == before
 
 
-def test_the_evidence_names_the_metrics_of_the_engine_family_it_measured(tmp_path):
+def test_the_evidence_names_the_metrics_of_the_engine_family_it_measured(project):
     """Issue 37: a canary on vLLM workers recorded SGLang's metric names in its evidence (the scrape
     source's text was SGLang's, the Prometheus queries took SGLang's by default). Its workers' family
     names them now, for either source."""
     from knobkeeper.engine.vllm import VLLM
 
-    project = make_infra_repo(tmp_path)
     t = [metrics.Target(f"h{i}/decode", f"h{i}", "decode", f"http://127.0.0.1:{i}/metrics", VLLM.metrics) for i in (1, 2, 3)]
     plan = canary_design.Plan("NCCL_MIN_NCHANNELS", 8, None, "decode", canary=[t[0]], baseline=t[1:])
     recorded = {}
@@ -577,12 +574,11 @@ def _load_for_canary(pd) -> Load:
     return load
 
 
-def test_aa_canary_is_never_better_and_is_put_back(pd, tmp_path):
+def test_aa_canary_is_never_better_and_is_put_back(pd, project):
     """The same value on the canary host (A/A): neither better nor worse, no failed guard; the host is
     put back and knobs.toml is untouched. At a strict alpha: what this run checks is that the pipeline
     reads no change into a restart with the same value (a bias would show at any alpha); the rate of
     false alarms at the default alpha is a property of many runs, measured by bench/bench_canary.py."""
-    project = make_infra_repo(tmp_path)
     plan = _plan_of(pd, None)
     switch = Switch(pd["decodes"][1])
     before = (project.root / "inventory" / "knobs.toml").read_text()
@@ -597,8 +593,7 @@ def test_aa_canary_is_never_better_and_is_put_back(pd, tmp_path):
     assert canary.report_lines(out)[0].endswith(out.verdict)
 
 
-def test_no_traffic_puts_the_canary_back_and_fails(pd, tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_no_traffic_puts_the_canary_back_and_fails(pd, project):
     plan = _plan_of(pd, 512)
     switch = Switch(pd["decodes"][1])
     with pytest.raises(UserError, match="no valid window .*no traffic"):
@@ -696,7 +691,7 @@ CANARY_KILLED_IN_PUT_BACK = canary_cli(
 """)
 
 
-def test_a_candidate_killed_mid_canary_is_worse_and_its_evidence_outlives_a_kill_in_the_put_back(pd, short_tmp):
+def test_a_candidate_killed_mid_canary_is_worse_and_its_evidence_outlives_a_kill_in_the_put_back(pd, project):
     """Issue 38, as seen: the candidate's worker kill -9'd in a canary window, then the canary
     SIGKILLed during its put-back. Before, the dead worker's windows were measured, came out "no
     valid window" and the put-back began with no evidence. Now the refused scrape stops the measuring
@@ -704,7 +699,6 @@ def test_a_candidate_killed_mid_canary_is_worse_and_its_evidence_outlives_a_kill
     died) is committed before the put-back starts; the marker says where the canary was killed."""
     from knobkeeper.deploy import canary_state
 
-    project = make_infra_repo(short_tmp)
     baseline, worker = pd["decodes"]
     workers = [(d.target.key, d.target.host, d.target.url) for d in (worker, baseline)]
     load = load_process(pd)
@@ -770,8 +764,7 @@ router = [("router-1", {**_base, "ssh_hostname": "127.0.0.6"})]
     ([f"{KNOB}=512", "--role", "decode", "--inventory", "inventory/two.py", "--restart-noise", "1.5"],
      "--restart-noise 1.5: expected a log-sd from 0 to 1"),
 ])
-def test_bad_input_is_one_line_exit_2_nothing_deployed(short_tmp, args, message):
-    project = make_infra_repo(short_tmp)
+def test_bad_input_is_one_line_exit_2_nothing_deployed(project, args, message):
     (project.root / "inventory" / "two.py").write_text(TWO_DECODE)
     before = sorted(p.name for p in (project.root / "changelog").rglob("*"))
     result = kk(project, "canary", *args)
@@ -781,10 +774,9 @@ def test_bad_input_is_one_line_exit_2_nothing_deployed(short_tmp, args, message)
 
 
 @pytest.mark.parametrize("router", ["sglang-router", "smg"])
-def test_scrape_config_names_every_worker_and_the_router_metrics_port(tmp_path, router):
+def test_scrape_config_names_every_worker_and_the_router_metrics_port(project, router):
     """Whichever router the inventory runs (smg is the local default), its target is its metrics port,
     never its serving port's /metrics (404 on both routers)."""
-    project = make_infra_repo(tmp_path)
     (project.root / "inventory" / "two.py").write_text(TWO_DECODE.replace('"router": "sglang-router"', f'"router": "{router}"'))
     result = kk(project, "canary", "scrape-config", "--inventory", "inventory/two.py")
     assert result.exit_code == 0, result.output
@@ -801,10 +793,9 @@ def test_scrape_config_names_every_worker_and_the_router_metrics_port(tmp_path, 
 
 # ---------------------------------------------------------------- 4. incident snapshots
 
-def test_incident_snapshot_records_engine_and_router_gauges(pd, short_tmp):
+def test_incident_snapshot_records_engine_and_router_gauges(pd, project, short_tmp):
     """While the load runs the decode engine shows running requests and tokens/s; once it stops the
     snapshot shows it idle: the observation that refutes a suspect knob in the field story."""
-    project = make_infra_repo(short_tmp)
     pre, dec = pd["prefill"], pd["decodes"][0]
     (project.root / "inventory" / "snap.py").write_text(f'''
 _d = {{"prefix": "{short_tmp}/state", "service_manager": "supervisord", "listen_host": "127.0.0.1",
@@ -906,11 +897,10 @@ def test_a_restart_inside_a_window_is_counted_with_the_requests_it_failed():
     assert crashed.to_json()["restarts"] == 1 and "restarts" not in steady.to_json()
 
 
-def test_a_restart_of_the_candidate_is_its_death_and_no_window_from_it_on_is_judged(tmp_path):
+def test_a_restart_of_the_candidate_is_its_death_and_no_window_from_it_on_is_judged(project):
     """Issue 38: a candidate's crash is itself the verdict. Seen afterwards in its windows (a source
     that cannot watch): worse, "the candidate died" first among the failed guards and in the commit,
     the windows from the crash on not judged (before: three restarts were needed, one cost a window)."""
-    project = make_infra_repo(tmp_path)
     plan = _plan()
     scraped = _with_requests(_noisy(31))
     scraped["h1/decode"][1].restarts = 1            # the candidate crashes in the second canary window
@@ -1308,8 +1298,7 @@ def _switch(project, plan, lock_wait):
                            canary.deploy_switch(project, "inventory/local.py", plan, lock_wait=lock_wait))
 
 
-def test_the_put_back_waits_for_the_deploy_lock_after_the_evidence_is_written(tmp_path, monkeypatch, capsys):
-    project = make_infra_repo(tmp_path)
+def test_the_put_back_waits_for_the_deploy_lock_after_the_evidence_is_written(project, monkeypatch, capsys):
     plan = _plan()
     holders = []
     deploys = Deploys(project, on_candidate=lambda: holders.append(_hold(project, 2.5)))
@@ -1326,8 +1315,7 @@ def test_the_put_back_waits_for_the_deploy_lock_after_the_evidence_is_written(tm
     assert canary_state.read_marker(project) is None
 
 
-def test_a_put_back_that_cannot_get_the_lock_names_what_is_left_and_keeps_the_evidence(tmp_path, monkeypatch):
-    project = make_infra_repo(tmp_path)
+def test_a_put_back_that_cannot_get_the_lock_names_what_is_left_and_keeps_the_evidence(project, monkeypatch):
     plan = _plan()
     holders = []
     deploys = Deploys(project, on_candidate=lambda: holders.append(_hold(project, 60)))
@@ -1349,8 +1337,7 @@ def test_a_put_back_that_cannot_get_the_lock_names_what_is_left_and_keeps_the_ev
     assert canary_state.read_marker(project)["applied_at"]                    # for `canary abort`
 
 
-def test_a_candidate_deploy_that_never_started_rolls_nothing_back(tmp_path, monkeypatch):
-    project = make_infra_repo(tmp_path)
+def test_a_candidate_deploy_that_never_started_rolls_nothing_back(project, monkeypatch):
     plan = _plan()
     deploys = Deploys(project)
     monkeypatch.setattr("knobkeeper.deploy.api.run_deploy", deploys)

@@ -25,7 +25,6 @@ from knobkeeper.errors import UserError
 from knobkeeper.evidence import canary
 from knobkeeper.evidence import canary_design
 from knobkeeper.evidence import metrics
-from tests.infra import make_infra_repo
 from tests.procs import free_port, start, stop, wait_http
 from tests.prometheus import Prometheus
 
@@ -106,7 +105,7 @@ def test_a_worker_restarted_mid_window_is_a_restart_in_the_prometheus_source(sta
     assert canary_design.restarts_of(_plan(workers), windows) == 1
 
 
-def test_a_candidate_crash_seen_through_prometheus_is_worse_and_stops_the_windows(stack, tmp_path):
+def test_a_candidate_crash_seen_through_prometheus_is_worse_and_stops_the_windows(stack, project):
     """Issue 38 through `--source prometheus`: the candidate worker killed by PID and started again
     on its port (a crash supervisord restarted) one second into the canary windows. The raw samples
     Prometheus holds show the new process at the next poll: the measuring stops, the evidence says
@@ -114,7 +113,6 @@ def test_a_candidate_crash_seen_through_prometheus_is_worse_and_stops_the_window
     from knobkeeper.evidence import store
     from tests.infra import git
 
-    project = make_infra_repo(tmp_path)
     workers, prom = stack["workers"], stack["prom"]
     plan = _plan(workers)
     calls, crashed = [], {}
@@ -166,9 +164,8 @@ def test_check_accepts_a_target_whose_last_scrape_failed(stack):
         prom.wait_scraped(2)
 
 
-def test_prometheus_dying_mid_canary_stops_it_within_a_poll_and_puts_the_hosts_back(stack, tmp_path):
+def test_prometheus_dying_mid_canary_stops_it_within_a_poll_and_puts_the_hosts_back(stack, project):
     """Last in the module: it kills the module's Prometheus."""
-    project = make_infra_repo(tmp_path)
     workers, prom = stack["workers"], stack["prom"]
     plan = _plan(workers)
     calls = []

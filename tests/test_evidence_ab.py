@@ -44,7 +44,6 @@ from knobkeeper.evidence import ab, judge
 from knobkeeper.evidence import metrics
 from knobkeeper.evidence import store
 from knobkeeper.evidence.model import Evidence
-from tests.infra import make_infra_repo
 from tests.procs import free_port, stop, wait_http
 from tests.test_canary_prometheus import Exporter
 
@@ -261,8 +260,7 @@ def test_measure_runs_warmup_then_every_level_per_block():
     assert doc.setup.workload.requests_per_run == 50
 
 
-def test_ab_run_library_writes_and_commits_evidence_with_fake_switcher(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_ab_run_library_writes_and_commits_evidence_with_fake_switcher(project):
     restored = []
     doc = ab.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
                     design=ab.Design([64], 2, requests=10), endpoint="http://x",
@@ -273,8 +271,7 @@ def test_ab_run_library_writes_and_commits_evidence_with_fake_switcher(tmp_path)
     assert log.startswith(f"evidence: {KNOB}=512 on decode") and f"Evidence: {doc.id}" in log
 
 
-def test_ab_run_cli_errors_are_one_line_exit_2(short_tmp):
-    project = make_infra_repo(short_tmp)
+def test_ab_run_cli_errors_are_one_line_exit_2(project):
     runner = CliRunner()
     out = runner.invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
                                    "decode", "--set", f"{KNOB}=99999", "--requests", "10"])
@@ -287,8 +284,7 @@ def test_ab_run_cli_errors_are_one_line_exit_2(short_tmp):
     assert out.exit_code == 2 and "--concurrency" in out.output
 
 
-def test_ab_run_library_defaults_to_the_sequential_design(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_ab_run_library_defaults_to_the_sequential_design(project):
     calls = []
     doc = ab.ab_run(project, inventory="inventory/local.py", role="decode", set_spec=f"{KNOB}=512",
                     design=ab.Design([64, 96], requests=10), endpoint="http://x",
@@ -302,8 +298,7 @@ def test_ab_run_library_defaults_to_the_sequential_design(tmp_path):
     assert store.verify(doc) == []
 
 
-def test_ab_run_cli_refuses_repeats_with_max_repeats(tmp_path):
-    project = make_infra_repo(tmp_path)
+def test_ab_run_cli_refuses_repeats_with_max_repeats(project):
     out = CliRunner().invoke(ab_group, ["run", "--repo", str(project.root), "--inventory", "inventory/local.py", "--role",
                                         "decode", "--set", f"{KNOB}=512", "--requests", "5", "--repeats", "3",
                                         "--max-repeats", "6"])
@@ -353,20 +348,18 @@ def test_the_block_warm_up_is_measured_recorded_and_never_judged():
         ab.Design([64], 2, duration=5, warmup_requests=4, warmup_duration=5).check()
 
 
-def test_the_sim_inventory_is_simulated(short_tmp):
-    project = make_infra_repo(short_tmp)
+def test_the_sim_inventory_is_simulated(project):
     assert ab.role_simulated(project, "inventory/local.py", "decode") is True
     assert ab.role_simulated(project, "inventory/local.py", "nosuchrole") is None
 
 
-def test_the_baseline_of_a_stack_scoped_knob_is_its_stack_table(short_tmp):
+def test_the_baseline_of_a_stack_scoped_knob_is_its_stack_table(project):
     """inventory/local_vllm.py names stack "vllm": `--baseline current` is [vllm.decode]'s declared
     value, not the unscoped [decode] table's (where the knob is unset)."""
     from knobkeeper.deploy.stack import load_stack
 
     from tests.infra import kk
 
-    project = make_infra_repo(short_tmp)
     done = kk(project, "set", "VLLM_CPU_OMP_THREADS_BIND=1", "--stack", "vllm", "--role", "decode", "--reason", "own core")
     assert done.exit_code == 0, done.output
     scope = load_stack(project.root, "inventory/local_vllm.py").scope("decode")
@@ -376,12 +369,11 @@ def test_the_baseline_of_a_stack_scoped_knob_is_its_stack_table(short_tmp):
     assert ab.role_simulated(project, "inventory/local_vllm.py", "decode") is False
 
 
-def test_an_undeclared_knob_s_baseline_is_what_the_inventory_runs(short_tmp):
+def test_an_undeclared_knob_s_baseline_is_what_the_inventory_runs(project):
     """Not declared: the baseline arm is the inventory's knob_defaults value (what the stack runs),
     not "unset" (which would drop the default and measure vLLM's own); declared: the declared one."""
     from tests.infra import kk
 
-    project = make_infra_repo(short_tmp)
     inv = "inventory/local_vllm.py"
     knob, arms = ab.inventory_arms(project, inv, "decode", "VLLM_CPU_OMP_THREADS_BIND=0-1")
     assert arms["A"] == {"label": "baseline (inventory default)", "knobs": {knob: "1"}}
