@@ -14,7 +14,7 @@ import pytest
 
 from knobkeeper.changelog import ops
 from knobkeeper.knobs.state import load_document, with_value
-from tests.infra import git, make_infra_repo
+from tests.infra import git
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -63,9 +63,8 @@ def try_repo(project, tmp_path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=240)
 
 
-def test_hook_fails_a_hand_edit_and_passes_a_recorded_change(short_tmp):
+def test_hook_fails_a_hand_edit_and_passes_a_recorded_change(short_tmp, project):
     tmp_path = short_tmp
-    project = make_infra_repo(tmp_path)
     knob = "SGLANG_SM120_MMA_TARGET_CTAS"
     # a hand edit of knobs.toml: no entry explains it
     project.knobs_path.write_text(with_value(load_document(project.knobs_path), "decode", knob, 512))

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from datetime import datetime
@@ -117,12 +116,8 @@ def test_partial_deploy_of_a_stack_that_is_not_up_says_what_to_run_first(stack):
     assert supervisord_pid(stack.prefix) is None  # nothing was started
 
 
-def test_sigterm_during_a_deploy_stops_the_run_and_runs_the_callers_finally(tmp_path):
+def test_sigterm_during_a_deploy_stops_the_run_and_runs_the_callers_finally(tmp_path, project):
     """Issue 18 item 17: SIGTERM is handled like Ctrl-C: the pyinfra run is stopped, `finally` runs."""
-    import tempfile
-
-    # A short path: the local stack's supervisord socket must stay under 100 characters.
-    project = make_infra_repo(Path(tempfile.mkdtemp(prefix="kk-")))
     pid_file, marker = tmp_path / "pyinfra.pid", tmp_path / "restored"
     # A deploy.py that never finishes: it stands for a long gate.
     (project.root / "deploy.py").write_text(
@@ -403,8 +398,7 @@ def test_a_record_journal_left_by_a_live_deploy_is_not_touched_and_a_dead_one_s_
     assert recover_interrupted(project) == []
 
 
-def test_a_sigkilled_deploy_leaves_a_record_the_next_command_completes():
-    project = make_infra_repo(Path(tempfile.mkdtemp(prefix="kk-")))   # supervisord's socket path stays short
+def test_a_sigkilled_deploy_leaves_a_record_the_next_command_completes(project):
     prefix = project.state_dir / "local"
     ports = {"prefill": free_port(), "bootstrap": free_port(), "decode": free_port(), "router": free_port(),
              "router_metrics": free_port()}
@@ -454,10 +448,9 @@ def test_a_sigkilled_deploy_leaves_a_record_the_next_command_completes():
 #   session, as run_deploy's pyinfra is), the middle is SIGKILLed by PID, the child goes;
 # - run_deploy's real pyinfra run starts the watch (deploy.py stood in for by one that reports it).
 
-def test_a_deploy_dies_with_its_sigkilled_caller(tmp_path):
+def test_a_deploy_dies_with_its_sigkilled_caller(tmp_path, project):
     """Finding 4's second half: the pyinfra run is in its own session, yet it must not outlive a
     canary (or any caller) killed outright: it gets SIGTERM when its parent dies."""
-    project = make_infra_repo(Path(tempfile.mkdtemp(prefix="kk-")))
     pid_file = tmp_path / "pyinfra.pid"
     (project.root / "deploy.py").write_text(   # stands for a long candidate deploy
         f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)\n")
@@ -520,8 +513,7 @@ def test_a_watched_child_dies_with_its_sigkilled_parent_without_prctl():
     assert parent.PARENT_ENV not in os.environ and parent.watch_parent() is False
 
 
-def test_run_deploy_s_pyinfra_watches_its_parent(tmp_path):
-    project = make_infra_repo(Path(tempfile.mkdtemp(prefix="kk-")))
+def test_run_deploy_s_pyinfra_watches_its_parent(tmp_path, project):
     report = tmp_path / "threads.json"
     (project.root / "deploy.py").write_text(   # stands for the deploy: what config.py started, then done
         "import json, os, threading\n"
