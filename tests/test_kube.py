@@ -39,6 +39,13 @@ def project(tmp_path_factory):
     return make_infra_repo(tmp_path_factory.mktemp("kube"))
 
 
+@pytest.fixture
+def fresh(short_tmp):
+    """A repo of its own for a test that commits or edits files (the module's `project` is shared):
+    conftest's `project`, which this module's name hides."""
+    return make_infra_repo(short_tmp)
+
+
 def rendered(project, data=None, **kwargs):
     stack = load_stack(project.root, INV, data)
     return stack, render_stack(project, stack, **kwargs)
@@ -148,8 +155,8 @@ def test_a_knob_value_a_process_environment_cannot_carry_is_refused_where_it_ren
     assert "knob KNOBKEEPER_SIM_EXTRA_ARGS" in str(exc.value) and "MAX_ARG_STRLEN" in str(exc.value)
 
 
-def test_check_names_a_wrong_field_in_a_rendered_and_in_a_committed_manifest(short_tmp):
-    project = make_infra_repo(short_tmp)
+def test_check_names_a_wrong_field_in_a_rendered_and_in_a_committed_manifest(fresh):
+    project = fresh
     assert kk(project, "check").exit_code == 0
     # Rendered: data that settings accepts and the schema does not (a quantity must be a string or number).
     inv = project.root / INV
@@ -170,8 +177,8 @@ def test_check_names_a_wrong_field_in_a_rendered_and_in_a_committed_manifest(sho
     assert "differs from what inventory/example_k8s.py renders" in result.output
 
 
-def test_a_knob_change_commits_the_manifests_it_changes_in_the_same_commit(short_tmp):
-    project = make_infra_repo(short_tmp)
+def test_a_knob_change_commits_the_manifests_it_changes_in_the_same_commit(fresh):
+    project = fresh
     result = kk(project, "set", f"{KNOB}=512", "--role", "decode", "--reason", "A/B +12.8% @64", "--allow-undeclared")
     assert result.exit_code == 0, result.output
     changed = set(git(project.root, "show", "--name-only", "--format=", "HEAD").split())
@@ -184,8 +191,8 @@ def test_a_knob_change_commits_the_manifests_it_changes_in_the_same_commit(short
     assert repo_files.stale(project, INV) == []
 
 
-def test_render_prints_or_writes_the_repo_files_and_refuses_a_target_that_keeps_none(short_tmp):
-    project = make_infra_repo(short_tmp)
+def test_render_prints_or_writes_the_repo_files_and_refuses_a_target_that_keeps_none(fresh):
+    project = fresh
     printed = kk(project, "render", INV)
     assert printed.exit_code == 0 and printed.output.count("kind: Deployment") == 3
     (project.root / "manifests/example_k8s/router.yaml").unlink()

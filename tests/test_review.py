@@ -33,10 +33,16 @@ def normalise(text: str, project) -> str:
 
 
 @pytest.fixture
-def branch_with_evidence(short_tmp, monkeypatch):
-    """main: the infra repo; branch ctas: evidence + a set of the CTAs knob on decode, two commits."""
+def project(short_tmp, monkeypatch):
+    """conftest's `project` with every commit at the pinned date, its first one too
+    (review_fixtures.pin_git_dates): the bodies are compared byte for byte."""
     pin_git_dates(monkeypatch)
-    project = make_infra_repo(short_tmp)
+    return make_infra_repo(short_tmp)
+
+
+@pytest.fixture
+def branch_with_evidence(project):
+    """main: the infra repo; branch ctas: evidence + a set of the CTAs knob on decode, two commits."""
     git(project.root, "switch", "-q", "-c", "ctas")
     write_evidence(project)
     commit_all(project, "evidence: CTAs=512 on decode")
@@ -66,12 +72,10 @@ def test_review_of_a_set_with_evidence_matches_the_golden_file(branch_with_evide
     assert body == GOLDEN.read_text(), "review body changed; if intended: UPDATE_GOLDEN=1 pytest tests/test_review.py"
 
 
-def test_a_range_that_changes_no_rendered_body_shows_no_rendered_file(short_tmp, monkeypatch):
+def test_a_range_that_changes_no_rendered_body_shows_no_rendered_file(project):
     """Every rendered file's header names the commit, so it changes with every commit; a file whose
     only change is a header is not shown. A Slurm job script embeds each launch script WITH its
     header: its diff was ~140 lines of `|# source:` (example_slurm.py) in every review."""
-    pin_git_dates(monkeypatch)
-    project = make_infra_repo(short_tmp)
     git(project.root, "switch", "-q", "-c", "evidence")
     write_evidence(project)
     commit_all(project, "evidence only")
@@ -131,9 +135,7 @@ def test_review_bad_ref_is_exit_2(branch_with_evidence):
     assert "--base no-such-branch: not a commit" in result.output
 
 
-def test_review_of_a_revert_shows_its_incident_and_status(short_tmp, monkeypatch):
-    pin_git_dates(monkeypatch)
-    project = make_infra_repo(short_tmp)
+def test_review_of_a_revert_shows_its_incident_and_status(project):
     write_evidence(project)
     write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
                 reason="A/B +12.8% @64", new=512, evidence=["e1e2e3e4"])
@@ -159,9 +161,7 @@ def test_review_of_a_revert_shows_its_incident_and_status(short_tmp, monkeypatch
     assert "**refuted**" in row and "hang persisted after the revert" in row
 
 
-def test_review_warns_about_a_revert_without_incident_and_a_set_without_evidence(short_tmp, monkeypatch):
-    pin_git_dates(monkeypatch)
-    project = make_infra_repo(short_tmp)
+def test_review_warns_about_a_revert_without_incident_and_a_set_without_evidence(project):
     write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
                 reason="try it", new=256)
     commit_all(project, "set")
@@ -176,9 +176,7 @@ def test_review_warns_about_a_revert_without_incident_and_a_set_without_evidence
     assert "| none |" in row and "**unexplained**" in row
 
 
-def test_review_warns_on_stale_and_insignificant_evidence(short_tmp, monkeypatch):
-    pin_git_dates(monkeypatch)
-    project = make_infra_repo(short_tmp)
+def test_review_warns_on_stale_and_insignificant_evidence(project):
     git(project.root, "switch", "-q", "-c", "weak")
     flat = [{"arm": arm, "repeat": r, "concurrency": 64, "output_tokens_per_s": 1000.0 + 40 * ((r * 7 + (arm == "B")) % 3),
              "errors": 0} for arm in "AB" for r in (1, 2, 3)]
@@ -192,10 +190,8 @@ def test_review_warns_on_stale_and_insignificant_evidence(short_tmp, monkeypatch
     assert "evidence d4d4d4d4 is not significant at any level" in body
 
 
-def test_review_against_a_base_that_moved_on_uses_the_merge_base_and_says_so(short_tmp, monkeypatch):
+def test_review_against_a_base_that_moved_on_uses_the_merge_base_and_says_so(project):
     """`--base main` after main gained its own entry: a two-dot comparison showed main's entry as deleted."""
-    pin_git_dates(monkeypatch)
-    project = make_infra_repo(short_tmp)
     fork = git(project.root, "rev-parse", "HEAD")
     git(project.root, "switch", "-q", "-c", "ctas")
     write_entry(project, id="a1b2c3d4", time="2026-11-29T16:47:37.000000Z", action="set", knob=KNOB, role="decode",
@@ -226,9 +222,7 @@ def test_review_against_a_base_that_moved_on_uses_the_merge_base_and_says_so(sho
     assert "--base ctas" not in review.review_body(project, base=fork)  # an ancestor: no note
 
 
-def test_the_restart_plan_says_what_changed_in_words_never_only_digests(short_tmp, monkeypatch):
-    pin_git_dates(monkeypatch)
-    project = make_infra_repo(short_tmp)
+def test_the_restart_plan_says_what_changed_in_words_never_only_digests(project):
     git(project.root, "switch", "-q", "-c", "engine")
     inv = project.inventory_dir / "example_prod.py"
     text = inv.read_text()
@@ -267,13 +261,11 @@ def test_the_body_says_where_the_report_is():
     assert "`knobkeeper-report` artifact of https://github.com/acme/infra/actions/runs/42" in ci
 
 
-def test_review_warns_about_an_evidence_file_changed_or_removed_in_the_range(short_tmp, monkeypatch):
+def test_review_warns_about_an_evidence_file_changed_or_removed_in_the_range(project):
     """Issue 38: a branch that rewrites one committed evidence file (its numbers, judged again) and
     deletes another adds no entry, yet the review must not read "0 knob changes, no warnings"."""
     import json
 
-    pin_git_dates(monkeypatch)
-    project = make_infra_repo(short_tmp)
     write_evidence(project)
     write_evidence(project, ident="c3c3c3c3", value=256)
     commit_all(project, "evidence")

@@ -16,11 +16,9 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,18 +30,10 @@ from knobkeeper.evidence import store
 from knobkeeper.evidence import sweep
 from knobkeeper.evidence.model import ADOPT, KEEP, NO_PICK, Evidence
 from knobkeeper.evidence.search import Design, Harness
-from tests.infra import git, kk, make_infra_repo, refused, snapshot
+from tests.infra import git, kk, refused, snapshot
 
 KNOB = "SGLANG_SM120_MMA_TARGET_CTAS"
 SPEC = f"{KNOB}=128,256,512,1024"
-
-
-@pytest.fixture
-def project():
-    """An infra repo under a short path (inventory/local.py puts a unix socket under it: < 100 chars)."""
-    path = Path(tempfile.mkdtemp(prefix="kk-sw-"))
-    yield make_infra_repo(path)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class FakeStack:
