@@ -123,6 +123,63 @@ class Service:
         return self.supervisor_conf_path if self.manager == "supervisord" else self.unit_path
 
 
+# Supervisor.query: the shell runs the Python of supervisorctl's shebang line (-S: no site-packages,
+# -E: no PYTHON* variables) on _QUERY, or supervisorctl itself when that line names no interpreter.
+_QUERY_SHELL = ('py=$(sed -n "1s/^#!//p" "$2" 2>/dev/null); '
+                'if [ -n "$py" ]; then exec $py -S -E -c "$@"; fi; ctl=$2 conf=$3; shift 4; exec "$ctl" -c "$conf" "$@"')
+_QUERY = """\
+import os, re, socket, sys
+ctl, conf, sock, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+
+
+def supervisorctl():
+    sys.stdout.flush()
+    os.execv(ctl, [ctl, "-c", conf] + args)
+
+
+if len(args) != 2 or args[0] not in ("pid", "status") or not re.match(r"^[A-Za-z0-9_.@-]+$", args[1]):
+    supervisorctl()
+name = args[1]
+body = ("<?xml version='1.0'?><methodCall><methodName>supervisor.getProcessInfo</methodName><params>"
+        "<param><value><string>%s</string></value></param></params></methodCall>" % name).encode()
+answer = b""
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(sock)
+    s.sendall(b"POST /RPC2 HTTP/1.0\\r\\nContent-Type: text/xml\\r\\nContent-Length: "
+              + str(len(body)).encode() + b"\\r\\n\\r\\n" + body)
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    s.close()
+    head, _, xml = answer.decode("utf-8").partition("\\r\\n\\r\\n")
+except (OSError, ValueError):
+    supervisorctl()
+if not re.match(r"HTTP/1\\.[01] 200 ", head) or "<methodResponse>" not in xml or "<fault>" in xml:
+    supervisorctl()
+info = {}
+for key, kind, value in re.findall(r"<name>([a-z_]+)</name>\\s*<value>(?:<(int|i4|string)>([^<]*)</\\2>"
+                                   r"|<string/>)</value>", xml):
+    info[key] = value.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+try:
+    pid, state, group, desc = int(info["pid"]), info["statename"], info["group"], info["description"]
+except (KeyError, ValueError):
+    supervisorctl()
+if info.get("name") != name or state not in ("STOPPED", "STARTING", "RUNNING", "BACKOFF", "STOPPING", "EXITED",
+                                             "FATAL", "UNKNOWN"):
+    supervisorctl()
+if args[0] == "pid":
+    print(pid)
+    sys.exit(7 if pid == 0 else 0)
+spec = name if group == name else group + ":" + name
+print(spec.ljust(max(len(spec), 30) + 3) + state.ljust(10) + desc)
+sys.exit(3 if state in ("STOPPED", "EXITED", "FATAL", "UNKNOWN") else 0)
+"""
+
+
 @dataclass(frozen=True)
 class Supervisor:
     """Paths of one host's own supervisord (everything under {prefix}/supervisor/)."""
@@ -146,6 +203,18 @@ class Supervisor:
     def ctl(self, *args: str) -> str:
         return shlex.join([self.supervisorctl, "-c", self.conf, *args])
 
+    @property
+    def query(self) -> str:
+        """A command prefix that answers as `supervisorctl -c CONF` does: `pid NAME` and `status NAME`
+        with one XML-RPC call (supervisor.getProcessInfo) on the socket, run by supervisorctl's own
+        interpreter without its site-packages (_QUERY); anything else, and any answer that is not a
+        plain process info (supervisord down, an unknown name, a fault, auth), by supervisorctl itself.
+        supervisorctl imports all of supervisor first: 0.14 s of Python per look against 0.02 s, on
+        every host of a role at once, twice per service and deploy (its state, its gate)."""
+        q = shlex.quote
+        return (f"sh -c {q(_QUERY_SHELL)} kk-supervisor-query {q(_QUERY)} "
+                f"{q(self.supervisorctl)} {q(self.conf)} {q(self.socket)}")
+
 
 @dataclass
 class HostPlan:
@@ -158,8 +227,9 @@ class HostPlan:
 
     @property
     def ctl(self) -> str:
-        """This host's supervisorctl command ('' on systemd hosts)."""
-        return self.supervisor.ctl() if self.supervisor else ""
+        """This host's supervisorctl command prefix for looks (`pid NAME`, `status NAME`; Supervisor.query),
+        '' on systemd hosts."""
+        return self.supervisor.query if self.supervisor else ""
 
     def role_services(self, role: str) -> list[Service]:
         return [s for s in self.services if s.role == role]
