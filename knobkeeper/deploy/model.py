@@ -128,7 +128,7 @@ class Service:
 _QUERY_SHELL = ('py=$(sed -n "1s/^#!//p" "$2" 2>/dev/null); '
                 'if [ -n "$py" ]; then exec $py -S -E -c "$@"; fi; ctl=$2 conf=$3; shift 4; exec "$ctl" -c "$conf" "$@"')
 _QUERY = """\
-import os, re, socket, sys
+import os, sys, _socket
 ctl, conf, sock, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 
 
@@ -137,33 +137,43 @@ def supervisorctl():
     os.execv(ctl, [ctl, "-c", conf] + args)
 
 
-if len(args) != 2 or args[0] not in ("pid", "status") or not re.match(r"^[A-Za-z0-9_.@-]+$", args[1]):
+plain = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.@-")
+if len(args) != 2 or args[0] not in ("pid", "status") or not args[1] or not set(args[1]) <= plain:
     supervisorctl()
 name = args[1]
 body = ("<?xml version='1.0'?><methodCall><methodName>supervisor.getProcessInfo</methodName><params>"
         "<param><value><string>%s</string></value></param></params></methodCall>" % name).encode()
-answer = b""
 try:
-    s = socket.socket(socket.AF_UNIX)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     s.settimeout(30)
     s.connect(sock)
-    s.sendall(b"POST /RPC2 HTTP/1.0\\r\\nContent-Type: text/xml\\r\\nContent-Length: "
-              + str(len(body)).encode() + b"\\r\\n\\r\\n" + body)
+    s.sendall(b"POST /RPC2 HTTP/1.0\\r\\nContent-Type: text/xml\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body) + body)
+    chunks = []
     while True:
         chunk = s.recv(65536)
         if not chunk:
             break
-        answer += chunk
+        chunks.append(chunk)
     s.close()
-    head, _, xml = answer.decode("utf-8").partition("\\r\\n\\r\\n")
+    head, _, xml = b"".join(chunks).decode("utf-8").partition("\\r\\n\\r\\n")
 except (OSError, ValueError):
     supervisorctl()
-if not re.match(r"HTTP/1\\.[01] 200 ", head) or "<methodResponse>" not in xml or "<fault>" in xml:
+if head.split(" ")[:2] not in (["HTTP/1.0", "200"], ["HTTP/1.1", "200"]) or "<methodResponse>" not in xml \\
+        or "<fault>" in xml:
     supervisorctl()
 info = {}
-for key, kind, value in re.findall(r"<name>([a-z_]+)</name>\\s*<value>(?:<(int|i4|string)>([^<]*)</\\2>"
-                                   r"|<string/>)</value>", xml):
-    info[key] = value.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+for member in xml.split("<member>")[1:]:
+    key = member.partition("<name>")[2].partition("</name>")[0]
+    value = member.partition("<value>")[2].partition("</value>")[0]
+    for tag in ("<int>", "<i4>", "<string>"):
+        if value.startswith(tag) and value.endswith("</" + tag[1:]):
+            value = value[len(tag):-len(tag) - 1]
+            break
+    if value == "<string/>":
+        value = ""
+    if "<" in value:
+        supervisorctl()
+    info[key] = value.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"').replace("&amp;", "&")
 try:
     pid, state, group, desc = int(info["pid"]), info["statename"], info["group"], info["description"]
 except (KeyError, ValueError):
