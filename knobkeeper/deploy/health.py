@@ -100,15 +100,18 @@ def _listen_pattern(svc: Service, port_number: int | None = None) -> str:
     return f"^({mine}|00000000|{any6}|{mapped6}):{port}$"
 
 
-def identity_command(svc: Service, ctl: str, ports: Iterable[int] = ()) -> str:
+def identity_command(svc: Service, ctl: str, ports: Iterable[int] = (), pid: str | None = None) -> str:
     """Shell printing, for the service's port and each of `ports` (its family's per-instance ports),
     `knobkeeper-identity port=N pid=P holder=yes|no listening=yes|no age=S`: the supervised PID,
     whether it (or a child) holds a socket LISTENing on that port, whether anything does, and how
     many seconds that process has been running. One service-manager call and one `ls` of each
     process's fds for all of them: a readlink process per fd took 1.03 s against 0.19 s now for a
-    process holding 300 sockets (medians of 5, a loaded 2-core machine), and a vLLM server has hundreds."""
+    process holding 300 sockets (medians of 5, a loaded 2-core machine), and a vLLM server has hundreds.
+    `pid`: the shell that prints the supervised PID (default: ask the service manager)."""
     q = shlex.quote
-    if svc.manager == "supervisord":
+    if pid is not None:
+        pass
+    elif svc.manager == "supervisord":
         pid = f"{ctl} pid {q(svc.name)} 2>/dev/null"
     else:
         pid = f"systemctl show -p MainPID --value {q(svc.name)}.service 2>/dev/null"
@@ -338,11 +341,14 @@ def _from_marker(lines: list[str], marker: str, pid: int | None) -> list[str] | 
 
 def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: RunOnHost, ctl: str, *,
               settle: float = 0.0, say: Callable[[str], None] = say_line, restarted: bool = False,
-              defer: bool = False) -> GateOutcome | Settling:
+              defer: bool = False, identity: list[str] | None = None) -> GateOutcome | Settling:
     """Wait (up to `timeout` s) until `svc` is healthy and it is the supervised process that answers;
     with `settle`, also until it stayed so (same PID) for that long: waited out here, or with `defer`
     returned as a Settling for `settled()` (when some of it is left). `restarted`: this run started
-    the process (its manager giving up on it fails the gate at once, not at the timeout)."""
+    the process (its manager giving up on it fails the gate at once, not at the timeout).
+    `identity`: identity_command's lines read on the host just before (with the service's state, in
+    the same command): the first look takes them with its health answer instead of asking the host
+    again; every later look asks again."""
     started = time.monotonic()
     deadline = started + timeout
     next_say = started + QUIET_S
@@ -351,10 +357,11 @@ def wait_gate(svc: Service, expected_workers: int, timeout: float, run_on_host: 
     last = "not checked"
     seen: dict = {}
     while True:
+        given, identity = identity, None
         ok, last = healthy_now(svc, expected_workers)
         now = time.monotonic()
         if ok:
-            ident = parse_identity(run_on_host(identity_command(svc, ctl)))
+            ident = parse_identity(given if given is not None else run_on_host(identity_command(svc, ctl)))
             problem = ident.problem(svc)
             if ident.stray:
                 return GateOutcome(False, problem or "", ident.pid)

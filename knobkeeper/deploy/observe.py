@@ -37,13 +37,14 @@ def manager_status_command(svc: Service, ctl: str) -> str:
     return f"systemctl show -p ActiveState -p SubState -p MainPID {shlex.quote(svc.name)}.service 2>&1 || true"
 
 
-def state_command(svc: Service, ctl: str, with_launch: bool = False) -> str:
+def state_command(svc: Service, ctl: str, with_launch: bool = False, status: str | None = None) -> str:
     """Shell printing the service manager's view of `svc`, then (each after a marker) started.sh and
     the started program section / unit (the files the process was started from), the mark of a
     failed gate (`failed_gate_path`) and, with `with_launch`, the launch script the service manager
-    runs now."""
+    runs now. `status`: the shell that prints the manager's view (default manager_status_command)."""
     q = shlex.quote
-    out = (f"{manager_status_command(svc, ctl)}; echo '{STARTED_MARKER}'; cat {q(svc.started_path)} 2>/dev/null || true; "
+    status = status or manager_status_command(svc, ctl)
+    out = (f"{status}; echo '{STARTED_MARKER}'; cat {q(svc.started_path)} 2>/dev/null || true; "
            f"echo '{STARTED_MANAGER_MARKER}'; cat {q(svc.started_manager_path)} 2>/dev/null || true; "
            f"echo '{FAILED_GATE_MARKER}'; cat {q(svc.failed_gate_path)} 2>/dev/null || true")
     if with_launch:

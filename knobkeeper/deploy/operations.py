@@ -76,9 +76,9 @@ from knobkeeper.deploy.canary_state import refuse_deploy
 from knobkeeper.deploy.engines import (engine_requirements, engine_venv, managed_envs, parse_versions,
                                       pinned_versions, version_drift, versions_command)
 from knobkeeper.deploy.gates import Gates
-from knobkeeper.deploy.health import require_up
+from knobkeeper.deploy.health import identity_command, require_up
 from knobkeeper.deploy.model import HostPlan, Service, Stack
-from knobkeeper.deploy.observe import parse_service_state, state_command
+from knobkeeper.deploy.observe import manager_status_command, parse_service_state, state_command
 from knobkeeper.deploy.onhost import GateFailed, on_host, say
 from knobkeeper.deploy.options import DeployOptions
 from knobkeeper.deploy.plan import decide, role_batches
@@ -105,15 +105,78 @@ def _engine_label(svc: Service) -> str:
 # --- facts ---------------------------------------------------------------------------------------
 
 
+IDENTITY_SECTION = "--knobkeeper-identity-section--"
+
+
 class ServiceState(FactBase):
     """parse_service_state's dict: the process state, started.sh, the started program/unit, the
-    failed gate's mark and the launch script on the host (a hand edit of it restarts the service)."""
+    failed gate's mark and the launch script on the host (a hand edit of it restarts the service);
+    and, in the same command, "identity": which process holds its port (health.identity_command's
+    lines, None when they cannot be told apart from the launch script): what the gate of a service
+    this run leaves as it is reads with its health answer, instead of asking the host again."""
 
     def command(self, svc: Service, ctl: str) -> str:
-        return state_command(svc, ctl, with_launch=True)
+        if svc.manager != "supervisord":
+            return f"{state_command(svc, ctl, with_launch=True)}; echo '{IDENTITY_SECTION}'; {identity_command(svc, ctl)}"
+        # One look at supervisord for both: the identity's PID is the one its status line shows RUNNING
+        # (`pid 4242, uptime ...`); any other state, none (the identity then says not running, and a
+        # service not RUNNING is restarted, its gate asking the host itself).
+        pid = ('case "$kk_status" in *" RUNNING "*"pid "[0-9]*,*) p=${kk_status##*pid }; echo "${p%%,*}";; '
+               '*) echo 0;; esac')
+        state = state_command(svc, ctl, with_launch=True, status='printf "%s\\n" "$kk_status"')
+        return (f"kk_status=$({manager_status_command(svc, ctl)}); {state}; "
+                f"echo '{IDENTITY_SECTION}'; {identity_command(svc, ctl, pid=pid)}")
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        return parse_service_state(output)
+        cut = [i for i, line in enumerate(output) if line.strip() == IDENTITY_SECTION]
+        if len(cut) != 1:   # a launch script without its last newline: its last line swallowed the marker
+            return {**parse_service_state(output), "identity": None}
+        return {**parse_service_state(output[:cut[0]]), "identity": output[cut[0] + 1:]}
+
+
+class HostSnapshot(FactBase):
+    """What the steps before a host's services check, in one command instead of one or more per step
+    (each a round trip to the host): whether the engine venv is there, the mode and sha1 of each file
+    an upload step compares (files.put's own check), the sha256 each wheel was installed from
+    (InstalledWheel), supervisord's pid (SupervisordPid). Taken once per host at the first step that
+    reads it (DeployRun.snapshot); each step reads its own part, and a part a step changes is dropped.
+
+        {"venv": True, "files": {"/p/wheels/x.whl": (644, "3f2a...")}, "wheels": {"knobkeeper": "9c1d..."},
+         "supervisord": 1234}
+
+    A file that is absent, not a regular file or unreadable is left out (its step asks pyinfra)."""
+
+    def command(self, venv: str | None, paths: tuple[str, ...], wheels: tuple[str, ...],
+                pidfile: str | None, socket: str | None) -> str:
+        q = shlex.quote
+        out = [f"[ -f {q(venv + '/bin/activate')} ] && echo 'kk-snap venv yes' || echo 'kk-snap venv no'"] if venv else []
+        for i, path in enumerate(paths):
+            out.append(f"if [ -f {q(path)} ] && [ ! -L {q(path)} ]; then m=$(stat -c %a {q(path)}) && "
+                       f"h=$(sha1sum < {q(path)}) && echo \"kk-snap file {i} $m ${{h%% *}}\"; fi")
+        for i, dist in enumerate(wheels):
+            out.append(f"printf '%s\\n' \"kk-snap wheel {i} $({{ {InstalledWheel().command(venv or '', dist)}; }} | tr -d '\\n')\"")
+        if pidfile and socket:
+            out.append(f"echo \"kk-snap supervisord $({SupervisordPid().command(pidfile, socket)})\"")
+        return "; ".join(out) or "true"
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        # the kwargs are not handed to process(): paths and wheels are matched by index (snapshot())
+        seen: dict[str, Any] = {"files": {}, "wheels": {}}
+        for line in output:
+            parts = line.split(" ", 3)
+            if parts[0] != "kk-snap" or len(parts) < 2:
+                continue
+            if parts[1] == "venv" and len(parts) == 3:
+                seen["venv"] = parts[2] == "yes"
+            elif parts[1] == "file" and len(parts) == 4 and parts[2].isdigit():
+                mode, _, digest = parts[3].partition(" ")
+                if mode.isdigit() and len(digest) == 40:
+                    seen["files"][int(parts[2])] = (int(mode), digest)
+            elif parts[1] == "wheel" and len(parts) >= 3 and parts[2].isdigit():
+                seen["wheels"][int(parts[2])] = InstalledWheel().process([parts[3] if len(parts) == 4 else ""])
+            elif parts[1] == "supervisord":
+                seen["supervisord"] = SupervisordPid().process(parts[2:])
+        return seen
 
 
 class SupervisordPid(FactBase):
@@ -183,6 +246,11 @@ class DeployRun:
                 gate=Gate(url=svc.health_url),
             ))
         self.engine_states: dict[tuple[str, str], str] = {}   # (host, environment) -> cached | installed
+        # HostSnapshot: what each host's steps before its services will read (registered with the steps),
+        # and the snapshot taken, per (host, executing): a change check before the run takes its own
+        self.snapshot_wants: dict[str, dict[str, Any]] = {}
+        self.snapshots: dict[tuple[str, bool], dict[str, Any]] = {}
+        self.local_digests: dict[tuple[str, str], str] = {}   # (algorithm, local file) -> hex digest
         self.preflight()
         self.gates = Gates(self, restart_shell)   # the health gates, the settles, the port check, the PD proof
         current_state.add_callback_handler(_ErrorWatch(self))
@@ -216,6 +284,54 @@ class DeployRun:
 
     def row(self, svc: Service) -> ServiceRow:
         return self.record.service(svc.host, svc.name)
+
+    # the host snapshot ------------------------------------------------------------------------------
+
+    def want(self, plan: HostPlan, *, venv: str | None = None, path: str | None = None, wheel: str | None = None,
+             supervisord: bool = False) -> None:
+        """Register (while deploy.py registers the steps) what a step will read from the snapshot."""
+        wants = self.snapshot_wants.setdefault(plan.name, {"venv": None, "paths": [], "wheels": [],
+                                                           "supervisord": False})
+        if venv:
+            wants["venv"] = venv
+        if path and path not in wants["paths"]:
+            wants["paths"].append(path)
+        if wheel and wheel not in wants["wheels"]:
+            wants["wheels"].append(wheel)
+        wants["supervisord"] = wants["supervisord"] or supervisord
+
+    def snapshot(self, plan: HostPlan) -> dict[str, Any]:
+        """This host's HostSnapshot, taken at the first step that asks (inside an operation of the
+        host), by paths and distributions: {"venv", "files": {path: (mode, sha1)}, "wheels": {dist:
+        sha256 or None}, "supervisord"}. A step pops the part it reads: what it changes is not read again."""
+        key = (plan.name, bool(current_state.is_executing))
+        if key not in self.snapshots:
+            wants = self.snapshot_wants.get(plan.name) or {"venv": None, "paths": [], "wheels": [], "supervisord": False}
+            paths, wheels = tuple(wants["paths"]), tuple(wants["wheels"])
+            sup = plan.supervisor if wants["supervisord"] else None
+            got = current_host.get_fact(HostSnapshot, venv=wants["venv"], paths=paths, wheels=wheels,
+                                        pidfile=sup.pidfile if sup else None, socket=sup.socket if sup else None) or {}
+            snap: dict[str, Any] = {
+                "files": {paths[i]: seen for i, seen in (got.get("files") or {}).items() if i < len(paths)},
+                "wheels": {wheels[i]: seen for i, seen in (got.get("wheels") or {}).items() if i < len(wheels)},
+            }
+            if wants["venv"] and "venv" in got:
+                snap["venv"] = got["venv"]
+            if sup is not None and "supervisord" in got:
+                snap["supervisord"] = got["supervisord"]
+            self.snapshots[key] = snap
+        return self.snapshots[key]
+
+    def local_digest(self, algorithm: str, path: Path) -> str:
+        """The hex digest of a local file (a wheel: the same file for every host), computed once per run."""
+        key = (algorithm, str(path))
+        if key not in self.local_digests:
+            digest = hashlib.new(algorithm)
+            with open(path, "rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+            self.local_digests[key] = digest.hexdigest()
+        return self.local_digests[key]
 
     def in_scope(self, svc: Service) -> bool:
         return svc.role in self.scope
@@ -459,8 +575,8 @@ def engine(run: DeployRun, plan: HostPlan) -> None:
     venv = engine_venv(plan)
     if venv is None:
         return
-    pip.virtualenv(name="knobkeeper: engine venv", path=venv, python=str(data.get("base_python") or "python3"),
-                   venv=True)
+    run.want(plan, venv=venv)
+    venv_present(run, plan, venv, str(data.get("base_python") or "python3"), name="knobkeeper: engine venv")
     pip_args = data.get("pip_install_args") or []
     if isinstance(pip_args, str) or not all(isinstance(a, str) for a in pip_args):
         raise UserError(f"host {plan.name}: data pip_install_args: expected a list of pip arguments")
@@ -485,8 +601,10 @@ def engine(run: DeployRun, plan: HostPlan) -> None:
         if not local.is_file() or not local.name.endswith(".whl"):
             raise UserError(f"host {plan.name}: data engine_wheels: {wheel}: no such wheel file on this machine")
         dest = f"{plan.prefix}/wheels/{local.name}"
-        files.put(name=f"knobkeeper: wheel {local.name}", src=str(local), dest=dest, create_remote_dir=True)
-        wheel_installed(venv, dest, _sha256(local), pip_args, name=f"knobkeeper: install {local.name}")
+        run.want(plan, path=dest, wheel=_dist_of(dest))
+        put_file(run, plan, str(local), dest, None, run.local_digest("sha1", local), name=f"knobkeeper: wheel {local.name}")
+        wheel_installed(run, plan, venv, dest, run.local_digest("sha256", local), pip_args,
+                        name=f"knobkeeper: install {local.name}")
     if any(s.family.runs_kernels for s in plan.services):
         kernels = run.project.root / "kernels"
         synced = files.sync(name="knobkeeper: kernels source", src=str(kernels), dest=f"{plan.prefix}/src/kernels",
@@ -519,11 +637,40 @@ class InstalledWheel(FactBase):
         return text.split("=", 1)[1] if text.startswith("sha256=") else None
 
 
+def _dist_of(wheel: str) -> str:
+    return Path(wheel).name.split("-", 1)[0]
+
+
 @operation(is_idempotent=False)
-def wheel_installed(venv: str, wheel: str, sha256: str, pip_args: list[str]):
-    """pip-install `wheel` (already on the host) into `venv` unless that very file is what is installed."""
-    dist = Path(wheel).name.split("-", 1)[0]
-    if current_host.get_fact(InstalledWheel, venv=venv, dist=dist) == sha256:
+def venv_present(run: DeployRun, plan: HostPlan, venv: str, base_python: str):
+    """pip.virtualenv (venv=True), its check (is bin/activate there?) read from the host snapshot."""
+    if run.snapshot(plan).pop("venv", None) is True:
+        current_host.noop(f"virtualenv {venv} exists")
+        return
+    yield from pip.virtualenv._inner(path=venv, python=base_python, venv=True)
+
+
+@operation(is_idempotent=False)
+def put_file(run: DeployRun, plan: HostPlan, src: Any, dest: str, mode: str | None, sha1: str):
+    """files.put (create_remote_dir=True), its check (the host's file has this sha1 and mode) read
+    from the host snapshot; any other case is files.put's own (it reads its facts again)."""
+    seen = run.snapshot(plan)["files"].pop(dest, None)
+    if seen is not None and seen[1] == sha1 and (mode is None or seen[0] == int(mode)):
+        current_host.noop(f"file {dest} is already uploaded")
+        return
+    if hasattr(src, "seek"):
+        src.seek(0)
+    yield from files.put._inner(src=src, dest=dest, mode=mode, create_remote_dir=True)
+
+
+@operation(is_idempotent=False)
+def wheel_installed(run: DeployRun, plan: HostPlan, venv: str, wheel: str, sha256: str, pip_args: list[str]):
+    """pip-install `wheel` (already on the host) into `venv` unless that very file is what is installed
+    (InstalledWheel, read from the host snapshot)."""
+    dist = _dist_of(wheel)
+    wheels = run.snapshot(plan)["wheels"]
+    installed = wheels.pop(dist) if dist in wheels else current_host.get_fact(InstalledWheel, venv=venv, dist=dist)
+    if installed == sha256:
         current_host.noop(f"{Path(wheel).name} is installed in {venv}")
         return
     q = shlex.quote
@@ -537,16 +684,22 @@ def supervisord(run: DeployRun, plan: HostPlan) -> None:
         return
     texts = render_supervisord(plan, run.source, run.project.templates_dir)
     for path in current_host.loop(list(texts)):
-        files.put(name=f"knobkeeper: {path}", src=io.StringIO(texts[path]), dest=path, mode="644",
-                  create_remote_dir=True)
-    supervisord_running(plan, name=f"knobkeeper: supervisord of {plan.name} running")
+        run.want(plan, path=path)
+        put_file(run, plan, io.StringIO(texts[path]), path, "644", hashlib.sha1(texts[path].encode()).hexdigest(),
+                 name=f"knobkeeper: {path}")
+    run.want(plan, supervisord=True)
+    supervisord_running(run, plan, name=f"knobkeeper: supervisord of {plan.name} running")
 
 
 @operation(is_idempotent=False)
-def supervisord_running(plan: HostPlan):
-    """Start supervisord (with a clean environment) unless it answers on its socket."""
+def supervisord_running(run: DeployRun, plan: HostPlan):
+    """Start supervisord (with a clean environment) unless it answers on its socket (SupervisordPid,
+    read from the host snapshot)."""
     sup = plan.supervisor
-    if current_host.get_fact(SupervisordPid, pidfile=sup.pidfile, socket=sup.socket):
+    snap = run.snapshot(plan)
+    running = snap.pop("supervisord") if "supervisord" in snap else \
+        current_host.get_fact(SupervisordPid, pidfile=sup.pidfile, socket=sup.socket)
+    if running:
         return
     q = shlex.quote
     yield (
@@ -607,6 +760,13 @@ def service_state(run: DeployRun, plan: HostPlan, svc: Service):
     if current_state.is_executing:
         run.note_decision(svc, observed, action, reason, changes)
     if action == "unchanged":
+        if current_state.is_executing:
+            # its gate, here (Gates.gate_unchanged): its health with the identity just read; a failure
+            # reaches pyinfra as the role's gate's does, from a Python callback (the host fails)
+            try:
+                run.gates.gate_unchanged(plan.name, svc, observed.get("identity"))
+            except GateFailed as exc:
+                yield FunctionCommand(_raise, (exc,), {})
         return
     # files.put's own steps, collected before anything is yielded: pyinfra's change check (--dry)
     # runs an operation only up to its first command, and --diff prints each file's change as it
@@ -685,12 +845,8 @@ def finish(run: DeployRun) -> None:
 # --- helpers -------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _raise(exc: Exception) -> None:
+    raise exc
 
 
 def _inventory_arg() -> str | None:
