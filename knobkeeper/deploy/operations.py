@@ -227,7 +227,7 @@ class DeployRun:
             require_up(self.stack, self.scope, self.inventory_path)
         self.lock = take_deploy_lock(self.project)
         recover_interrupted(self.project, locked=True)   # a killed run's record first, in its place in history
-        self.source = source_of(self.project.root)
+        self.source = source_of(self.project.root, dirty=dirty)   # the dirty check above: one `git status`
         self.rendered = render_stack(self.project, self.stack, knob_overrides=self.options.knob_overrides,
                                      source=self.source, check_secrets=True)
         self.error: str | None = None

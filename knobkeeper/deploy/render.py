@@ -293,12 +293,14 @@ def parse_meta(script_text: str) -> dict[str, Any] | None:
 SOURCE_PATHS = ("inventory", "templates", "changelog/entries")
 
 
-def source_of(root: Path, paths: tuple[str, ...] = ("inventory", "templates")) -> Source:
+def source_of(root: Path, paths: tuple[str, ...] = ("inventory", "templates"),
+              dirty: list[str] | None = None) -> Source:
     """The last commit that changed what files are rendered from (not HEAD: a deploy record commit
     must not change every file's header, or every deploy re-uploads every file), and whether `paths`
-    have uncommitted changes (tracked or untracked)."""
+    have uncommitted changes (tracked or untracked); `dirty`: those changes when the caller has just
+    read them (dirty_paths of the same `paths`), not asked of git again."""
     commit = gitio.last_commit_touching(root, SOURCE_PATHS) or gitio.head_sha(root)
-    return Source(commit=commit or "uncommitted", dirty=bool(gitio.dirty_paths(root, paths)))
+    return Source(commit=commit or "uncommitted", dirty=bool(dirty if dirty is not None else gitio.dirty_paths(root, paths)))
 
 
 def head_commit(root: Path) -> str:
