@@ -4,9 +4,10 @@ Each figure is measured in one process, side by side, median of 5 (the first pas
 cache and is dropped):
 
     json      json.loads of every file: the floor, what any model of the file costs at least
-    validate  json.loads + the schema's rules (evidence/schema.py validate)
-    read      store.read: json.loads + validate + Evidence.from_json (what `ab list`, check and the
-              report do per file)
+    validate  json.loads + the checks of the declaration (evidence/schema.py validate; since the
+              schema is declared once, knobkeeper/declared.py, this is the same pass as read)
+    read      store.read: the file read, json.loads, and the one pass that checks and builds the
+              Evidence (what `ab list`, check and the report do per file)
     ab list   the whole process `knobkeeper ab list --json` over the same 10,000 files (median of 5)
 
 The files are one real evidence doc (tests/review_fixtures.py: 3 levels x 2 arms x 3 runs, judged

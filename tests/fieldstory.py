@@ -98,7 +98,7 @@ def _deploy(project: Project, started: datetime, roles: list[str]) -> str:
                          "knobs": knobs[(host, name)], "restart_issued_at": iso(issued) if acted else None,
                          "healthy_at": iso(issued + timedelta(seconds=14)) if acted else None,
                          "gate": {"result": "passed" if acted else "skipped", "url": f"http://{name}/health",
-                                  "status": 200 if acted else None, "seconds": 14.0 if acted else None,
+                                  "status": "200" if acted else None, "seconds": 14.0 if acted else None,
                                   "checked_at": None}})
     record = DeployRecord(id=new_id(), inventory="prod", inventory_path="inventory/example_prod.py",
                           commit="0" * 40, dirty=False, allow_dirty=False, options={},

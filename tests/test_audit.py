@@ -358,7 +358,7 @@ def write_deploy(project, restarts: list[tuple[str, str, str]]) -> str:
     started = parse_time(restarts[0][1]) - timedelta(microseconds=5)
     services = [{"host": "gpu-1", "service": f"sglang-{role}", "role": role, "action": "restarted",
                  "restart_issued_at": issued, "healthy_at": healthy,
-                 "gate": {"result": "passed", "url": "http://gpu-1/health", "status": 200, "seconds": 1.0,
+                 "gate": {"result": "passed", "url": "http://gpu-1/health", "status": "200", "seconds": 1.0,
                           "checked_at": healthy}}
                 for role, issued, healthy in restarts]
     services.append({"host": "gpu-1", "service": "router", "role": "router", "action": "unchanged",

@@ -1111,7 +1111,7 @@ def test_a_killed_canary_is_named_everywhere_and_abort_puts_it_back(project, mon
             proc.wait()
 
     marker = canary_state.read_marker(project)
-    line = (f"canary {KNOB}=512 on {SERVICE} abandoned at {marker['seen_at']} during its candidate deploy; put "
+    line = (f"canary {KNOB}=512 on {SERVICE} abandoned at {marker.seen_at} during its candidate deploy; put "
             f"back with `knobkeeper canary abort` (or a deploy of role decode)")
     assert canary_state.abandoned_line(project) == line
     problems = [p.line() for p in check(project).problems]
@@ -1155,7 +1155,7 @@ def test_a_canary_that_puts_back_leaves_no_marker(project):
     from types import SimpleNamespace
 
     switch.apply([SimpleNamespace(key=SERVICE, host="@local")], {KNOB: 512})
-    assert canary_state.read_marker(project)["services"] == [SERVICE] and applied
+    assert canary_state.read_marker(project).services == [SERVICE] and applied
     switch.restore()
     assert canary_state.read_marker(project) is None
 
@@ -1202,7 +1202,7 @@ def test_the_marker_says_which_deploy_was_in_flight(project, monkeypatch, phase,
     try:
         assert proc.stdout.readline().strip() == f"in {phase}"
         running = canary_state.running(project)
-        assert running["phase"] == phase
+        assert running.phase == phase
         with pytest.raises(UserError, match=f"holds role decode \\({words}, pid "):   # a `set` of the role meanwhile
             canary_state.refuse_change(project, "decode", "set")
         os.kill(proc.pid, signal.SIGKILL)
@@ -1212,7 +1212,7 @@ def test_the_marker_says_which_deploy_was_in_flight(project, monkeypatch, phase,
             proc.kill()
             proc.wait()
     line = canary_state.abandoned_line(project)
-    assert f"abandoned at {canary_state.read_marker(project)['seen_at']} {words}" in line, line
+    assert f"abandoned at {canary_state.read_marker(project).seen_at} {words}" in line, line
     if phase == "promote":
         assert f"{KNOB} is set; the rest of role decode may not run it yet); finish with `knobkeeper canary abort`" \
             in line, line
@@ -1334,7 +1334,7 @@ def test_a_put_back_that_cannot_get_the_lock_names_what_is_left_and_keeps_the_ev
            "`knobkeeper canary abort`; evidence " in message, message
     ident = message.rsplit("evidence ", 1)[1].split(" ")[0]
     assert store.load(project, ident).canary.verdict == "inconclusive"        # the windows are kept
-    assert canary_state.read_marker(project)["applied_at"]                    # for `canary abort`
+    assert canary_state.read_marker(project).applied_at                       # for `canary abort`
 
 
 def test_a_candidate_deploy_that_never_started_rolls_nothing_back(project, monkeypatch):
@@ -1351,7 +1351,7 @@ def test_a_candidate_deploy_that_never_started_rolls_nothing_back(project, monke
     assert message.startswith("canary: the candidate deploy of inventory/local.py did not start (another deploy") \
         and message.endswith("nothing was applied, nothing to put back"), message
     assert [c[0] for c in deploys.calls] == [], deploys.calls          # no rollback attempted
-    assert not (canary_state.read_marker(project) or {}).get("applied_at")
+    assert not getattr(canary_state.read_marker(project), "applied_at", None)
 
 
 # ---------------------------------------------------------------- 9. SIGTERM (issue 25, finding 10)

@@ -357,13 +357,13 @@ def abort_cmd(repo, as_json):
 
     data, result, doc = abort(find_project(repo))
     if as_json:
-        emit_json({"aborted": {k: v for k, v in data.items() if k != "journal"}, "deploy": result.deploy_id,
+        emit_json({"aborted": {k: v for k, v in data.to_json().items() if k != "journal"}, "deploy": result.deploy_id,
                    "evidence": doc.id if doc is not None else None})
         return
     kept = f"; evidence {doc.id} (interrupted) kept the {len(doc.runs) + (len(doc.sweep.runs) if doc.sweep else 0)} " \
            f"runs measured" if doc is not None else "; no run was measured"
-    click.echo(f"{data.get('kind')} of {data.get('knob')} on {data.get('scope') or data.get('role')} (abandoned): "
-               f"role {data.get('role')} put back to the declared state (deploy {result.deploy_id}){kept}")
+    click.echo(f"{data.kind} of {data.knob} on {data.scope or data.role} (abandoned): "
+               f"role {data.role} put back to the declared state (deploy {result.deploy_id}){kept}")
 
 
 @ab.command("show")

@@ -177,11 +177,11 @@ def _abort(project, as_json: bool) -> None:
     from knobkeeper.evidence import canary
 
     data, result = canary.abort(project)
-    what = (f"the promote finished: role {data.get('role')} deployed" if data.get("phase") == "promote"
+    what = (f"the promote finished: role {data.role} deployed" if data.phase == "promote"
             else "put back to the declared state")
-    done = f"canary {data['knob']}={canary._raw(data['value'])} on {', '.join(data.get('services') or [])} " \
+    done = f"canary {data.knob}={canary._raw(data.value)} on {', '.join(data.services)} " \
            f"(abandoned {phase_words(data)}): {what} (deploy {result.deploy_id})"
-    emit_json({"aborted": data, "deploy": result.deploy_id}) if as_json else click.echo(done)
+    emit_json({"aborted": data.to_json(), "deploy": result.deploy_id}) if as_json else click.echo(done)
 
 
 def _scrape_config(project, inventory: str, scrape_interval: str) -> None:

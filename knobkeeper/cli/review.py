@@ -91,4 +91,33 @@ def check(base: str | None, repo: str | None, as_json: bool) -> None:
         sys.exit(1)
 
 
-COMMANDS = [review, check]
+
+
+@click.command("schema")
+@click.argument("name", required=False)
+@click.option("--write", "write", metavar="DIR", default=None,
+              help="Write every record's schema to DIR/<name>.json instead (the repo keeps them in docs/schemas/).")
+@example("knobkeeper schema evidence > evidence.schema.json")
+def schema(name: str | None, write: str | None) -> None:
+    """Print the JSON Schema of a record knobkeeper writes: evidence, deploy-record, canary-marker,
+    experiment-marker or sweep-plan (no NAME: list them).
+
+    Each schema is made from the record's one declaration, the same one `check`, `ab import` and
+    every reader validate with, so it says exactly what the tool accepts.
+    """
+    from pathlib import Path
+
+    from knobkeeper.review import schemas
+
+    if write:
+        for path in schemas.write_files(Path(write)):
+            click.echo(f"wrote {path}")
+        return
+    if name is None:
+        for known, (where, _) in schemas.RECORDS.items():
+            click.echo(f"{known:<18} {where}")
+        return
+    click.echo(schemas.schema_text(name), nl=False)
+
+
+COMMANDS = [review, check, schema]

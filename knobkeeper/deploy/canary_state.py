@@ -1,8 +1,7 @@
 """The canary's marker: which candidate a running canary put on which services, so that a canary
 that dies (SIGKILL, a reboot) does not leave its candidate running unseen.
 
-    .git/knobkeeper/canary.json   {"knob", "value", "role", "inventory", "services", "hosts",
-                                   "applied_at", "seen_at", "pid"}
+    .git/knobkeeper/canary.json   a CanaryMarker (below; `knobkeeper schema canary-marker`)
     .git/knobkeeper/canary.lock   flocked by the canary for its whole run
 
 The marker is written when the canary starts (phase "calibrating", no `applied_at`: it owns its
@@ -24,10 +23,13 @@ role) raise one line naming it. The canary's own process (its promote's `set`) a
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from knobkeeper import fmt
+from knobkeeper.declared import Declared, declared, extra_field, fact
 from knobkeeper.fsio import LOOK_GRACE_S, lock_file, read_json_object, unlock_file, write_json_object
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
@@ -48,11 +50,34 @@ PHASES = {"calibrating": "calibrating", "candidate-deploy": "during its candidat
           "candidate": "on its candidate", "put-back": "during its put-back", "promote": "during its promote"}
 
 
-def phase_words(data: dict[str, Any]) -> str:
+
+
+@declared
+class CanaryMarker(Declared):
+    """A running canary: the candidate value of its knob, the services it put (or is putting) it
+    on, the deploy in flight (`phase`), and the process that owns it."""
+
+    knob: str = fact(required=True)
+    value: Any = fact(required=True)
+    role: str = fact(required=True)
+    inventory: str = fact(required=True)
+    scope: str | None = None            # the knobs.toml table of the role (stack.role where a repo holds stacks)
+    services: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    phase: str | None = fact(None, choices=tuple(PHASES))   # None: a marker of an earlier version (read by applied_at)
+    started_at: str | None = None
+    applied_at: str | None = None       # the candidate deploy started: something of it may be on
+    seen_at: str | None = None          # the canary was last alive (each window stamps it)
+    pid: int | None = None
+    OMIT = frozenset({"scope", "phase", "started_at", "applied_at"})
+    extra: dict[str, Any] = extra_field()
+
+
+def phase_words(data: CanaryMarker) -> str:
     """The marker's phase as words ("during its put-back"); an older marker without one: by applied_at."""
-    phase = data.get("phase")
+    phase = data.phase
     if phase not in PHASES:
-        phase = "candidate" if data.get("applied_at") else "calibrating"
+        phase = "candidate" if data.applied_at else "calibrating"
     return PHASES[phase]
 
 
@@ -76,24 +101,39 @@ def release(project: Project, handle) -> None:
     unlock_file(handle)
 
 
-def write_marker(project: Project, data: dict[str, Any]) -> None:
-    write_json_object(marker_path(project), data)
+def write_marker(project: Project, marker: CanaryMarker) -> None:
+    write_json_object(marker_path(project), CanaryMarker.of(marker).to_json())
+
+
+def update_marker(project: Project, **changes: Any) -> CanaryMarker | None:
+    """The marker with `changes` made (None, and nothing written, when there is none)."""
+    marker = read_marker(project)
+    if marker is not None:
+        marker = dataclasses.replace(marker, **changes)
+        write_marker(project, marker)
+    return marker
 
 
 def clear_marker(project: Project) -> None:
     marker_path(project).unlink(missing_ok=True)
 
 
-def read_marker(project: Project) -> dict[str, Any] | None:
-    return read_json_object(marker_path(project))
+def read_marker(project: Project) -> CanaryMarker | None:
+    """The marker, or None when there is none; UserError naming the file when it is not a marker."""
+    data = read_json_object(marker_path(project))
+    if data is None:
+        return None
+    marker, problems = CanaryMarker.read(data)
+    if problems:
+        raise UserError(f"{marker_path(project)}: not a canary marker ({problems[0]}); remove it if no canary runs")
+    return marker
 
 
-def _what(data: dict[str, Any]) -> str:
-    services = ", ".join(data.get("services") or []) or "?"
-    return f"{data.get('knob')}={fmt.value(data.get('value'))} on {services}"
+def _what(data: CanaryMarker) -> str:
+    return f"{data.knob}={fmt.value(data.value)} on {', '.join(data.services) or '?'}"
 
 
-def abandoned(project: Project) -> dict[str, Any] | None:
+def abandoned(project: Project) -> CanaryMarker | None:
     """The marker of a canary whose process is gone (nobody holds its lock), else None."""
     data = read_marker(project)
     if data is None:
@@ -103,7 +143,7 @@ def abandoned(project: Project) -> dict[str, Any] | None:
     except UserError:
         return None   # the canary is alive
     try:
-        if not data.get("applied_at"):   # died before its candidate deploy: nothing of it is on
+        if not data.applied_at:   # died before its candidate deploy: nothing of it is on
             clear_marker(project)
             return None
     finally:
@@ -111,7 +151,7 @@ def abandoned(project: Project) -> dict[str, Any] | None:
     return data
 
 
-def running(project: Project) -> dict[str, Any] | None:
+def running(project: Project) -> CanaryMarker | None:
     """The marker of a canary running in another process (its lock held), else None."""
     if project.root in _held_here:
         return None
@@ -126,10 +166,10 @@ def running(project: Project) -> dict[str, Any] | None:
     return None
 
 
-def _owner_line(data: dict[str, Any]) -> str:
+def _owner_line(data: CanaryMarker) -> str:
     phase = phase_words(data)
-    return (f"canary {_what(data)} holds role {data.get('scope') or data.get('role')} ({phase}, pid {data.get('pid')}, "
-            f"since {data.get('started_at') or data.get('applied_at')}); wait for it or stop it (Ctrl-C puts it back)")
+    return (f"canary {_what(data)} holds role {data.scope or data.role} ({phase}, pid {data.pid}, "
+            f"since {data.started_at or data.applied_at}); wait for it or stop it (Ctrl-C puts it back)")
 
 
 def refuse_change(project: Project, scope: str, verb: str) -> None:
@@ -138,7 +178,7 @@ def refuse_change(project: Project, scope: str, verb: str) -> None:
     data = running(project)
     if data is None:
         return
-    owned = str(data.get("scope") or data.get("role") or "")
+    owned = str(data.scope or data.role or "")
     if scope == owned or scope.rpartition(".")[2] == owned or owned.rpartition(".")[2] == scope:
         raise UserError(f"{verb} on {scope}: {_owner_line(data)}")
 
@@ -147,10 +187,10 @@ def refuse_deploy(project: Project, inventory: str, roles: list[str], parent: in
     """UserError when a running canary owns a role among `roles` of `inventory` (a deploy's scope);
     `parent`: the pid that started this deploy (pyinfra's parent): the canary's own deploys pass."""
     data = running(project)
-    if data is None or (parent is not None and parent == data.get("pid")):
+    if data is None or (parent is not None and parent == data.pid):
         return
-    same = (project.root / inventory).resolve() == (project.root / str(data.get("inventory"))).resolve()
-    if same and data.get("role") in roles:
+    same = (project.root / inventory).resolve() == (project.root / data.inventory).resolve()
+    if same and data.role in roles:
         raise UserError(f"deploy of {inventory} (roles {', '.join(roles)}): {_owner_line(data)}")
 
 
@@ -159,9 +199,9 @@ def abandoned_line(project: Project) -> str | None:
     data = abandoned(project)
     if data is None:
         return None
-    if data.get("phase") == "promote":
-        return (f"canary {_what(data)} abandoned at {data.get('seen_at') or data.get('applied_at')} during its "
-                f"promote ({data.get('knob')} is set; the rest of role {data.get('role')} may not run it yet); finish "
-                f"with `knobkeeper canary abort` (or a deploy of role {data.get('role')})")
-    return (f"canary {_what(data)} abandoned at {data.get('seen_at') or data.get('applied_at')} {phase_words(data)}; "
-            f"put back with `knobkeeper canary abort` (or a deploy of role {data.get('role')})")
+    if data.phase == "promote":
+        return (f"canary {_what(data)} abandoned at {data.seen_at or data.applied_at} during its "
+                f"promote ({data.knob} is set; the rest of role {data.role} may not run it yet); finish "
+                f"with `knobkeeper canary abort` (or a deploy of role {data.role})")
+    return (f"canary {_what(data)} abandoned at {data.seen_at or data.applied_at} {phase_words(data)}; "
+            f"put back with `knobkeeper canary abort` (or a deploy of role {data.role})")

@@ -2,11 +2,7 @@
 one that dies (SIGKILL, a reboot, a CI job killed) does not leave the stack on a candidate unseen.
 The canary's marker (deploy/canary_state.py) is the model; this one is the experiments' own.
 
-    .git/knobkeeper/experiment.json   {"kind": "ab run" | "sweep", "knob", "role", "scope", "inventory",
-                                       "arms": {name: {"label", "knobs"}}, "arm": the arm last switched
-                                       to, "phase", "plan" (a sweep's plan id), "pid", "started_at",
-                                       "seen_at", "journal": what `ab abort` needs to keep the runs
-                                       measured so far as interrupted evidence}
+    .git/knobkeeper/experiment.json   an ExperimentMarker (below; `knobkeeper schema experiment-marker`)
     .git/knobkeeper/experiment.lock   flocked by the experiment for its whole run
 
 The marker is written before the first switch and rewritten after every block (the journal of its
@@ -20,13 +16,38 @@ module reads or writes the two files.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from knobkeeper import fmt
+from knobkeeper.declared import Declared, declared, extra_field, fact
+from knobkeeper.evidence.model import Arm
 from knobkeeper.fsio import LOOK_GRACE_S, lock_file, read_json_object, unlock_file, write_json_object
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
+
+
+@declared
+class ExperimentMarker(Declared):
+    """A running `ab run` or `sweep`: the arms it measures, the arm it last switched the role to, the
+    step it is at, the process that owns it, and the journal of what it measured so far."""
+
+    kind: str = fact(required=True, choices=("ab run", "sweep"))
+    knob: str = fact(required=True)
+    role: str = fact(required=True)
+    scope: str | None = None            # the knobs.toml table of the role
+    inventory: str | None = None
+    arms: dict[str, Arm] = field(default_factory=dict)
+    arm: str | None = None              # the arm the role was last switched to (None: the declared state)
+    phase: str = fact("measuring", choices=("measuring", "put-back", "restored"))
+    plan: str | None = None             # a sweep's plan id
+    pid: int | None = None
+    journal: dict[str, Any] = field(default_factory=dict)   # what `ab abort` needs to keep the runs measured
+    started_at: str | None = None
+    seen_at: str | None = None
+    extra: dict[str, Any] = extra_field()
 
 
 def marker_path(project: Project) -> Path:
@@ -49,38 +70,45 @@ def release(project: Project, handle) -> None:
     unlock_file(handle)
 
 
-def write_marker(project: Project, data: dict[str, Any]) -> None:
-    write_json_object(marker_path(project), data, allow_nan=False)
+def write_marker(project: Project, marker: ExperimentMarker) -> None:
+    write_json_object(marker_path(project), ExperimentMarker.of(marker).to_json(), allow_nan=False)
 
 
-def update_marker(project: Project, **fields: Any) -> None:
-    """The marker with `fields` replaced (nothing when there is none)."""
-    data = read_marker(project)
-    if data is not None:
-        write_marker(project, {**data, **fields})
+def update_marker(project: Project, **changes: Any) -> None:
+    """The marker with `changes` made (nothing when there is none)."""
+    marker = read_marker(project)
+    if marker is not None:
+        write_marker(project, dataclasses.replace(marker, **changes))
 
 
 def clear_marker(project: Project) -> None:
     marker_path(project).unlink(missing_ok=True)
 
 
-def read_marker(project: Project) -> dict[str, Any] | None:
-    return read_json_object(marker_path(project))
+def read_marker(project: Project) -> ExperimentMarker | None:
+    """The marker, or None when there is none; UserError naming the file when it is not a marker."""
+    data = read_json_object(marker_path(project))
+    if data is None:
+        return None
+    marker, problems = ExperimentMarker.read(data)
+    if problems:
+        raise UserError(f"{marker_path(project)}: not an experiment marker ({problems[0]}); remove it if no ab run "
+                        f"or sweep runs")
+    return marker
 
 
-def _arm_words(data: dict[str, Any], name: str | None) -> str:
-    arm = (data.get("arms") or {}).get(name or "") or {}
-    knobs = arm.get("knobs") or {}
+def _arm_words(data: ExperimentMarker, name: str | None) -> str:
+    arm = data.arms.get(name or "")
+    knobs = arm.knobs if arm is not None else {}
     values = ", ".join(f"{k}={fmt.value(v)}" for k, v in knobs.items()) or "?"
     return f"arm {name} ({values})"
 
 
-def _what(data: dict[str, Any]) -> str:
-    return (f"{data.get('kind', 'ab run')} of {data.get('knob')} on {data.get('scope') or data.get('role')} "
-            f"({data.get('inventory')}, pid {data.get('pid')})")
+def _what(data: ExperimentMarker) -> str:
+    return f"{data.kind} of {data.knob} on {data.scope or data.role} ({data.inventory}, pid {data.pid})"
 
 
-def abandoned(project: Project) -> dict[str, Any] | None:
+def abandoned(project: Project) -> ExperimentMarker | None:
     """The marker of an experiment whose process is gone (nobody holds its lock), else None."""
     data = read_marker(project)
     if data is None:
@@ -99,9 +127,8 @@ def abandoned_line(project: Project) -> str | None:
     data = abandoned(project)
     if data is None:
         return None
-    runs = len((data.get("journal") or {}).get("runs") or [])
-    where = (f"{data.get('role')} on {_arm_words(data, data.get('arm'))}" if data.get("arm")
-             else f"{data.get('role')} possibly on an arm")
-    return (f"{_what(data)} abandoned at {data.get('seen_at') or data.get('started_at')} with {where}; put the "
-            f"stack back with `knobkeeper ab abort` (deploys role {data.get('role')} to the declared state and keeps "
+    runs = len(data.journal.get("runs") or [])
+    where = f"{data.role} on {_arm_words(data, data.arm)}" if data.arm else f"{data.role} possibly on an arm"
+    return (f"{_what(data)} abandoned at {data.seen_at or data.started_at} with {where}; put the "
+            f"stack back with `knobkeeper ab abort` (deploys role {data.role} to the declared state and keeps "
             f"the {runs} runs measured as evidence marked interrupted)")

@@ -1,27 +1,10 @@
 """Deploy records (changelog/deploys/<stamp>-<id>.json): one per deploy run, committed on its own.
 
 A record says what a run did to every (host, service) and when, so that a restart can serve as a
-reference point for later incidents:
-
-    {"id", "inventory", "inventory_path", "stack" ("" when the inventory names none), "commit", "dirty", "allow_dirty", "options",
-     "order", "started_at", "finished_at", "result": "ok" | "failed", "error",
-     "engine_versions": {host: {distribution: installed version}} (hosts with a pinned engine venv),
-     "pd_proof": what the PD proof saw, per decode instance, after a run that restarted a vLLM worker, or null,
-     "services": [{"host", "service", "role", "engine" (e.g. "vllm 0.32.0"), "action": "restarted" | "started" | "unchanged",
-                   "reason", "changes": [what changed, in words], "digest", "previous_digest",
-                   "knobs", "restart_issued_at", "batch", "rollback": {...} | null,
-                   "healthy_at", "pid", "gate": {"result": "passed" | "failed" | "skipped" | "not-run",
-                   "url", "status", "seconds", "checked_at"}, "stopped_at" (when the run stopped it
-                   after the gate of the process it started failed, else null), "job", "node"}],
-     "slurm": null | {"job_name", "script", "decision": "new job" | "kept" | "none", "why",
-                      "job": {"id", "state", "digest", "submitted_at", "started_at", "cancelled_at",
-                              "nodes": {service: node}, "reason"},
-                      "replaced": [the jobs it cancelled after the gates, same shape],
-                      "client_calls", "client_seconds"},
-     "kubernetes": null | {"namespace", "shape", "nodes", "client_calls", "client_seconds",
-                           "applies": [{"role", "service", "kind", "decision", "generation_before", "generation",
-                                        "revision_before", "revision", "replica_set", "applied_at", "observed_at",
-                                        "rollout", "rolled_back_to"}]}}
+reference point for later incidents. Its schema is declared once, below (DeployRecord and its rows:
+ServiceRow with its Gate and Rollback, SlurmRecord, KubeRecord); reading, writing and validation
+are made from that declaration (knobkeeper/declared.py), and so is its JSON Schema
+(`knobkeeper schema deploy-record`, docs/schemas/deploy-record.json).
 
 A Slurm stack (knobkeeper/deploy/slurm/) runs as one job: each service row is one of its components
 (`job`, `node`: where it ran; restart_issued_at: when the job was submitted), `slurm` says which
@@ -43,11 +26,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from knobkeeper import fmt
+from knobkeeper.declared import Declared, declared, extra_field, fact
 from knobkeeper.changelog.filecache import plain_file, refusal
 from knobkeeper.changelog.store import Message, commit_change
 from knobkeeper.errors import UserError
@@ -62,38 +46,33 @@ JOURNAL = "deploys-running"
 GATES = ("passed", "failed", "skipped", "not-run", "unobservable")
 
 
-def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+RESULTS = ("running", "ok", "failed", "interrupted")
 
 
 class _ByField:
-    """row["action"] reads row.action: the JSON field names are the attribute names, so code written
-    against the record's JSON reads the typed rows unchanged."""
+    """row["action"] reads row.action, for a declared field only: code written against the record's
+    JSON reads the typed rows unchanged, and cannot read a key the declaration does not have."""
 
     def __getitem__(self, key: str) -> Any:
-        if key not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
+        if key == "extra" or key not in type(self).__dataclass_fields__:  # type: ignore[attr-defined]
             raise KeyError(key)
         return getattr(self, key)
 
 
-@dataclass
-class Gate(_ByField):
+@declared
+class Gate(_ByField, Declared):
     """A service's health gate in one run."""
 
-    result: str = "not-run"  # one of GATES
+    result: str = fact("not-run", choices=GATES)
     url: str | None = None
     status: str | None = None
     seconds: float | None = None
     checked_at: str | None = None
-
-    @classmethod
-    def from_json(cls, data: Any) -> "Gate":
-        return cls(**_known(cls, data)) if isinstance(data, dict) else cls(result=str(data))
+    extra: dict[str, Any] = extra_field()
 
 
-@dataclass
-class Rollback(_ByField):
+@declared
+class Rollback(_ByField, Declared):
     """What a rollback after a failed gate did (rollback=true)."""
 
     result: str = "failed"
@@ -101,17 +80,18 @@ class Rollback(_ByField):
     restart_issued_at: str | None = None
     healthy_at: str | None = None
     status: str | None = None
+    extra: dict[str, Any] = extra_field()
 
 
-@dataclass
-class ServiceRow(_ByField):
+@declared
+class ServiceRow(_ByField, Declared):
     """What one run did to one (host, service), and when."""
 
-    host: str
-    service: str
-    role: str
+    host: str = fact(required=True)
+    service: str = fact(required=True)
+    role: str = fact(required=True)
     engine: str = ""  # what the role pins, "vllm 0.32.0" (knobkeeper.engine.role_engine)
-    action: str = "unchanged"  # one of ACTIONS
+    action: str = fact("unchanged", choices=ACTIONS)
     reason: str = ""
     changes: list[str] = field(default_factory=list)  # what changed, in words (files-changed restarts)
     digest: str = ""
@@ -126,6 +106,15 @@ class ServiceRow(_ByField):
     stopped_at: str | None = None  # the run stopped it: the gate of the process it started failed
     job: str | None = None  # Slurm: the job the component ran in, and the node it got
     node: str | None = None
+    extra: dict[str, Any] = extra_field()
+
+    @classmethod
+    def older(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Records of earlier versions: a gate as its result's word, nulls for the empty lists."""
+        gate = data.get("gate")
+        return {**data, "gate": gate if isinstance(gate, dict) else {"result": str(gate)} if gate else {},
+                "rollback": data.get("rollback") if isinstance(data.get("rollback"), dict) else None,
+                "changes": data.get("changes") or [], "knobs": data.get("knobs") or {}}
 
     @property
     def key(self) -> str:
@@ -135,25 +124,12 @@ class ServiceRow(_ByField):
     def acted(self) -> bool:
         return self.action in ("restarted", "started")
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ServiceRow":
-        known = _known(cls, data)
-        known["gate"] = Gate.from_json(data.get("gate") or {})
-        rollback = data.get("rollback")
-        known["rollback"] = Rollback(**_known(Rollback, rollback)) if isinstance(rollback, dict) else None
-        known["changes"] = list(data.get("changes") or [])
-        known["knobs"] = dict(data.get("knobs") or {})
-        return cls(**known)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class SlurmJob(_ByField):
+@declared
+class SlurmJob(_ByField, Declared):
     """One Slurm job a run submitted, kept or cancelled."""
 
-    id: str
+    id: str = fact(required=True)
     state: str | None = None
     digest: str | None = None
     submitted_at: str | None = None
@@ -161,35 +137,30 @@ class SlurmJob(_ByField):
     cancelled_at: str | None = None
     nodes: dict[str, str] = field(default_factory=dict)  # service -> node
     reason: str | None = None
+    extra: dict[str, Any] = extra_field()
 
 
-@dataclass
-class SlurmRecord(_ByField):
+@declared
+class SlurmRecord(_ByField, Declared):
     """What a run did with the stack's Slurm jobs."""
 
-    job_name: str
-    script: str
-    decision: str = "none"  # "new job" | "kept" | "none"
+    job_name: str = fact(required=True)
+    script: str = fact(required=True)
+    decision: str = fact("none", choices=("new job", "kept", "none"))
     why: list[str] = field(default_factory=list)
     job: SlurmJob | None = None
     replaced: list[SlurmJob] = field(default_factory=list)
     client_calls: int = 0  # Slurm client calls of the run, and the seconds they took (where deploy time goes)
     client_seconds: float = 0.0
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "SlurmRecord":
-        known = _known(cls, data)
-        known["job"] = SlurmJob(**_known(SlurmJob, data["job"])) if isinstance(data.get("job"), dict) else None
-        known["replaced"] = [SlurmJob(**_known(SlurmJob, j)) for j in data.get("replaced") or [] if isinstance(j, dict)]
-        return cls(**known)
+    extra: dict[str, Any] = extra_field()
 
 
-@dataclass
-class KubeApply(_ByField):
+@declared
+class KubeApply(_ByField, Declared):
     """What a run did with one workload of a Kubernetes stack: the apply, the rollout it made, the gate."""
 
-    role: str
-    service: str
+    role: str = fact(required=True)
+    service: str = fact(required=True)
     kind: str = "Deployment"
     decision: str = "not run"  # "rolls" | "created" | "unchanged" | "co-restart" | "not run"
     generation_before: int | None = None
@@ -201,42 +172,40 @@ class KubeApply(_ByField):
     observed_at: str | None = None  # the controller's observedGeneration reached the applied generation
     rollout: str = "not run"  # "complete" | "not observable: no nodes" | "failed: ..." | "not run"
     rolled_back_to: int | None = None  # the revision `rollout undo` went back to (rollback=true)
+    extra: dict[str, Any] = extra_field()
 
 
-@dataclass
-class KubeRecord(_ByField):
+@declared
+class KubeRecord(_ByField, Declared):
     """What a run did in the stack's namespace."""
 
-    namespace: str
+    namespace: str = fact(required=True)
     shape: str = "deployments"
     nodes: int | None = None
     applies: list[KubeApply] = field(default_factory=list)
     client_calls: int = 0
     client_seconds: float = 0.0
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "KubeRecord":
-        known = _known(cls, data)
-        known["applies"] = [KubeApply(**_known(KubeApply, a)) for a in data.get("applies") or [] if isinstance(a, dict)]
-        return cls(**known)
+    extra: dict[str, Any] = extra_field()
 
     def apply_of(self, service: str) -> KubeApply:
         return next(a for a in self.applies if a.service == service)
 
 
-@dataclass
-class DeployRecord:
-    id: str
-    inventory: str
-    inventory_path: str
-    commit: str
-    dirty: bool
-    allow_dirty: bool
-    options: dict[str, Any]
-    order: list[str]
-    started_at: str
+@declared
+class DeployRecord(Declared):
+    """One deploy run: what it did to every (host, service) and when (the module doc says more)."""
+
+    id: str = fact(required=True)
+    inventory: str = fact(required=True)
+    inventory_path: str = fact(required=True)
+    commit: str = fact(required=True)
+    dirty: bool = fact(required=True)
+    allow_dirty: bool = fact(required=True)
+    options: dict[str, Any] = fact(required=True)
+    order: list[str] = fact(required=True)
+    started_at: str = fact(required=True)
     finished_at: str | None = None
-    result: str = "running"
+    result: str = fact("running", choices=RESULTS)
     error: str | None = None
     services: list[ServiceRow] = field(default_factory=list)
     engine_versions: dict[str, dict[str, str | None]] = field(default_factory=dict)  # host -> {dist: version}
@@ -244,9 +213,11 @@ class DeployRecord:
     slurm: SlurmRecord | None = None
     kubernetes: KubeRecord | None = None
     pd_proof: str | None = None  # per decode instance, what the PD proof saw (vLLM), or None
+    extra: dict[str, Any] = extra_field()
 
     def __post_init__(self) -> None:
-        self.services = [r if isinstance(r, ServiceRow) else ServiceRow.from_json(r) for r in self.services]
+        """Rows given as JSON (a caller's dicts) are read as rows."""
+        self.services = [ServiceRow.of(r) if isinstance(r, (dict, ServiceRow)) else r for r in self.services]
         if isinstance(self.slurm, dict):
             self.slurm = SlurmRecord.from_json(self.slurm)
         if isinstance(self.kubernetes, dict):
@@ -262,19 +233,8 @@ class DeployRecord:
                 return row
         raise KeyError((host, name))
 
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["services"] = [r.to_json() for r in self.services]
-        out["slurm"] = asdict(self.slurm) if self.slurm is not None else None
-        out["kubernetes"] = asdict(self.kubernetes) if self.kubernetes is not None else None
-        return out
-
     def text(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "DeployRecord":
-        return cls(**_known(cls, data))
 
 
 def record_path(project: Project, record: DeployRecord, committed: bool) -> Path:
@@ -319,7 +279,11 @@ def save(project: Project, record: DeployRecord, commit: bool) -> Path:
 
 
 def read_record(path: Path) -> DeployRecord:
-    return DeployRecord.from_json(json.loads(plain_file(path).read_text()))
+    """The record in the file at `path`; ValueError naming the first way it is not one."""
+    record, problems = DeployRecord.read(json.loads(plain_file(path).read_text()))
+    if problems:
+        raise ValueError(problems[0])
+    return record
 
 
 def find_record(project: Project, deploy_id: str) -> DeployRecord | None:

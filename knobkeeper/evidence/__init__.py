@@ -3,7 +3,8 @@
 Owns: the evidence file as one typed model (model.py: Evidence, Arm, Setup, Run, Level, Guard,
 Judgement, Validity and the rest, read from and written to JSON there only; `Setup.build` is the
 one setup every producer fills; the model answers is_adjusted, the p a verdict rests on, one text
-per level, whether it backs a change) and its schema as data (schema.py, schema 2), the only reader
+per level, whether it backs a change; the schema is that declaration: knobkeeper/declared.py makes
+its validation and JSON Schema from it, schema.py says what the fields mean), the only reader
 and writer of changelog/evidence/ (store.py: `find`, `load`, `list_all`, `summary_line`, `gains`,
 `verify`, `import_files`), the family-wise judgement (judge.py: Welch t on log throughput, Holm
 over every level x judged metric, guard metrics, the sequential design; it returns a Judgement),

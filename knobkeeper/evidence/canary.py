@@ -50,6 +50,7 @@ SGLang's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -61,6 +62,7 @@ from knobkeeper.changelog.ops import set_knob
 from knobkeeper.changelog.store import repo_lock
 from knobkeeper.deploy import api, canary_state, status as deploy_status
 from knobkeeper.deploy.api import terminate_as_interrupt
+from knobkeeper.deploy.canary_state import CanaryMarker
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.deploy.record import DEPLOY_BUSY, deploy_lock
 from knobkeeper.deploy.stack import load_stack
@@ -583,10 +585,10 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
     try:
         with repo_lock(project):   # a `set` of the role is before this (and read below) or refused after it
             now = iso(utcnow())
-            canary_state.write_marker(project, {
-                "knob": knob, "value": value, "role": role, "scope": stack.scope(role), "inventory": inventory,
-                "services": [t.key for t in canary_t], "hosts": sorted({t.host for t in canary_t}),
-                "phase": "calibrating", "started_at": now, "seen_at": now, "pid": os.getpid()})
+            canary_state.write_marker(project, CanaryMarker(
+                knob=knob, value=value, role=role, scope=stack.scope(role), inventory=inventory,
+                services=[t.key for t in canary_t], hosts=sorted({t.host for t in canary_t}),
+                phase="calibrating", started_at=now, seen_at=now, pid=os.getpid()))
             declared = (value_of(read_declared(project.knobs_path), stack.scope(role), knob)
                         if project.knobs_path.exists() else None)
         require_in_sync(project, inventory, role)
@@ -603,7 +605,7 @@ def canary(project, spec: str, *, role: str, inventory: str = DEFAULT_INVENTORY,
             raise Interrupted(_interrupted_line(plan, done, str(stop))) from None
     finally:
         data = canary_state.read_marker(project)
-        if data is not None and data.get("pid") == os.getpid() and not data.get("applied_at"):
+        if data is not None and data.pid == os.getpid() and not data.applied_at:
             canary_state.clear_marker(project)   # nothing was applied: nothing to put back
         canary_state.release(project, handle)
 
@@ -645,19 +647,18 @@ def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dic
 
     def apply(targets, knobs):
         now = iso(utcnow())
-        canary_state.write_marker(project, {
-            "role": plan.role, "scope": plan.role, "started_at": now, **(canary_state.read_marker(project) or {}),
-            "knob": plan.knob, "value": plan.value, "inventory": inventory,
-            "services": [t.key for t in targets], "hosts": sorted({t.host for t in targets}),
-            "phase": "candidate-deploy", "applied_at": now, "seen_at": now, "pid": os.getpid()})
+        marker = canary_state.read_marker(project) or CanaryMarker(
+            knob=plan.knob, value=plan.value, role=plan.role, scope=plan.role, inventory=inventory, started_at=now)
+        canary_state.write_marker(project, dataclasses.replace(
+            marker, knob=plan.knob, value=plan.value, inventory=inventory,
+            services=[t.key for t in targets], hosts=sorted({t.host for t in targets}),
+            phase="candidate-deploy", applied_at=now, seen_at=now, pid=os.getpid()))
         done["applied"] = True
         try:
             switch.apply(targets, knobs)
         except NothingApplied:
             done["applied"] = False   # not on anywhere: back to a marker that leaves nothing to put back
-            data = canary_state.read_marker(project) or {}
-            canary_state.write_marker(project, {k: v for k, v in data.items() if k != "applied_at"}
-                                      | {"phase": "calibrating"})
+            canary_state.update_marker(project, applied_at=None, phase="calibrating")
             raise
         _phase(project, "candidate")
 
@@ -675,9 +676,7 @@ def marked_switch(project, inventory: str, plan: Plan, switch: Switch, done: dic
 
 def _phase(project, phase: str) -> None:
     """The marker's `phase` now (canary_state.PHASES): which deploy a kill would interrupt."""
-    data = canary_state.read_marker(project)
-    if data is not None:
-        canary_state.write_marker(project, {**data, "phase": phase, "seen_at": iso(utcnow())})
+    canary_state.update_marker(project, phase=phase, seen_at=iso(utcnow()))
 
 
 def _heartbeat(project, options: Options) -> Options:
@@ -685,9 +684,7 @@ def _heartbeat(project, options: Options) -> Options:
     inner = options.on_window
 
     def on_window(k: int, n: int) -> None:
-        data = canary_state.read_marker(project)
-        if data is not None:
-            canary_state.write_marker(project, {**data, "seen_at": iso(utcnow())})
+        canary_state.update_marker(project, seen_at=iso(utcnow()))
         if inner is not None:
             inner(k, n)
 
@@ -695,7 +692,7 @@ def _heartbeat(project, options: Options) -> Options:
     return options
 
 
-def abort(project) -> tuple[dict, Any]:
+def abort(project) -> tuple[CanaryMarker, Any]:
     """`knobkeeper canary abort`: deploy the services an abandoned canary left on its candidate back
     to the declared state (recorded as a deploy, canary phase "abort", `abandoned`: the phase it died
     in), or, killed during its promote, the whole role at the declared state (the promote's deploy),
@@ -704,19 +701,19 @@ def abort(project) -> tuple[dict, Any]:
     if data is None:
         running = canary_state.read_marker(project)
         if running is not None:
-            raise UserError(f"canary abort: canary {running.get('knob')}={running.get('value')} is still running "
-                            f"(pid {running.get('pid')}); stop it (Ctrl-C puts it back)")
+            raise UserError(f"canary abort: canary {running.knob}={running.value} is still running "
+                            f"(pid {running.pid}); stop it (Ctrl-C puts it back)")
         raise UserError("canary abort: no abandoned canary in this repo (nothing to put back)")
-    tag = {k: data.get(k) for k in ("knob", "value", "hosts", "services")}
+    tag = {"knob": data.knob, "value": data.value, "hosts": data.hosts, "services": data.services}
     # Killed during its promote: the value is declared, the canary hosts run it; the rest of the role
     # is what is not done. Otherwise the canary hosts go back to the declared state.
-    limit = None if data.get("phase") == "promote" else list(data.get("hosts") or []) or None
-    result = api.run_deploy(project, data["inventory"], only=data["role"], limit=limit,
-                        extra_data={"canary": {**tag, "phase": "abort", "abandoned": data.get("phase")}})
+    limit = None if data.phase == "promote" else list(data.hosts) or None
+    result = api.run_deploy(project, data.inventory, only=data.role, limit=limit,
+                        extra_data={"canary": {**tag, "phase": "abort", "abandoned": data.phase}})
     if not result.ok:
-        raise UserError(f"canary abort: the deploy of {', '.join(data.get('services') or [])} back to the declared state "
-                        f"failed ({result.error}); they are still on {data['knob']}={data['value']}; run "
-                        f"`knobkeeper deploy {data['inventory']} --only {data['role']}`")
+        raise UserError(f"canary abort: the deploy of {', '.join(data.services)} back to the declared state "
+                        f"failed ({result.error}); they are still on {data.knob}={data.value}; run "
+                        f"`knobkeeper deploy {data.inventory} --only {data.role}`")
     canary_state.clear_marker(project)
     return data, result
 

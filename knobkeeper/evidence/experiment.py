@@ -29,8 +29,9 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from knobkeeper.deploy import api as deploy_api, experiment_state
+from knobkeeper.deploy.experiment_state import ExperimentMarker
 from knobkeeper.errors import UserError
-from knobkeeper.evidence.model import Evidence
+from knobkeeper.evidence.model import Arm, Evidence
 from knobkeeper.evidence.search import Harness, Searched
 from knobkeeper.timeutil import iso, utcnow
 
@@ -64,9 +65,9 @@ class Experiment:
                  arms: Mapping[str, Mapping], context: Mapping[str, Any], partial: Partial,
                  write: Callable[[Evidence], Any], plan: str | None = None):
         self.project, self.kind, self.partial, self.write = project, kind, partial, write
-        self.data = {"kind": kind, "knob": knob, "role": role, "scope": scope, "inventory": inventory,
-                     "arms": {k: dict(v) for k, v in arms.items()}, "arm": None, "phase": "measuring", "plan": plan,
-                     "pid": os.getpid(), "journal": {**context, "searched": None}}
+        self.marker = ExperimentMarker(kind=kind, knob=knob, role=role, scope=scope, inventory=inventory,
+                                       arms={k: Arm.of(dict(v)) for k, v in arms.items()}, plan=plan,
+                                       pid=os.getpid(), journal={**context, "searched": None})
         self.restored = False
         self.handle = None
         self.harness: Harness | None = None
@@ -75,8 +76,8 @@ class Experiment:
         refuse_if_abandoned(self.project)
         self.handle = experiment_state.hold(self.project)
         now = iso(utcnow())
-        self.data.update(started_at=now, seen_at=now)
-        experiment_state.write_marker(self.project, self.data)
+        self.marker.started_at = self.marker.seen_at = now
+        experiment_state.write_marker(self.project, self.marker)
         return self
 
     def marked(self, harness: Harness) -> Harness:
@@ -84,8 +85,7 @@ class Experiment:
         self.harness = harness
 
         def switch_arm(arm: dict) -> None:
-            name = next((k for k, v in self.data["arms"].items() if dict(v.get("knobs") or {}) == dict(arm["knobs"])),
-                        None)
+            name = next((k for k, v in self.marker.arms.items() if dict(v.knobs) == dict(arm["knobs"])), None)
             self._stamp(arm=name, phase="measuring")
             self.restored = False
             harness.switch_arm(arm)
@@ -99,18 +99,17 @@ class Experiment:
         return replace(harness, switch_arm=switch_arm, restore=restore)
 
     def journal(self, searched: Searched, **more: Any) -> None:
-        self.data["journal"] = {**self.data["journal"], "searched": searched.to_json(), **more}
-        self._stamp()
+        self._stamp(journal={**self.marker.journal, "searched": searched.to_json(), **more})
 
-    def _stamp(self, **fields: Any) -> None:
-        self.data.update(fields, seen_at=iso(utcnow()))
-        experiment_state.write_marker(self.project, self.data)
+    def _stamp(self, **changes: Any) -> None:
+        self.marker = replace(self.marker, **changes, seen_at=iso(utcnow()))
+        experiment_state.write_marker(self.project, self.marker)
 
     def put_back(self) -> None:
         """The declared state back, if the measuring did not restore it yet."""
-        if not self.restored and self.harness is not None and self.data.get("arm") is not None:
+        if not self.restored and self.harness is not None and self.marker.arm is not None:
             self.marked(self.harness).restore()
-        elif self.data.get("arm") is None:
+        elif self.marker.arm is None:
             self.restored = True   # no arm was ever switched to: nothing to put back
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -135,11 +134,11 @@ class Experiment:
         try:
             self.put_back()
         except UserError as exc:
-            raise Interrupted(f"{self.kind} of {self.data['knob']} stopped by {by}: the put-back failed ({exc}); role "
-                              f"{self.data['role']} may still run an arm: put it back with `knobkeeper ab abort`") from None
+            raise Interrupted(f"{self.kind} of {self.marker.knob} stopped by {by}: the put-back failed ({exc}); role "
+                              f"{self.marker.role} may still run an arm: put it back with `knobkeeper ab abort`") from None
         doc, written = None, "no evidence written (no run finished)"
         try:
-            doc = self.partial(self.data["journal"], by, at)
+            doc = self.partial(self.marker.journal, by, at)
         except UserError as exc:
             written = f"no evidence written ({exc})"
         if doc is not None:
@@ -147,11 +146,12 @@ class Experiment:
             written = f"the {len(doc.runs) + (len(doc.sweep.runs) if doc.sweep else 0)} runs measured kept as " \
                       f"evidence {doc.id} marked interrupted ({self.project.rel(path)})"
         experiment_state.clear_marker(self.project)
-        raise Interrupted(f"{self.kind} of {self.data['knob']} stopped by {by}: role {self.data['role']} put back to "
+        raise Interrupted(f"{self.kind} of {self.marker.knob} stopped by {by}: role {self.marker.role} put back to "
                           f"the declared state; {written}", doc)
 
 
-def abort(project, partial_of: Callable[[str], Partial], write: Callable[[Evidence], Any]) -> tuple[dict, Any, Evidence | None]:
+def abort(project, partial_of: Callable[[str], Partial],
+          write: Callable[[Evidence], Any]) -> tuple[ExperimentMarker, Any, Evidence | None]:
     """`knobkeeper ab abort`: deploy the role an abandoned experiment left on an arm back to the
     declared state (recorded as a deploy), write the runs of its journal as evidence marked
     interrupted, remove its marker; (the marker, the deploy result, the evidence or None).
@@ -160,18 +160,18 @@ def abort(project, partial_of: Callable[[str], Partial], write: Callable[[Eviden
     if data is None:
         running = experiment_state.read_marker(project)
         if running is not None:
-            raise UserError(f"ab abort: the {running.get('kind')} of {running.get('knob')} is still running (pid "
-                            f"{running.get('pid')}); stop it (Ctrl-C puts the stack back)")
+            raise UserError(f"ab abort: the {running.kind} of {running.knob} is still running (pid "
+                            f"{running.pid}); stop it (Ctrl-C puts the stack back)")
         raise UserError("ab abort: no abandoned ab run or sweep in this repo (nothing to put back)")
     handle = experiment_state.hold(project)
     try:
-        result = deploy_api.run_deploy(project, data["inventory"], only=data["role"])
+        result = deploy_api.run_deploy(project, data.inventory, only=data.role)
         if not result.ok:
-            raise UserError(f"ab abort: the deploy of role {data['role']} back to the declared state failed "
-                            f"({result.error}); run `knobkeeper deploy {data['inventory']} --only {data['role']}`")
+            raise UserError(f"ab abort: the deploy of role {data.role} back to the declared state failed "
+                            f"({result.error}); run `knobkeeper deploy {data.inventory} --only {data.role}`")
         doc = None
-        if (data.get("journal") or {}).get("searched"):
-            doc = partial_of(str(data.get("kind")))(data["journal"], "SIGKILL (abandoned)", str(data.get("seen_at")))
+        if data.journal.get("searched"):
+            doc = partial_of(data.kind)(data.journal, "SIGKILL (abandoned)", str(data.seen_at))
             if doc is not None:
                 write(doc)
         experiment_state.clear_marker(project)

@@ -31,13 +31,12 @@ back that change), `Evidence.disagreements()` (does it agree with itself) and
 from __future__ import annotations
 
 import math
-import types
-import typing
-from dataclasses import dataclass, field, fields
-from functools import lru_cache
+import re
+from dataclasses import field
 from typing import Any, Callable, ClassVar, Mapping
 
 from knobkeeper import fmt, gitio
+from knobkeeper.declared import Check, Declared, declared, extra_field, fact
 from knobkeeper.evidence.defaults import ALPHA, IMBALANCE
 from knobkeeper.knobs.values import scope, split_scope
 
@@ -57,124 +56,19 @@ GUARDS = {
 }
 
 
-# ---------------------------------------------------------------- typed parts: the machinery
-
-def _plain(value: Any) -> Any:
-    """`value` as JSON data (typed parts written out, containers copied)."""
-    if isinstance(value, Typed):
-        return value.to_json()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _absent(value: Any) -> bool:
-    """What an OMIT field leaves out of the JSON: None, an empty list, an empty object."""
-    return value is None or (isinstance(value, (list, dict)) and not value)
-
-
-def _is_typed(hint: Any) -> bool:
-    return isinstance(hint, type) and issubclass(hint, Typed)
-
-
-def _reader(hint: Any) -> Callable[[Any], Any]:
-    """How a field of type `hint` is read from JSON: typed parts (and lists or dicts of them) are
-    read as such, everything else is copied as it is."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            read = _reader(inner[0])
-            return lambda v: None if v is None else read(v)
-        return _plain
-    if _is_typed(hint):
-        return hint.of
-    if origin is list and args and _is_typed(args[0]):
-        return lambda v: [args[0].of(x) for x in v]
-    if origin is dict and len(args) == 2 and _is_typed(args[1]):
-        return lambda v: {k: args[1].of(x) for k, x in v.items()}
-    return _plain
-
-
-class Typed:
-    """A typed part of the evidence file (a dataclass; see the module doc).
-
-    OMIT: the fields left out of the JSON when None or empty (optional parts of the schema).
-    OMIT_ZERO: the counts left out of the JSON when 0 (most windows restart nothing)."""
-
-    OMIT: ClassVar[frozenset[str]] = frozenset()
-    OMIT_ZERO: ClassVar[frozenset[str]] = frozenset()
-    extra: dict[str, Any]
-
-    @classmethod
-    @lru_cache(maxsize=None)
-    def _fields(cls) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
-        hints = typing.get_type_hints(cls)
-        return tuple((f.name, _reader(hints[f.name])) for f in fields(cls) if f.name != "extra")  # type: ignore[arg-type]
-
-    @classmethod
-    @lru_cache(maxsize=None)
-    def _names(cls) -> frozenset[str]:
-        return frozenset(name for name, _ in cls._fields())
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]):
-        known = dict(cls._fields())
-        kwargs: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in known:
-                kwargs[key] = known[key](value)
-            else:
-                extra[key] = _plain(value)
-        return cls(**kwargs, extra=extra)
-
-    @classmethod
-    def of(cls, value: Any):
-        """`value` if it is already this part, else read from its JSON."""
-        return value if isinstance(value, cls) else cls.from_json(value)
-
-    def to_json(self) -> dict[str, Any]:
-        out = {}
-        for name, _ in self._fields():
-            value = getattr(self, name)
-            if name in self.OMIT and _absent(value) or name in self.OMIT_ZERO and value == 0:
-                continue
-            out[name] = _plain(value)
-        out.update(_plain(self.extra))
-        return out
-
-    def __eq__(self, other: object) -> bool:
-        """Parts are equal when their JSON is: compare a part with its JSON by `to_json()`."""
-        if isinstance(other, Typed):
-            return self.to_json() == other.to_json()
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  (mutable)
-
-
-def typed(cls):
-    """The dataclass decorator every part uses (equality is by JSON, see Typed.__eq__)."""
-    return dataclass(eq=False)(cls)
-
-
-def _extra() -> Any:
-    return field(default_factory=dict, kw_only=True, repr=False)
-
-
 # ---------------------------------------------------------------- the parts
 
-@typed
-class Arm(Typed):
+@declared
+class Arm(Declared):
+    """One arm: its label and the knob values it ran with (null: the knob unset)."""
+
     label: str = ""
-    knobs: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = _extra()
+    knobs: dict[str, Any] = fact(factory=dict, required=True, expected="an object of knob values")
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Workload(Typed):
+@declared
+class Workload(Declared):
     """What load was run: the API, prompt shape and how long each run was."""
 
     api: str | None = None              # "chat" | "completions" | "generate" | "kernel"
@@ -184,11 +78,11 @@ class Workload(Typed):
     requests_per_run: int | None = None
     duration_s: float | None = None
     OMIT = frozenset({"dataset"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Schedule(Typed):
+@declared
+class Schedule(Declared):
     """`ab run`'s schedule: the ABBA blocks actually run."""
 
     order: str = "ABBA"
@@ -199,11 +93,11 @@ class Schedule(Typed):
     blocks: int = 0
     warmup_requests: int | None = None
     wall_s: float | None = None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Setup(Typed):
+@declared
+class Setup(Declared):
     """Where and how the runs were measured. `engine` is "unknown" when nothing said."""
 
     inventory: str | None = None
@@ -219,7 +113,7 @@ class Setup(Typed):
     workload: Workload = field(default_factory=Workload)
     schedule: Schedule | None = None
     OMIT = frozenset({"stack", "served_model_name", "bench_tool", "bench_version", "schedule"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     @classmethod
     def build(cls, project: Any = None, *, inventory: str | None = None, engine: str | None = None,
@@ -262,49 +156,65 @@ class Setup(Typed):
         return " · ".join(parts)
 
 
-@typed
-class KnobSeen(Typed):
+@declared
+class KnobSeen(Declared):
     """What the running engine had of the knob: carried, not carried, or unverified."""
 
     status: str = "unverified"          # validity.CARRIED | NOT_CARRIED | UNVERIFIED
     running: Any = None
     detail: str | None = None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Run(Typed):
+def _count(value: Any, run: Mapping[str, Any]) -> bool:
+    """A count of failed requests: an integer, or null where the run's `not_recorded` names the tool
+    whose file could not tell."""
+    if value is None:
+        named = run.get("not_recorded")
+        return isinstance(named, dict) and isinstance(named.get("errors"), str)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@declared
+class Run(Declared):
     """One arm, one level, one repeat. `completed` counts finished requests, `errors` failed ones,
     `requested` what the tool sent; a count the tool's file cannot tell is None, with
     `not_recorded[field]` naming the tool and version ("sglang.bench_serving 0.5.23")."""
 
-    arm: str = "A"
-    repeat: int = 0
-    concurrency: int = 0
-    output_tokens_per_s: float | None = None
+    arm: str = fact("A", required=True, nonempty=True, expected="an arm's letter")
+    repeat: int = fact(0, required=True)
+    concurrency: int = fact(0, required=True)   # the configured level (max_concurrency), never a measured one
+    output_tokens_per_s: float | None = fact(None, minimum=0, show=True)
     requests_per_s: float | None = None
     ttft_ms: dict[str, float | None] | None = None
     tpot_ms: dict[str, float | None] | None = None
     itl_ms: dict[str, float | None] | None = None
     e2e_ms: dict[str, float | None] | None = None
     completed: int | None = None
-    errors: int | None = 0
+    errors: int | None = fact(0, required=True, test=lambda v, run: _count(v, run), expected="an integer",
+                              schema={"type": ["integer", "null"]})
     requested: int | None = None
     output_tokens: int | None = None
-    not_recorded: dict[str, str] = field(default_factory=dict)
+    not_recorded: dict[str, str] = fact(factory=dict, expected="an object naming, per count, the tool that did not record it",
+                                        test=lambda v, _: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+                                        schema={"type": "object", "additionalProperties": {"type": "string"}})
     knob_seen: KnobSeen | None = None
     prefill_prompt_tokens: float | None = None
     OMIT = frozenset({"output_tokens_per_s", "requests_per_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms",
                       "completed", "requested", "output_tokens", "not_recorded", "knob_seen",
                       "prefill_prompt_tokens"})
-    extra: dict[str, Any] = _extra()
+    # errors null only where the tool is named (the test of `errors` above says it for validate)
+    CHECKS = (Check(lambda data: (), schema={
+        "if": {"properties": {"errors": {"type": "null"}}, "required": ["errors"]},
+        "then": {"properties": {"not_recorded": {"required": ["errors"]}}, "required": ["not_recorded"]}}),)
+    extra: dict[str, Any] = extra_field()
 
     def raw(self, metric: str) -> Any:
         """The run's top-level number `metric` as the file holds it (a field, or a tool's own
         number kept in `extra`), None when absent; `value` is the checked one."""
         if metric == METRIC:   # the judged metric, read directly: judging a sweep reads it ~10^6 times
             return self.output_tokens_per_s
-        if metric in self._names():
+        if metric in _RUN_FIELDS:
             return getattr(self, metric)
         return self.extra.get(metric)
 
@@ -341,23 +251,26 @@ class Run(Typed):
         return int(self.errors or 0)
 
 
-@typed
-class Dropped(Typed):
+_RUN_FIELDS = frozenset(f for f in Run.__dataclass_fields__ if f != "extra")
+
+
+@declared
+class Dropped(Declared):
     """A run left out of a level's comparison, and why (errors, or the outlier rule)."""
 
     arm: str = "A"
     repeat: int | None = None
     value: float | None = None
     reason: str = ""
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Level(Typed):
+@declared
+class Level(Declared):
     """One concurrency level's throughput verdict (judge.py says how). Effects and intervals are
     relative: 0.128 = +12.8% of B over A."""
 
-    concurrency: int = 0
+    concurrency: int = fact(0, required=True)
     n_a: int = 0
     n_b: int = 0
     mean_a: float | None = None
@@ -369,13 +282,13 @@ class Level(Typed):
     p_adjusted: float | None = None     # family-wise (schema 2); absent in schema 1
     p_sequential: float | None = None   # the sequential design's q (before Holm)
     df: float | None = None
-    verdict: str = "inconclusive"
+    verdict: str = fact("inconclusive", required=True, choices=VERDICTS)
     repeats_needed: int | None = None
     errored_runs: dict[str, int] | None = None
     outliers_dropped: list[Dropped] = field(default_factory=list)
     invalid: list[str] | None = None    # the validity gates it failed (verdict "invalid")
     OMIT = frozenset({"p_adjusted", "p_sequential", "invalid"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     @property
     def valid(self) -> bool:
@@ -386,8 +299,8 @@ class Level(Typed):
         return f"{fmt.pct(self.ci_low)}..{fmt.pct(self.ci_high)}" if self.ci_low is not None else "n/a"
 
 
-@typed
-class Guard(Typed):
+@declared
+class Guard(Declared):
     """One latency metric at one level (lower is better): "worse" is a regression."""
 
     concurrency: int = 0
@@ -397,12 +310,12 @@ class Guard(Typed):
     ci_high: float | None = None
     p_value: float | None = None
     p_adjusted: float | None = None
-    verdict: str = "inconclusive"
+    verdict: str = fact("inconclusive", choices=VERDICTS)
     regression: bool = False
     n_a: int | None = None
     n_b: int | None = None
     OMIT = frozenset({"n_a", "n_b"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     @property
     def label(self) -> str:
@@ -413,8 +326,8 @@ class Guard(Typed):
         return f"{fmt.pct(self.ci_low)}..{fmt.pct(self.ci_high)}" if self.ci_low is not None else "n/a"
 
 
-@typed
-class Adjustment(Typed):
+@declared
+class Adjustment(Declared):
     """What the family-wise adjustment covered: every level's throughput and guard tests."""
 
     method: str = "holm"
@@ -423,22 +336,22 @@ class Adjustment(Typed):
     weights: dict[str, float] = field(default_factory=dict)
     sequential: bool | None = None
     OMIT = frozenset({"sequential", "weights"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Judgement(Typed):
+@declared
+class Judgement(Declared):
     """The judge's answer for one file (knobkeeper.evidence.judge)."""
 
     method: str = ""
     alpha: float = ALPHA
     mde: float | None = None
     unit_noise: float | None = None     # a known offset no run averages out (a canary's restarts)
-    levels: list[Level] = field(default_factory=list)
+    levels: list[Level] = fact(factory=list, required=True)
     guards: list[Guard] = field(default_factory=list)
     family: Adjustment | None = None        # None: schema 1, per level without adjustment
     OMIT = frozenset({"mde", "unit_noise", "guards", "family"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     def level(self, concurrency: int) -> Level | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
@@ -448,53 +361,53 @@ class Judgement(Typed):
         return [g for g in self.guards if g.regression]
 
 
-@typed
-class LevelValidity(Typed):
+@declared
+class LevelValidity(Declared):
     concurrency: int = 0
     valid: bool = True
     reasons: list[str] = field(default_factory=list)
     not_applied: list[str] = field(default_factory=list)   # gates the runs could not be judged by
     OMIT = frozenset({"not_applied"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Validity(Typed):
+@declared
+class Validity(Declared):
     """The validity gates (validity.py) per level, and the file-level notes (duplicates, ...)."""
 
     levels: list[LevelValidity] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     @property
     def invalid(self) -> dict[int, list[str]]:
         return {row.concurrency: row.reasons for row in self.levels if not row.valid}
 
 
-@typed
-class Look(Typed):
+@declared
+class Look(Declared):
     """One look of the sequential design: after `repeat` repeats, which levels settled how."""
 
     repeat: int = 0
     open: list[int] = field(default_factory=list)
     settled: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Sequential(Typed):
+@declared
+class Sequential(Declared):
     """The sequential design's plan and the looks taken (judge.sequential_rule)."""
 
     rule: str = ""
     max_repeats: int = 0
     planned_looks: list[int] = field(default_factory=list)
     spending: str = ""
-    looks: list[Look] = field(default_factory=list)
-    extra: dict[str, Any] = _extra()
+    looks: list[Look] = fact(factory=list, required=True)
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Anomaly(Typed):
+@declared
+class Anomaly(Declared):
     """Throughput falling as concurrency rises, in one arm."""
 
     arm: str = "A"
@@ -505,7 +418,7 @@ class Anomaly(Typed):
     confidence: float | None = None
     note: str | None = None
     OMIT = frozenset({"note"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     def text(self) -> str:
         """`arm A throughput at 96 is -4.1% vs 80 (99% confidence)`."""
@@ -514,16 +427,18 @@ class Anomaly(Typed):
                 f"{self.from_concurrency} ({conf})")
 
 
-@typed
-class Source(Typed):
-    tool: str = "knobkeeper"
+@declared
+class Source(Declared):
+    """Where the runs came from: the tool, the raw files kept beside the evidence, their format."""
+
+    tool: str = fact("knobkeeper", required=True)
     raw_files: list[str] = field(default_factory=list)
     format: str | None = None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class WindowStats(Typed):
+@declared
+class WindowStats(Declared):
     """One canary worker's numbers over one window (knobkeeper.evidence.metrics measures them; None:
     no data for that quantity). `errors` counts its aborted requests (and those in flight at a
     restart), `requests` its finished ones (None where the engine does not count them), `decoding`
@@ -543,11 +458,11 @@ class WindowStats(Typed):
     restarts: int = 0
     unanswered: int = 0
     OMIT_ZERO = frozenset({"restarts", "unanswered"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Window(Typed):
+@declared
+class Window(Declared):
     """One canary window: every host's stats, its validity, and (when valid) each host's x."""
 
     index: int = 0
@@ -560,26 +475,26 @@ class Window(Typed):
     throughput: dict[str, float] | None = None
     in_flight: float | None = None
     OMIT = frozenset({"throughput", "in_flight"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class ErrorCounts(Typed):
+@declared
+class ErrorCounts(Declared):
     """One side of the errors test over the canary windows: its aborted requests, its requests
     (finished + aborted; None where an engine does not count them) and how many workers it has."""
 
     errors: int = 0
     requests: int | None = None
     hosts: int = 0
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     def text(self) -> str:
         """`1527 of 5110 requests`, or `1527` without a request count."""
         return f"{self.errors} of {self.requests} requests" if self.requests is not None else f"{self.errors}"
 
 
-@typed
-class ErrorsTest(Typed):
+@declared
+class ErrorsTest(Declared):
     """The canary's aborted requests: canary hosts against baseline hosts (canary.errors_test)."""
 
     canary: ErrorCounts = field(default_factory=ErrorCounts)
@@ -588,7 +503,7 @@ class ErrorsTest(Typed):
     p_value: float = 1.0
     alpha: float = 0.01
     failed: bool = False
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     def text(self) -> str:
         """`errors 1527 of 5110 requests on the canary vs 0 of 5120 requests on the baseline (p < 1e-12)`."""
@@ -597,18 +512,18 @@ class ErrorsTest(Typed):
                 f"(p {'< 1e-12' if p < 1e-12 else f'{p:.2g}'})")
 
 
-@typed
-class CanarySource(Typed):
+@declared
+class CanarySource(Declared):
     """Where a canary's window numbers came from: knobkeeper's own scrape of the workers ("scrape",
     no url) or a Prometheus ("prometheus", its url)."""
 
     kind: str = ""
     url: str | None = None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class CanaryBlock(Typed):
+@declared
+class CanaryBlock(Declared):
     """The `canary` block of a canary's evidence (knobkeeper.evidence.canary)."""
 
     hosts: dict[str, list[str]] = field(default_factory=dict)   # {"canary": [...], "baseline": [...]}
@@ -629,7 +544,7 @@ class CanaryBlock(Typed):
     rolled_back: bool = False
     deployed_at: float | None = None
     seconds_to_verdict: float | None = None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     def counts(self) -> dict[str, tuple[int, int]]:
         """phase -> (valid windows, windows)."""
@@ -640,8 +555,8 @@ class CanaryBlock(Typed):
         return out
 
 
-@typed
-class Gain(Typed):
+@declared
+class Gain(Declared):
     """A valid level's claim, as other parts use it: the effect, its interval and verdict, the p
     it rests on (`p`), and the guard regressions at that level."""
 
@@ -654,7 +569,7 @@ class Gain(Typed):
     p_adjusted: float | None = None     # family-wise; None for schema 1
     adjusted: bool = True
     regressions: list[Guard] = field(default_factory=list)
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     @property
     def p(self) -> float | None:
@@ -672,8 +587,8 @@ ADOPT, KEEP, NO_PICK = "adopt", "keep the control", "no pick"
 PICK_OUTCOMES = (ADOPT, KEEP, NO_PICK)
 
 
-@typed
-class SweepPlan(Typed):
+@declared
+class SweepPlan(Declared):
     """A sweep's plan, committed before any data (changelog/plans/<stem>.json) and copied into its
     evidence (`sweep.plan`). Arm "A" is always the control (the value the stack runs), the others the
     candidates in the order given. `delta`: the indifference margin (the smallest gain worth a
@@ -690,7 +605,9 @@ class SweepPlan(Typed):
     role: str = ""
     scope: str | None = None
     inventory: str | None = None
-    arms: dict[str, Arm] = field(default_factory=dict)
+    arms: dict[str, Arm] = fact(factory=dict, required=True,
+                                test=lambda v, _: isinstance(v, dict) and "A" in v and len(v) >= 2,
+                                expected="an object with the control A and at least one candidate")
     levels: list[int] = field(default_factory=list)
     metric: str = METRIC
     guards: list[str] = field(default_factory=list)
@@ -710,7 +627,7 @@ class SweepPlan(Typed):
     load: dict[str, Any] = field(default_factory=dict)
     engine_default: Any = None
     estimate: dict[str, Any] = field(default_factory=dict)   # what --plan printed: seconds per block, ...
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     @property
     def control(self) -> str:
@@ -728,8 +645,8 @@ class SweepPlan(Typed):
         return f"{name}{' (control)' if name == 'A' else ''} {values}"
 
 
-@typed
-class SweepLook(Typed):
+@declared
+class SweepLook(Declared):
     """One look of a sweep: after `repeat` blocks, the arms still measured, the leader (the arm of
     the highest score: mean ln throughput over the levels per restart), which arms were dropped and
     by what bound, which levels settled against the control, and why the search stopped here."""
@@ -741,27 +658,27 @@ class SweepLook(Typed):
     settled: dict[str, dict[str, str]] = field(default_factory=dict)
     stop: str | None = None
     OMIT = frozenset({"stop"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class ArmFailure(Typed):
+@declared
+class ArmFailure(Declared):
     """An arm that failed (its switch: a gate timeout, a start-up crash; its runs: errors over the
     gate, the knob not carried, restarts): an outcome, recorded with its cause, never skipped."""
 
     repeat: int = 0
     cause: str = ""
     detail: str = ""
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
 
-@typed
-class Pick(Typed):
+@declared
+class Pick(Declared):
     """The sweep's pick by its rule (knobkeeper.evidence.sweep): `outcome` adopt | keep the control |
     no pick (interrupted); `arm` and `knobs` the arm picked ("A" to keep the control); `tied`: the
     candidates that could not be told from the best; `confirmed`: what the confirming A/B said."""
 
-    outcome: str = KEEP
+    outcome: str = fact(KEEP, required=True, choices=PICK_OUTCOMES)
     arm: str = "A"
     knobs: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
@@ -771,15 +688,15 @@ class Pick(Typed):
     confirmed: bool | None = None
     confirm_summary: str | None = None
     OMIT = frozenset({"best", "confirmed", "confirm_summary"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     @property
     def adopted(self) -> bool:
         return self.outcome == ADOPT
 
 
-@typed
-class SweepBlock(Typed):
+@declared
+class SweepBlock(Declared):
     """The `sweep` block of a sweep's evidence: the plan (and the commit that added it), every
     block's restart order, every run and warm-up of the search, each look, the failures, the
     family-wise judgement of every candidate against the control (`judgement`: {arm: Judgement},
@@ -788,25 +705,25 @@ class SweepBlock(Typed):
     control when there was one (its effect is the one reported), else the search's runs of the
     control and the leading candidate."""
 
-    plan: SweepPlan = field(default_factory=SweepPlan)
+    plan: SweepPlan = fact(factory=SweepPlan, required=True, expected="the sweep's plan (an object)")
     plan_path: str = ""
     plan_commit: str | None = None
-    status: str = "complete"            # "complete" | "interrupted"
+    status: str = fact("complete", required=True, choices=("complete", "interrupted"), show=True)
     blocks: list[dict[str, Any]] = field(default_factory=list)
-    runs: list[Run] = field(default_factory=list)
+    runs: list[Run] = fact(factory=list, required=True)
     warmups: list[dict[str, Any]] = field(default_factory=list)
     sequential: Sequential | None = None
     looks: list[SweepLook] = field(default_factory=list)
     failed: dict[str, ArmFailure] = field(default_factory=dict)
     judgement: dict[str, Judgement] = field(default_factory=dict)
     scores: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pick: Pick = field(default_factory=Pick)
+    pick: Pick = fact(factory=Pick, required=True)
     confirm: dict[str, Any] | None = None   # {"arm": X, "blocks", "wall_s"}: the top-level A/B is its runs
     fingerprint: dict[str, Any] = field(default_factory=dict)
     stopped: str = ""
     wall_s: float | None = None
     OMIT = frozenset({"confirm"})
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, Any] = extra_field()
 
     def eliminated_at(self) -> dict[str, tuple[int, str]]:
         """{arm: (the look's repeat, the bound)} of every arm dropped."""
@@ -865,6 +782,36 @@ class SweepBlock(Typed):
 
 # ---------------------------------------------------------------- the evidence
 
+def _judge_options(value: Any) -> bool:
+    """{"unit_noise": 0 <= x < 1, "alpha": 0 < x < 1}, nothing else."""
+    bounds = {"unit_noise": (0.0, True), "alpha": (0.0, False)}  # (lower bound, inclusive)
+    return isinstance(value, dict) and not set(value) - set(bounds) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and x < 1
+        and (x >= bounds[k][0] if bounds[k][1] else x > bounds[k][0]) for k, x in value.items())
+
+
+def _runs_of(data: Mapping[str, Any]) -> list[tuple[int, Any]]:
+    runs = data.get("runs")
+    return list(enumerate(runs)) if isinstance(runs, list) else []
+
+
+def _ab_runs(data: Mapping[str, Any]) -> Any:
+    for i, run in _runs_of(data):
+        if isinstance(run, dict) and isinstance(run.get("arm"), str) and run["arm"] not in ("A", "B"):
+            yield f"runs[{i}].arm", "'A' or 'B'"
+
+
+def _metric_in_runs(data: Mapping[str, Any]) -> Any:
+    metric = data.get("metric")
+    if not isinstance(metric, str) or not metric:
+        return
+    for i, run in _runs_of(data):
+        if isinstance(run, dict):
+            v = run.get(metric)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                yield f"runs[{i}].{metric}", f"a finite number >= 0, got {v!r}"
+
+
 def same_value(a: Any, b: Any) -> bool:
     """Whether two knob values are the same value (512 and "512" are; None is only None)."""
     if a is None or b is None:
@@ -874,31 +821,48 @@ def same_value(a: Any, b: Any) -> bool:
     return fmt.value(a) == fmt.value(b)
 
 
-@typed
-class Evidence(Typed):
+@declared
+class Evidence(Declared):
     """One evidence file (schema.py has the field-by-field description)."""
 
-    schema: str = SCHEMA
-    id: str = ""
-    created: str = ""
-    knob: str = ""
-    role: str = ""
-    metric: str = METRIC
-    arms: dict[str, Arm] = field(default_factory=dict)
-    setup: Setup = field(default_factory=Setup)
-    runs: list[Run] = field(default_factory=list)
+    schema: str = fact(SCHEMA, required=True, choices=SCHEMAS, expected=f"{SCHEMA!r} (or {SCHEMA_1!r})", show=True)
+    id: str = fact("", required=True, nonempty=True)     # 8 hex digits; the file is <UTC stamp>-<id>.json
+    created: str = fact("", required=True, nonempty=True)   # "2026-11-29T16:47:37.123456Z"
+    knob: str = fact("", required=True, nonempty=True)
+    role: str = fact("", required=True, nonempty=True)
+    metric: str = fact(METRIC, required=True, nonempty=True)   # the primary metric judged, a number of every run
+    arms: dict[str, Arm] = fact(factory=dict, required=True, test=lambda v, _: isinstance(v, dict) and set(v) == {"A", "B"},
+                                expected="an object with exactly the arms A (baseline) and B (candidate)",
+                                schema={"type": "object", "properties": {"A": {"$ref": "#/$defs/Arm"},
+                                                                          "B": {"$ref": "#/$defs/Arm"}},
+                                        "required": ["A", "B"], "additionalProperties": False})
+    setup: Setup = fact(factory=Setup, required=True)
+    runs: list[Run] = fact(factory=list, required=True, nonempty=True)
     sequential: Sequential | None = None
-    judge_options: dict[str, float] | None = None
-    source: Source = field(default_factory=Source)
+    judge_options: dict[str, float] | None = fact(None, test=lambda v, _: _judge_options(v), expected=(
+        '{"unit_noise": a log-sd from 0 to 1, "alpha": a probability between 0 and 1}'), schema={
+        "type": "object", "additionalProperties": False, "properties": {
+            "unit_noise": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+            "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}}})
+    source: Source = fact(factory=Source, required=True)
     canary: CanaryBlock | None = None
-    rejudges: str | None = None         # the id of the evidence whose runs this file judges again
+    rejudges: str | None = fact(None, test=lambda v, _: isinstance(v, str) and bool(re.fullmatch(r"[0-9a-f]+", v)),
+                                expected="the hex id of the evidence it re-judges", show=True,
+                                schema={"type": "string", "pattern": "^[0-9a-f]+$"})   # its runs are judged again here
     sweep: SweepBlock | None = None
     interrupted: dict[str, Any] | None = None   # {"by", "at", "blocks"}: stopped before its end (partial)
-    judgement: Judgement = field(default_factory=Judgement)
-    anomalies: list[Anomaly] = field(default_factory=list)
+    judgement: Judgement = fact(factory=Judgement, required=True)
+    anomalies: list[Anomaly] = fact(factory=list, required=True)
     validity: Validity = field(default_factory=Validity)
     OMIT = frozenset({"sequential", "judge_options", "canary", "rejudges", "sweep", "interrupted"})
-    extra: dict[str, Any] = _extra()
+    CHECKS = (
+        # A/B evidence has the two arms (a sweep's other arms are in its `sweep` block)
+        Check(lambda data: _ab_runs(data),
+              schema={"properties": {"runs": {"items": {"properties": {"arm": {"enum": ["A", "B"]}}}}}}),
+        # every run has the file's metric (a name only the file says: not a JSON Schema rule)
+        Check(lambda data: _metric_in_runs(data)),
+    )
+    extra: dict[str, Any] = extra_field()
 
     # What a re-judgement must hold exactly as the evidence it re-judges: everything measured and
     # how (only the judgement, the validity and the anomalies are computed again).
@@ -1070,7 +1034,3 @@ class Evidence(Typed):
                     break
         return out
 
-
-def plain(value: Any) -> Any:
-    """Typed parts (at any depth) as JSON data; other values copied: what validate and json.dumps take."""
-    return _plain(value)

@@ -1,5 +1,8 @@
-"""The evidence file (changelog/evidence/<stem>.json): one A/B result, schema version 2, and the
-rules a file must follow, as data (RULES). model.py holds the typed records read from it.
+"""The evidence file (changelog/evidence/<stem>.json): one A/B result, schema version 2, what each
+field means, and `validate`. The schema itself is declared once, in model.py (`Evidence` and its
+parts): validation and the JSON Schema (`knobkeeper schema evidence`, docs/schemas/evidence.json)
+are both made from that declaration by knobkeeper/declared.py. What follows says what the fields
+MEAN; their types, which are required and which values are accepted are the declaration's.
 
 One JSON object:
 
@@ -89,173 +92,25 @@ before (a count null with `not_recorded`, the setup's bench tool, served name an
 
 from __future__ import annotations
 
-import math
-import re
-from typing import Any, Callable
+from typing import Any
 
-from knobkeeper.evidence.model import PICK_OUTCOMES, SCHEMA, SCHEMA_1, SCHEMAS, VERDICTS, plain
+from knobkeeper.declared import json_schema
+from knobkeeper.evidence.model import SCHEMA, SCHEMA_1, SCHEMAS, Evidence
 
-_NUM = (int, float)
-
-
-def _text(v: Any, _: Any) -> bool:
-    return isinstance(v, str) and bool(v)
+__all__ = ["SCHEMA", "SCHEMA_1", "SCHEMAS", "validate", "read", "evidence_schema"]
 
 
-def _object(v: Any, _: Any) -> bool:
-    return isinstance(v, dict)
-
-
-def _list(v: Any, _: Any) -> bool:
-    return isinstance(v, list)
-
-
-def _integer(v: Any, _: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _one_of(*values: Any) -> Callable[[Any, Any], bool]:
-    return lambda v, _: v in values
-
-
-def _count(v: Any, run: Any) -> bool:
-    """An integer, or null when the run's `not_recorded` names the tool that could not tell."""
-    if v is None:
-        return isinstance(run.get("not_recorded"), dict) and isinstance(run["not_recorded"].get("errors"), str)
-    return _integer(v, run)
-
-
-def _throughput(v: Any, _: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, _NUM) and math.isfinite(v) and v >= 0
-
-
-def _judge_options(v: Any, _: Any) -> bool:
-    bounds = {"unit_noise": (0.0, True), "alpha": (0.0, False)}  # (lower bound, inclusive)
-    return isinstance(v, dict) and not set(v) - set(bounds) and all(
-        isinstance(x, _NUM) and not isinstance(x, bool) and x < 1
-        and (x >= bounds[k][0] if bounds[k][1] else x > bounds[k][0]) for k, x in v.items())
-
-
-def _strings(v: Any, _: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
-
-
-REQUIRED, OPTIONAL = True, False
-# (path, required, test(value, holder), what is expected, show the value found)
-# `runs[*]` is every run, `arms.*` every arm, `{metric}` the file's own metric name. A rule whose
-# holder is missing or malformed is not applied: the holder's own rule has said so.
-RULES: tuple[tuple[str, bool, Callable[[Any, Any], bool], str, bool], ...] = (
-    ("schema", REQUIRED, _one_of(*SCHEMAS), f"{SCHEMA!r} (or {SCHEMA_1!r})", True),
-    ("id", REQUIRED, _text, "a non-empty string", False),
-    ("created", REQUIRED, _text, "a non-empty string", False),
-    ("knob", REQUIRED, _text, "a non-empty string", False),
-    ("role", REQUIRED, _text, "a non-empty string", False),
-    ("metric", REQUIRED, _text, "a non-empty string", False),
-    ("arms", REQUIRED, lambda v, _: isinstance(v, dict) and set(v) == {"A", "B"},
-     "an object with exactly the arms A (baseline) and B (candidate)", False),
-    ("arms.*", REQUIRED, _object, "an object with the arm's knobs", False),
-    ("arms.*.knobs", REQUIRED, _object, "an object of knob values", False),
-    ("setup", REQUIRED, _object, "an object", False),
-    ("runs", REQUIRED, lambda v, _: isinstance(v, list) and bool(v), "a non-empty list", False),
-    ("runs[*]", REQUIRED, _object, "an object", False),
-    ("runs[*].arm", REQUIRED, _one_of("A", "B"), "'A' or 'B'", False),
-    ("runs[*].repeat", REQUIRED, _integer, "an integer", False),
-    ("runs[*].concurrency", REQUIRED, _integer, "an integer", False),
-    ("runs[*].errors", REQUIRED, _count, "an integer", False),
-    ("runs[*].{metric}", REQUIRED, _throughput, "a finite number >= 0", True),
-    ("runs[*].not_recorded", OPTIONAL, _strings, "an object naming, per count, the tool that did not record it",
-     False),
-    ("judgement", REQUIRED, _object, "an object", False),
-    ("judgement.levels", REQUIRED, _list, "a list", False),
-    ("judgement.levels[*]", REQUIRED, _object, "an object", False),
-    ("judgement.levels[*].verdict", REQUIRED, _one_of(*VERDICTS), f"one of {', '.join(VERDICTS)}", False),
-    ("judgement.levels[*].concurrency", REQUIRED, _integer, "an integer", False),
-    ("judgement.guards", OPTIONAL, lambda v, _: isinstance(v, list) and all(
-        isinstance(g, dict) and g.get("verdict") in VERDICTS for g in v), "a list of judged guard metrics", False),
-    ("judgement.family", OPTIONAL, _object, "an object", False),
-    ("validity", OPTIONAL, _object, "an object", False),
-    ("validity.levels", OPTIONAL, _list, "a list", False),
-    ("sequential", OPTIONAL, _object, "an object", False),
-    ("sequential.looks", REQUIRED, _list, "a list", False),
-    ("judge_options", OPTIONAL, _judge_options,
-     '{"unit_noise": a log-sd from 0 to 1, "alpha": a probability between 0 and 1}', False),
-    ("rejudges", OPTIONAL, lambda v, _: isinstance(v, str) and bool(re.fullmatch(r"[0-9a-f]+", v)),
-     "the hex id of the evidence it re-judges", True),
-    ("sweep", OPTIONAL, _object, "an object", False),
-    ("sweep.plan", REQUIRED, _object, "the sweep's plan (an object)", False),
-    ("sweep.plan.arms", REQUIRED, lambda v, _: isinstance(v, dict) and "A" in v and len(v) >= 2,
-     "an object with the control A and at least one candidate", False),
-    ("sweep.runs", REQUIRED, _list, "a list", False),
-    ("sweep.runs[*].arm", REQUIRED, lambda v, holder: isinstance(v, str) and bool(v), "an arm's letter", False),
-    ("sweep.runs[*].repeat", REQUIRED, _integer, "an integer", False),
-    ("sweep.runs[*].concurrency", REQUIRED, _integer, "an integer", False),
-    ("sweep.pick", REQUIRED, lambda v, _: isinstance(v, dict) and v.get("outcome") in PICK_OUTCOMES,
-     f"an object whose outcome is one of {', '.join(PICK_OUTCOMES)}", False),
-    ("sweep.status", REQUIRED, _one_of("complete", "interrupted"), "'complete' or 'interrupted'", True),
-    ("interrupted", OPTIONAL, _object, "an object", False),
-    ("anomalies", REQUIRED, _list, "a list", False),
-    ("source", REQUIRED, _object, "an object", False),
-    ("source.tool", REQUIRED, lambda v, _: isinstance(v, str), "a string", False),
-)
-
-
-def _holders(doc: Any, parts: list[str], where: str) -> list[tuple[str, Any]]:
-    """(path so far, value) of every holder the path's parts lead to (wildcards expanded)."""
-    found = [(where, doc)]
-    for part in parts:
-        step = []
-        for at, value in found:
-            name, each = (part[:-3], True) if part.endswith("[*]") else (part, False)
-            if name == "*":
-                if isinstance(value, dict):
-                    step += [(f"{at}.{k}" if at else k, v) for k, v in value.items()]
-                continue
-            if not isinstance(value, dict) or name not in value:
-                continue
-            at = f"{at}.{name}" if at else name
-            if each:
-                if isinstance(value[name], list):
-                    step += [(f"{at}[{i}]", v) for i, v in enumerate(value[name])]
-            else:
-                step.append((at, value[name]))
-        found = step
-    return found
+def read(doc: Any) -> tuple[Evidence, list[str]]:
+    """(the Evidence in `doc`, every way `doc` departs from the declaration), in one pass."""
+    return Evidence.read(doc)   # typed parts inside `doc` are read as their JSON (declared.py)
 
 
 def validate(doc: Any) -> list[str]:
     """Every way `doc` (JSON data, or the typed records) departs from its schema (1 or 2), each as
-    'field: what is wrong', in the order of RULES."""
-    doc = plain(doc)
-    if not isinstance(doc, dict):
-        return ["(top level): expected a JSON object"]
-    metric = doc.get("metric") if isinstance(doc.get("metric"), str) and doc.get("metric") else None
-    problems: list[str] = []
-    for path, required, test, expected, show in RULES:
-        if "{metric}" in path:
-            if metric is None:
-                continue
-            path = path.replace("{metric}", metric)
-        *head, last = path.split(".")
-        for at, holder in _holders(doc, head, ""):
-            if not isinstance(holder, dict):
-                continue
-            name, each = (last[:-3], True) if last.endswith("[*]") else (last, False)
-            where = f"{at}.{name}" if at else name
-            if name == "*":
-                items = list(holder.items())
-                targets = [(f"{at}.{k}" if at else k, v, holder) for k, v in items]
-            elif name not in holder:
-                if required:
-                    targets = [(where, None, holder)]
-                else:
-                    continue
-            elif each:
-                if not isinstance(holder[name], list):
-                    continue
-                targets = [(f"{where}[{i}]", v, holder) for i, v in enumerate(holder[name])]
-            else:
-                targets = [(where, holder[name], holder)]
-            for target, value, parent in targets:
-                if not test(value, parent):
-                    problems.append(f"{target}: expected {expected}" + (f", got {value!r}" if show else ""))
-    return problems
+    'field: what is wrong', one per field, in the order of the declaration."""
+    return read(doc)[1]
+
+
+def evidence_schema() -> dict[str, Any]:
+    """The evidence file's JSON Schema, made from the same declaration as `validate`."""
+    return json_schema(Evidence, "knobkeeper evidence file (schema 1 and 2)")

@@ -22,10 +22,11 @@ from knobkeeper import fmt, gitio
 from knobkeeper.changelog.filecache import plain_file, refusal
 from knobkeeper.changelog.store import Message, commit_change
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import importers, judge, search, validity
+from knobkeeper.declared import Declared, declared, plain
+from knobkeeper.evidence import importers, judge, schema, search, validity
 from knobkeeper.evidence.importers import evidence_fields
-from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, CanaryBlock, Evidence, Gain, Typed,
-                                       Run, Sequential, Setup, Source, SweepPlan, Workload, plain, typed)
+from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, CanaryBlock, Evidence, Gain,
+                                       Run, Sequential, Setup, Source, SweepPlan, Workload)
 from knobkeeper.evidence.model import PLAN_SCHEMA
 from knobkeeper.evidence.schema import validate
 from knobkeeper.knobs.catalog import load_catalog
@@ -326,10 +327,10 @@ def read(path: Path, where: str) -> Evidence:
         data = json.loads(plain_file(path).read_text())
     except json.JSONDecodeError as exc:
         raise UserError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    problems = validate(data)
+    doc, problems = schema.read(data)
     if problems:
         raise UserError(f"{where}: {problems[0]}")
-    return Evidence.from_json(data)
+    return doc
 
 
 def load(project: Project, ident: str) -> Evidence:
@@ -338,8 +339,8 @@ def load(project: Project, ident: str) -> Evidence:
     return read(path, project.rel(path))
 
 
-@typed
-class Listed(Typed):
+@declared
+class Listed(Declared):
     """One row of `ab list`."""
 
     id: str = ""
