@@ -117,7 +117,8 @@ def identity_command(svc: Service, ctl: str, ports: Iterable[int] = (), pid: str
         pid = f"systemctl show -p MainPID --value {q(svc.name)}.service 2>/dev/null"
     shell = (
         f"pid=$({pid}); case \"$pid\" in ''|*[!0-9]*) pid=0;; esac; links=; "
-        "age=0; if [ \"$pid\" != 0 ] && stat=$(cat /proc/$pid/stat 2>/dev/null); then "
+        # `read`, a builtin: no process for it, on every host of a role at once
+        "age=0; if [ \"$pid\" != 0 ] && read -r stat 2>/dev/null < /proc/$pid/stat; then "
         "set -- ${stat##*) }; age=$(awk -v t=\"${20}\" -v hz=\"$(getconf CLK_TCK)\" "
         "'{printf \"%.2f\", $1 - t / hz}' /proc/uptime); fi; "
     )
