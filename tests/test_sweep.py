@@ -330,7 +330,6 @@ def test_a_sigkilled_ab_run_leaves_a_marker_that_check_deploy_and_the_next_run_n
     deploy, set and the next ab run or sweep say so; `ab abort` puts the role back (a deploy) and keeps
     the runs as interrupted evidence."""
     from knobkeeper.deploy import experiment_state
-    from knobkeeper.evidence import ab
     from knobkeeper.review.check import check
 
     flag = tmp_path / "on-candidate"
@@ -367,13 +366,13 @@ def test_a_sigkilled_ab_run_leaves_a_marker_that_check_deploy_and_the_next_run_n
     import knobkeeper.deploy.api as api
 
     monkeypatch.setattr(api, "run_deploy", lambda project, inventory, **kw: deployed.append((inventory, kw)) or Done())
-    data, result, doc = ab.abort(project)
+    data, result, doc = sweep.abort(project)
     assert deployed == [("inventory/local.py", {"only": "decode"})] and result.deploy_id == "d1"
     assert doc is not None and doc.interrupted["by"].startswith("SIGKILL") and len(doc.runs) >= 1
     assert experiment_state.read_marker(project) is None and experiment_state.abandoned_line(project) is None
     assert not [line for line in _checked(project) if "abandoned" in line]
     with pytest.raises(UserError, match="no abandoned ab run or sweep"):
-        ab.abort(project)
+        sweep.abort(project)
 
 
 # ---------------------------------------------------------------- the seed's story on the sim (issue 39 item 10)

@@ -353,7 +353,7 @@ def abort_cmd(repo, as_json):
     runs its marker kept as evidence marked "interrupted", and removes the marker. `check`,
     `deploy`, `status`, `set`, `ab run` and `sweep` name such an abandoned run until then.
     """
-    from knobkeeper.evidence.ab import abort
+    from knobkeeper.evidence.sweep import abort
 
     data, result, doc = abort(find_project(repo))
     if as_json:

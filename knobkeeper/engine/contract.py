@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from knobkeeper.engine.family import Parsed
+from knobkeeper.engine.sideenv import parse_launch_args
 from knobkeeper.errors import UserError
 
 _FLAG = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9_-]*)")
@@ -34,8 +35,6 @@ def parse_stack(stack: Any, label: str, wheelhouse: Path | None = None,
                 notes: list[str] | None = None) -> tuple[list[Parsed], list[str]]:
     """Every service with a parser through its pinned version's parser; (parsed, skipped lines).
     `notes`: one line per repair of a side environment (sideenv.parse_launch_args)."""
-    from knobkeeper.engine.sideenv import parse_launch_args
-
     by_version: dict[tuple[str, str], list[Any]] = {}
     skipped: list[str] = []
     for svc in stack.services:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from knobkeeper.engine import role_engine
+from knobkeeper.engine.versions import version_key
 from knobkeeper.errors import UserError, code_error
 
 STACK_KEY = "stack"
@@ -167,8 +168,6 @@ def engine_versions(inventory_dir: Path, engine: str, *, host: str | None = None
                     inventory: str | None = None) -> list[str]:
     """The versions of `engine` the inventories pin, in release order: only for the roles `host` plays
     (e.g. "@local", this machine) and only in `inventory` ("inventory/local_vllm.py"), when given."""
-    from knobkeeper.engine.versions import version_key
-
     return sorted({p.version for p in engine_pins(inventory_dir) if p.engine == engine and p.version
                    and (host is None or host in p.hosts) and (inventory is None or p.inventory == inventory)},
                   key=version_key)

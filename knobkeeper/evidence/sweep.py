@@ -64,7 +64,8 @@ from knobkeeper.deploy.render import render_stack
 from knobkeeper.deploy.stack import load_stack
 from knobkeeper.engine.pins import evidence_setup
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import ab, judge, search, store, validity
+from knobkeeper.deploy.experiment_state import ExperimentMarker
+from knobkeeper.evidence import ab, experiment, judge, search, store, validity
 from knobkeeper.evidence.ab import searched_doc
 from knobkeeper.evidence.defaults import ALPHA, REAL_MAX_REPEATS
 from knobkeeper.evidence.experiment import Experiment, refuse_if_abandoned
@@ -349,6 +350,15 @@ def confirmed_pick(pick: Pick, plan: SweepPlan, confirm_doc: Evidence, confirm: 
            if "B" in confirm.failed else f"the confirming A/B did not confirm {pick.arm} ({summary})")
     return dataclasses.replace(pick, outcome=KEEP, arm=CONTROL, knobs=dict(plan.arms[CONTROL].knobs),
                                reason=f"{pick.reason}; {why}", confirmed=False, confirm_summary=summary)
+
+
+def abort(project) -> tuple[ExperimentMarker, Any, Evidence | None]:
+    """`knobkeeper ab abort` (knobkeeper.evidence.experiment.abort): the role an abandoned ab run or
+    sweep left on an arm deployed back to the declared state, its runs kept as interrupted evidence.
+    Here, not in ab.py: an ab run is a sweep with one candidate, so this module knows both kinds'
+    partial evidence (ab.partial_doc and its own)."""
+    partials = {"ab run": ab.partial_doc, "sweep": partial_doc}
+    return experiment.abort(project, partials.__getitem__, lambda doc: write(project, doc))
 
 
 def partial_doc(journal: Mapping[str, Any], by: str, at: str) -> Evidence | None:
