@@ -18,6 +18,7 @@ from knobkeeper.changelog.filecache import files_with_id_prefix
 from knobkeeper.changelog.secrets import secret_path, secret_value, value_files
 from knobkeeper.changelog.store import Message, commit_change, git_author, repo_lock
 from knobkeeper.deploy import repo_files
+from knobkeeper.deploy.canary_state import refuse_change
 from knobkeeper.engine.pins import pins_for
 from knobkeeper.fsio import atomic_write
 from knobkeeper.errors import UserError
@@ -93,8 +94,9 @@ def _check_evidence(project: Project, ids: list[str], knob: Knob, role: str, val
 
 def _load_evidence(project: Project, ident: str):
     """The evidence `ident` through THE evidence reader (knobkeeper.evidence.store). Imported here,
-    not at the top: the store commits through changelog.store, and the binding of evidence to its
-    change is the typed model's (Evidence.backs), which this layer only asks."""
+    not at the top, for start-up cost: the store brings the judgement and the importers, and with
+    it at the top `import knobkeeper.changelog.ops` took 193-212 ms instead of 132-153 ms (-X
+    importtime, 5 runs each), paid by every knob change, most of which cite no evidence."""
     from knobkeeper.evidence import store
 
     return store.load(project, ident)
@@ -127,9 +129,7 @@ def refuse_unexplained_edits(project: Project) -> None:
 
 def _canary_free(project: Project, role: str, verb: str) -> None:
     """A running canary owns its role (knobkeeper.deploy.canary_state): no change of a knob there
-    under its measurement. Imported here: the canary's state lives with the deploy."""
-    from knobkeeper.deploy.canary_state import refuse_change
-
+    under its measurement."""
     refuse_change(project, role, verb)
 
 
