@@ -143,6 +143,18 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def read_marker_file(path: Path, record: Any, what: str, fix: str) -> Any:
+    """The marker in `path` read as the declared `record` (knobkeeper.declared), or None when there
+    is none; UserError naming the file, the first problem and `fix` when it is not `what`."""
+    data = read_json_object(path)
+    if data is None:
+        return None
+    marker, problems = record.read(data)
+    if problems:
+        raise UserError(f"{path}: not {what} ({problems[0]}); {fix}")
+    return marker
+
+
 def write_json_object(path: Path, data: dict[str, Any], *, allow_nan: bool = True) -> None:
     """`data` as one line of JSON, atomically (atomic_write)."""
     atomic_write(path, json.dumps(data, allow_nan=allow_nan) + "\n")

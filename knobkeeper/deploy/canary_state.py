@@ -30,7 +30,7 @@ from typing import Any
 
 from knobkeeper import fmt
 from knobkeeper.declared import Declared, declared, extra_field, fact
-from knobkeeper.fsio import LOOK_GRACE_S, lock_file, read_json_object, unlock_file, write_json_object
+from knobkeeper.fsio import LOOK_GRACE_S, lock_file, read_marker_file, unlock_file, write_json_object
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 
@@ -120,13 +120,7 @@ def clear_marker(project: Project) -> None:
 
 def read_marker(project: Project) -> CanaryMarker | None:
     """The marker, or None when there is none; UserError naming the file when it is not a marker."""
-    data = read_json_object(marker_path(project))
-    if data is None:
-        return None
-    marker, problems = CanaryMarker.read(data)
-    if problems:
-        raise UserError(f"{marker_path(project)}: not a canary marker ({problems[0]}); remove it if no canary runs")
-    return marker
+    return read_marker_file(marker_path(project), CanaryMarker, "a canary marker", "remove it if no canary runs")
 
 
 def _what(data: CanaryMarker) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 from knobkeeper import fmt
 from knobkeeper.declared import Declared, declared, extra_field, fact
 from knobkeeper.evidence.model import Arm
-from knobkeeper.fsio import LOOK_GRACE_S, lock_file, read_json_object, unlock_file, write_json_object
+from knobkeeper.fsio import LOOK_GRACE_S, lock_file, read_marker_file, unlock_file, write_json_object
 from knobkeeper.errors import UserError
 from knobkeeper.project import Project
 
@@ -87,14 +87,8 @@ def clear_marker(project: Project) -> None:
 
 def read_marker(project: Project) -> ExperimentMarker | None:
     """The marker, or None when there is none; UserError naming the file when it is not a marker."""
-    data = read_json_object(marker_path(project))
-    if data is None:
-        return None
-    marker, problems = ExperimentMarker.read(data)
-    if problems:
-        raise UserError(f"{marker_path(project)}: not an experiment marker ({problems[0]}); remove it if no ab run "
-                        f"or sweep runs")
-    return marker
+    return read_marker_file(marker_path(project), ExperimentMarker, "an experiment marker",
+                            "remove it if no ab run or sweep runs")
 
 
 def _arm_words(data: ExperimentMarker, name: str | None) -> str:
