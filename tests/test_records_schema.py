@@ -202,6 +202,20 @@ def test_a_sweep_plan_is_checked_by_its_declaration():
     assert SweepPlan.problems(data) == ["arms: expected an object with the control A and at least one candidate"]
 
 
+def test_a_committed_plan_file_is_read_through_its_declaration(tmp_path):
+    plan = SweepPlan(id="p1", created="2026-12-01T10:00:00Z", knob=KNOB, role="decode",
+                     arms={"A": Arm(knobs={KNOB: 128}), "B": Arm(knobs={KNOB: 512})}, levels=[64])
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_json()))
+    assert store.read_plan(path, "changelog/plans/x.json") == plan
+    path.write_text(json.dumps({**plan.to_json(), "schema": "knobkeeper.sweep-plan/0"}))
+    with pytest.raises(UserError, match=r"^changelog/plans/x\.json: schema: expected 'knobkeeper\.sweep-plan/1', got"):
+        store.read_plan(path, "changelog/plans/x.json")
+    path.write_text(json.dumps({**plan.to_json(), "levels": ["64"]}))
+    with pytest.raises(UserError, match=r"levels\[0\]: expected an integer"):
+        store.read_plan(path, "changelog/plans/x.json")
+
+
 def test_the_schema_command_prints_a_record_schema_and_refuses_an_unknown_name(tmp_path):
     def cli(*args):
         return CliRunner().invoke(main, list(args), catch_exceptions=False)

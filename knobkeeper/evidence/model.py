@@ -598,11 +598,11 @@ class SweepPlan(Declared):
     an A/B judges its only candidate itself); `load`: how each run loads the stack (ab.Design's
     fields); `engine_default`: the knob's value when unset, for the tie rule (None: not known)."""
 
-    schema: str = PLAN_SCHEMA
-    id: str = ""
-    created: str = ""
-    knob: str = ""
-    role: str = ""
+    schema: str = fact(PLAN_SCHEMA, required=True, choices=(PLAN_SCHEMA,), expected=repr(PLAN_SCHEMA), show=True)
+    id: str = fact("", required=True, nonempty=True)
+    created: str = fact("", required=True, nonempty=True)   # when it was committed; its file is <stamp>-<id>.json
+    knob: str = fact("", required=True, nonempty=True)
+    role: str = fact("", required=True, nonempty=True)
     scope: str | None = None
     inventory: str | None = None
     arms: dict[str, Arm] = fact(factory=dict, required=True,

@@ -27,7 +27,6 @@ from knobkeeper.evidence import importers, judge, schema, search, validity
 from knobkeeper.evidence.importers import evidence_fields
 from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, CanaryBlock, Evidence, Gain,
                                        Run, Sequential, Setup, Source, SweepPlan, Workload)
-from knobkeeper.evidence.model import PLAN_SCHEMA
 from knobkeeper.evidence.schema import validate
 from knobkeeper.knobs.catalog import load_catalog
 from knobkeeper.knobs.pinned import check_stack
@@ -291,9 +290,10 @@ def read_plan(path: Path, where: str) -> SweepPlan:
         raise UserError(f"{where}: cannot be read ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
-        raise UserError(f"{where}: schema: expected {PLAN_SCHEMA!r}")
-    return SweepPlan.from_json(data)
+    plan, problems = SweepPlan.read(data)
+    if problems:
+        raise UserError(f"{where}: {problems[0]}")
+    return plan
 
 
 # ---------------------------------------------------------------- reading
