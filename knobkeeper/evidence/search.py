@@ -422,6 +422,8 @@ class Search:
         error, never swallowed."""
         load = self.harness.load
         if load is None:
+            # lazy for start-up cost: the store imports this module, and loadgen brings asyncio
+            # (+20 ms, -X importtime) to every command that only reads evidence
             from knobkeeper.loadgen import run_load as load
         self.design.check()
         started = self.started = time.time()
