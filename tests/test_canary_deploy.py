@@ -47,7 +47,7 @@ _local[1]["engine_args"].update(prefill=_fast, decode=_fast)
 _local[1]["environment"] = {"KNOBKEEPER_SIM_EFFECTS": str(_ROOT / "sim-effects.toml")}
 _local[1]["stop_timeout"] = 10
 """
-LOAD_S = 100  # longer than any canary below (calibration + deploy + settle + duration + deploys); stopped by PID after it
+LOAD_S = 150  # longer than any canary below (calibration + deploy + settle + duration + deploys); stopped by PID after it
 CONCURRENCY = 24
 
 
@@ -148,9 +148,14 @@ def test_canary_of_512_on_one_of_two_workers_of_a_host(stack, tmp_path):
 
     before = stack.pids()
     load = stack.load(tmp_path / "load.log")
+    # 16 + 16 windows of 2 s. With 8 + 8 a busy CI machine (the real-engine suite beside this one) saw
+    # the effect at +14% and the judgement rightly said inconclusive (CI, 2026-12-05): that takes a
+    # window log-sd of 8% or more, where a quiet run, or one beside 3 CPU burners, shows 3-4% (and
+    # +21% to +41%). The standard error of the difference, sqrt(2 sd^2 / n + restart noise^2), is
+    # 0.045 at sd 8% and n = 8, 0.035 at n = 16; the family's threshold is some 2.8 of them.
     try:
         out = canary.canary(stack.project, f"{KNOB}=512", role="decode", inventory="inventory/local.py",
-                       host_names=[CANARY], options=canary.Options(duration=16, interval=2, promote=True, scrape_interval=0.5))
+                       host_names=[CANARY], options=canary.Options(duration=32, interval=2, promote=True, scrape_interval=0.5))
     finally:
         stop(load)
     records = stack.canary_records()
@@ -177,7 +182,7 @@ def test_canary_of_512_on_one_of_two_workers_of_a_host(stack, tmp_path):
     # the evidence: the calibrated design, recomputable, shown like any benchmark evidence
     doc = store.load(stack.project, out.doc.id)
     assert doc.source.tool == "knobkeeper canary" and store.verify(doc) == []
-    assert [w.phase for w in doc.canary.windows] == ["calibration"] * 8 + ["canary"] * 8
+    assert [w.phase for w in doc.canary.windows] == ["calibration"] * 16 + ["canary"] * 16
     assert {r.arm for r in doc.runs} == {"A", "B"} and doc.judge_options == {"unit_noise": 0.02}
     shown = kk(stack.project, "ab", "show", out.doc.id)
     assert shown.exit_code == 0 and "better" in shown.output, shown.output
