@@ -29,15 +29,15 @@ Prints medians (and every sample) per size and case, the ratio ours/Ansible, our
 floor, both against issue 37's targets (no-op/floor <= 1.5, one-knob ours/Ansible <= 0.5), how ours
 grows with N, and where ours spends a no-op run at the largest size (pyinfra's phases and each
 operation, timed from its output).
-Where a no-op above the floor goes (10 hosts, 2026-12-05, medians of 3: 1.39 s vs 0.66 s): start-up,
-inventory and connect as the floor's (0.54 s); deploy.py 0.39 s: the deploy's own imports (~0.10 s,
-some 40 modules, none over 10 ms), the run (~0.10 s: 6 git processes, the render of every file) and
-pyinfra registering 110 operations (11 a host: the 5 steps before the services, its restart step,
-the 3 roles' gates that every host registers as the roles' barriers, the PD proof, the record),
-~2 ms each for pyinfra's inspect.stack() of each call; operations 0.36 s: one host snapshot (0.07 s),
-one look per host and role at the service's state and identity, the roles in order (0.11, 0.10,
-0.035 s: a role's restarts wait for the gate before it; each look starts one small Python for the
-supervisord query and reads /proc), the record's commit (0.035 s); disconnect and exit 0.09 s.
+Where a no-op above the floor goes (10 hosts, 2026-12-06, medians of 3: 1.18 s vs 0.65 s): start-up,
+inventory and connect as the floor's (0.54 s); deploy.py 0.21 s: the deploy's own imports (~0.05 s),
+the run (~0.10 s: git processes, the render of every file) and pyinfra registering 90 operations (9 a
+host: the engine venv, the wheel, supervisord, its restart step, the 3 roles' gates that every host
+registers as the roles' barriers, the PD proof, the record), ~1 ms each for pyinfra's walk of the call
+stack and as much for its check of the arguments; operations 0.29 s: one host snapshot, the files'
+and every service's state (0.23 s: each host's shell, one small Python for supervisord's answer and
+/proc reads, ten hosts on this machine's 2 cores), the roles in order (~0.02 s), the record's commit
+(0.035 s); disconnect and exit 0.08 s.
 
 Whole-process wall time. Ours runs as a user runs it (the record committed to git each time); the
 one-knob change for ours is `knobkeeper set` (its commit is not timed), for Ansible a changed extra var.
@@ -211,6 +211,11 @@ def main(argv: list[str]) -> int:
     try:
         wheel = build_wheel(work / "wheel")
         deps = deps_dir(work / "deps")
+        # As installed: pip byte-compiles a package it installs, and pyinfra's CLI never writes bytecode
+        # (sys.dont_write_bytecode), so ours from an editable checkout would compile its modules on every
+        # run (~0.08 s here). The floor's pyinfra is byte-compiled by its pip install already.
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "knobkeeper")], check=True,
+                       stdout=subprocess.DEVNULL)
         for count in sizes:
             results[count] = bench_size(count, args.repeats, work / f"n{count}", wheel, deps,
                                         profile=count == max(sizes))

@@ -141,3 +141,61 @@ def test_the_host_snapshot_says_what_each_step_checks(supervisor, tmp_path):
     (venv / "bin" / "activate").unlink()
     seen = fact.process(_sh(fact.command(**{**args, "pidfile": str(tmp_path / "no.pid")})).stdout.splitlines())
     assert seen["venv"] is False and seen["supervisord"] is None
+
+
+def test_the_host_snapshot_reads_each_service_as_its_own_look_would(supervisor):
+    from knobkeeper.deploy.health import parse_identity
+    from knobkeeper.deploy.operations import HostSnapshot, ServiceState
+
+    sup, port, root = supervisor
+    svc = _service(root, port)
+    idle = replace(svc, name="kk-noop-idle")
+    for one in (svc, idle):
+        Path(one.service_dir).mkdir(parents=True, exist_ok=True)
+        Path(one.launch_path).write_text(f"#!/bin/sh\n# {one.name}\nexec true\n")
+    # the first one's launch script without its last newline: the marker after it still starts a line
+    Path(svc.launch_path).write_text("#!/bin/sh\nexec true")
+    fact, look = HostSnapshot(), ServiceState()
+    seen = fact.process(_sh(fact.command(venv=None, paths=(), wheels=(), pidfile=sup.pidfile, socket=sup.socket,
+                                         services=(svc, idle), ctl=sup.query)).stdout.splitlines())
+    assert seen["supervisord"] == int(Path(sup.pidfile).read_text()) and sorted(seen["services"]) == [0, 1]
+    for i, one in enumerate((svc, idle)):
+        alone = look.process(_sh(look.command(one, sup.query)).stdout.splitlines())
+        snapped = seen["services"][i]
+        timed = ("identity", "launch") if i == 0 else ("identity",)   # the swallowed marker: the identity's age in it
+        assert {k: v for k, v in snapped.items() if k not in timed} == {k: v for k, v in alone.items() if k not in timed}
+        assert snapped["launch"].split("--knobkeeper-identity")[0] == alone["launch"].split("--knobkeeper-identity")[0]
+        assert (snapped["identity"] is None) == (alone["identity"] is None)
+        if alone["identity"] is not None:
+            assert parse_identity(snapped["identity"]).pid == parse_identity(alone["identity"]).pid
+    assert seen["services"][0]["state"] == "RUNNING" and seen["services"][0]["identity"] is None   # swallowed marker
+    assert seen["services"][1]["state"] == "STOPPED" and seen["services"][1]["launch"].endswith("exec true\n")
+
+
+def test_a_service_step_decides_on_the_snapshot_only_while_it_is_the_host_as_it_is(monkeypatch):
+    """DeployRun.observe: the snapshot's reading when nothing was restarted since it was taken and it
+    is young enough; else a look of its own (a restart upstream, or a slow run, may have changed it)."""
+    from knobkeeper.deploy import operations
+
+    asked: list[str] = []
+
+    class Host:
+        def get_fact(self, fact, svc, ctl):
+            asked.append(svc.name)
+            return {"state": "fresh"}
+
+    monkeypatch.setattr(operations, "current_host", Host())
+    run = object.__new__(operations.DeployRun)
+    svc = _service(Path("/tmp/kk-none"), 1)
+    plan = type("Plan", (), {"name": "h", "ctl": ""})()
+    run.snapshot = lambda plan: snap   # type: ignore[method-assign]
+    run.last_restart_at = float("-inf")
+    snap = {"taken": time.monotonic(), "services": {svc.name: {"state": "snapped"}}}
+    assert run.observe(plan, svc) == {"state": "snapped"} and asked == []
+    assert run.observe(plan, svc) == {"state": "fresh"} and asked == [svc.name]   # a part is read once
+    snap["services"][svc.name] = {"state": "snapped"}
+    run.last_restart_at = time.monotonic()            # something of this run was restarted since
+    assert run.observe(plan, svc) == {"state": "fresh"}
+    snap.update(taken=time.monotonic() - operations.SNAPSHOT_FRESH_S - 1, services={svc.name: {"state": "snapped"}})
+    run.last_restart_at = float("-inf")               # nothing restarted, but the reading is old
+    assert run.observe(plan, svc) == {"state": "fresh"} and len(asked) == 3

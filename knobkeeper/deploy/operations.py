@@ -34,9 +34,11 @@ gate is an operation all hosts share; pyinfra runs an operation on all its hosts
 before the next one starts, so no restart of role N+1 can begin before role N's gate passed on every
 host. A failed gate raises; with config.FAIL_PERCENT = 0 pyinfra stops and nothing downstream runs.
 
-Restart decision (per service, at execution time, from the host's own state): plan.decide, the
-rule `knobkeeper plan` shows. The reason names what changed (plan.change_reasons: the knob and its
-old and new value, the flag, the interpreter, the template), in the record's `reason` and `changes`.
+Restart decision (per service, at execution time, from the host's own state: read for all of a
+host's services in its one snapshot, and read again when anything of the run was restarted since,
+DeployRun.observe): plan.decide, the rule `knobkeeper plan` shows. The reason names what changed
+(plan.change_reasons: the knob and its old and new value, the flag, the interpreter, the template),
+in the record's `reason` and `changes`.
 
 Gates, their settles, the port check before a restart and the PD proof: deploy/gates.py (`run.gates`,
 one per run), whose docstring says what a passed gate guarantees, and what a failed one leaves behind
@@ -59,6 +61,7 @@ import os
 import shlex
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +98,9 @@ from knobkeeper.project import find_project
 from knobkeeper.timeutil import iso, new_id, utcnow
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
+# How old the host snapshot's reading of a service may be for its restart step to decide on it
+# (DeployRun.observe): a no-op deploy of 20 hosts reaches its last role well within it.
+SNAPSHOT_FRESH_S = 3.0
 
 
 def _engine_label(svc: Service) -> str:
@@ -134,20 +140,26 @@ class ServiceState(FactBase):
         return {**parse_service_state(output[:cut[0]]), "identity": output[cut[0] + 1:]}
 
 
+SERVICE_SECTION = "--knobkeeper-snapshot-service--"
+
+
 class HostSnapshot(FactBase):
-    """What the steps before a host's services check, in one command instead of one or more per step
-    (each a round trip to the host): whether the engine venv is there, the mode and sha1 of each file
-    an upload step compares (files.put's own check), the sha256 each wheel was installed from
-    (InstalledWheel), supervisord's pid (SupervisordPid). Taken once per host at the first step that
-    reads it (DeployRun.snapshot); each step reads its own part, and a part a step changes is dropped.
+    """What a host's steps check, in one command instead of one or more per step (each a round trip
+    to the host): whether the engine venv is there, the mode and sha1 of each file an upload step
+    compares (files.put's own check), the sha256 each wheel was installed from (InstalledWheel),
+    supervisord's pid (SupervisordPid) and each service's ServiceState. Taken once per host at the
+    first step that reads it (DeployRun.snapshot); each step reads its own part, and a part a step
+    changes is dropped (a service's state: DeployRun.observe says when it is read again).
 
-        {"venv": True, "files": {"/p/wheels/x.whl": (644, "3f2a...")}, "wheels": {"knobkeeper": "9c1d..."},
-         "supervisord": 1234}
+        {"venv": True, "files": {0: (644, "3f2a...")}, "wheels": {0: "9c1d..."}, "supervisord": 1234,
+         "services": {0: {"state": "RUNNING", "pid": 4242, ..., "identity": [...]}}}
 
-    A file that is absent, not a regular file or unreadable is left out (its step asks pyinfra)."""
+    A file that is absent, not a regular file or unreadable is left out (its step asks pyinfra).
+    The services come last, each after its own marker line: what comes before is lines this command
+    prints itself, and a service's state ends with its identity's lines, each printed whole."""
 
     def command(self, venv: str | None, paths: tuple[str, ...], wheels: tuple[str, ...],
-                pidfile: str | None, socket: str | None) -> str:
+                pidfile: str | None, socket: str | None, services: tuple[Service, ...] = (), ctl: str = "") -> str:
         q = shlex.quote
         out = [f"[ -f {q(venv + '/bin/activate')} ] && echo 'kk-snap venv yes' || echo 'kk-snap venv no'"] if venv else []
         for i, path in enumerate(paths):
@@ -157,12 +169,20 @@ class HostSnapshot(FactBase):
             out.append(f"printf '%s\\n' \"kk-snap wheel {i} $({{ {InstalledWheel().command(venv or '', dist)}; }} | tr -d '\\n')\"")
         if pidfile and socket:
             out.append(f"echo \"kk-snap supervisord $({SupervisordPid().command(pidfile, socket)})\"")
-        return "; ".join(out) or "true"
+        # each service on lines of its own: a look's shell may end in `;`
+        looks = "".join(f"\necho '{SERVICE_SECTION} {i}'\n{ServiceState().command(svc, ctl)}"
+                        for i, svc in enumerate(services))
+        return ("; ".join(out) or "true") + looks
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        # the kwargs are not handed to process(): paths and wheels are matched by index (snapshot())
+        # the kwargs are not handed to process(): paths, wheels and services are matched by index (snapshot())
         seen: dict[str, Any] = {"files": {}, "wheels": {}}
-        for line in output:
+        cuts = [i for i, line in enumerate(output) if line.startswith(SERVICE_SECTION + " ")]
+        for start, end in zip(cuts, [*cuts[1:], len(output)]):
+            index = output[start][len(SERVICE_SECTION) + 1:].strip()
+            if index.isdigit():
+                seen.setdefault("services", {})[int(index)] = ServiceState().process(output[start + 1:end])
+        for line in output[:cuts[0] if cuts else len(output)]:
             parts = line.split(" ", 3)
             if parts[0] != "kk-snap" or len(parts) < 2:
                 continue
@@ -250,6 +270,7 @@ class DeployRun:
         # and the snapshot taken, per (host, executing): a change check before the run takes its own
         self.snapshot_wants: dict[str, dict[str, Any]] = {}
         self.snapshots: dict[tuple[str, bool], dict[str, Any]] = {}
+        self.last_restart_at = float("-inf")   # time.monotonic() of the last restart this run issued
         self.local_digests: dict[tuple[str, str], str] = {}   # (algorithm, local file) -> hex digest
         self.preflight()
         self.gates = Gates(self, restart_shell)   # the health gates, the settles, the port check, the PD proof
@@ -302,18 +323,26 @@ class DeployRun:
 
     def snapshot(self, plan: HostPlan) -> dict[str, Any]:
         """This host's HostSnapshot, taken at the first step that asks (inside an operation of the
-        host), by paths and distributions: {"venv", "files": {path: (mode, sha1)}, "wheels": {dist:
-        sha256 or None}, "supervisord"}. A step pops the part it reads: what it changes is not read again."""
+        host), by paths, distributions and service names: {"taken" (time.monotonic()), "venv", "files":
+        {path: (mode, sha1)}, "wheels": {dist: sha256 or None}, "supervisord", "services": {name:
+        ServiceState}}. A step pops the part it reads: what it changes is not read again."""
         key = (plan.name, bool(current_state.is_executing))
         if key not in self.snapshots:
             wants = self.snapshot_wants.get(plan.name) or {"venv": None, "paths": [], "wheels": [], "supervisord": False}
             paths, wheels = tuple(wants["paths"]), tuple(wants["wheels"])
             sup = plan.supervisor if wants["supervisord"] else None
+            # restart=none uploads every file before the services' steps: their states are read after it
+            services = tuple(plan.services) if self.options.restart != "none" else ()
+            taken = time.monotonic()
             got = current_host.get_fact(HostSnapshot, venv=wants["venv"], paths=paths, wheels=wheels,
-                                        pidfile=sup.pidfile if sup else None, socket=sup.socket if sup else None) or {}
+                                        pidfile=sup.pidfile if sup else None, socket=sup.socket if sup else None,
+                                        services=services, ctl=plan.ctl) or {}
             snap: dict[str, Any] = {
+                "taken": taken,
                 "files": {paths[i]: seen for i, seen in (got.get("files") or {}).items() if i < len(paths)},
                 "wheels": {wheels[i]: seen for i, seen in (got.get("wheels") or {}).items() if i < len(wheels)},
+                "services": {services[i].name: seen for i, seen in (got.get("services") or {}).items()
+                             if i < len(services)},
             }
             if wants["venv"] and "venv" in got:
                 snap["venv"] = got["venv"]
@@ -321,6 +350,19 @@ class DeployRun:
                 snap["supervisord"] = got["supervisord"]
             self.snapshots[key] = snap
         return self.snapshots[key]
+
+    def observe(self, plan: HostPlan, svc: Service) -> dict[str, Any]:
+        """The service's ServiceState as its restart step decides on it: the host snapshot's reading
+        while that is the host as it is now, that is, nothing of this run was (re)started since (a
+        restart's step runs in order, and nothing else of the run changes a service) and it is at
+        most SNAPSHOT_FRESH_S old; else read again, one more round trip. A no-op deploy reads each
+        host once, in its first step, instead of once more per service in its role's step."""
+        snap = self.snapshot(plan)
+        seen = snap["services"].pop(svc.name, None)
+        if seen is not None and snap["taken"] > self.last_restart_at \
+                and time.monotonic() - snap["taken"] <= SNAPSHOT_FRESH_S:
+            return seen
+        return current_host.get_fact(ServiceState, svc=svc, ctl=plan.ctl)
 
     def local_digest(self, algorithm: str, path: Path) -> str:
         """The hex digest of a local file (a wheel: the same file for every host), computed once per run."""
@@ -421,6 +463,7 @@ class DeployRun:
             raise
 
     def mark_issued(self, svc: Service) -> None:
+        self.last_restart_at = time.monotonic()
         self.row(svc).restart_issued_at = iso(utcnow())
         self.journal()   # before the upload and restart: a kill from here on leaves a record to complete
 
@@ -494,12 +537,30 @@ def current_run(inventory: Any) -> DeployRun:
         if _RUN_ERROR is not None:
             raise _RUN_ERROR
         if _RUN is None:
+            _name_deploy_file(ctx_state.get())
             try:
                 _RUN = DeployRun(inventory)
             except UserError as exc:
                 _RUN_ERROR = exc
                 raise
     return _RUN
+
+
+DEPLOY_FILE_MODULE = "knobkeeper._deploy_file"
+
+
+def _name_deploy_file(state: Any) -> None:
+    """Give deploy.py's file a module entry, so that each operation call costs pyinfra one dict look-up
+    per frame instead of a scan of sys.modules. pyinfra orders operations by their call stack (every
+    call runs inspect.stack() and getframeinfo() of each frame); inspect finds a frame's module by its
+    file, and for a file no module has (deploy.py is exec'd, not imported) scans all of sys.modules
+    (some 1,500), every time: 2 scans per operation and host, 220 in a no-op deploy of 10 hosts. A
+    module naming the file is found once and cached by inspect from then on."""
+    filename = getattr(state, "current_deploy_filename", None)
+    if filename and DEPLOY_FILE_MODULE not in sys.modules:
+        module = types.ModuleType(DEPLOY_FILE_MODULE, "the deploy file pyinfra runs (operations._name_deploy_file)")
+        module.__file__ = os.path.abspath(filename)
+        sys.modules[DEPLOY_FILE_MODULE] = module
 
 
 # --- operations (called from deploy.py, in this order) ----------------------------------------------
@@ -602,9 +663,8 @@ def engine(run: DeployRun, plan: HostPlan) -> None:
             raise UserError(f"host {plan.name}: data engine_wheels: {wheel}: no such wheel file on this machine")
         dest = f"{plan.prefix}/wheels/{local.name}"
         run.want(plan, path=dest, wheel=_dist_of(dest))
-        put_file(run, plan, str(local), dest, None, run.local_digest("sha1", local), name=f"knobkeeper: wheel {local.name}")
-        wheel_installed(run, plan, venv, dest, run.local_digest("sha256", local), pip_args,
-                        name=f"knobkeeper: install {local.name}")
+        wheel_in_venv(run, plan, venv, str(local), dest, run.local_digest("sha1", local),
+                      run.local_digest("sha256", local), pip_args, name=f"knobkeeper: wheel {local.name} in {venv}")
     if any(s.family.runs_kernels for s in plan.services):
         kernels = run.project.root / "kernels"
         synced = files.sync(name="knobkeeper: kernels source", src=str(kernels), dest=f"{plan.prefix}/src/kernels",
@@ -637,6 +697,10 @@ class InstalledWheel(FactBase):
         return text.split("=", 1)[1] if text.startswith("sha256=") else None
 
 
+def _sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
 def _dist_of(wheel: str) -> str:
     return Path(wheel).name.split("-", 1)[0]
 
@@ -650,13 +714,16 @@ def venv_present(run: DeployRun, plan: HostPlan, venv: str, base_python: str):
     yield from pip.virtualenv._inner(path=venv, python=base_python, venv=True)
 
 
-@operation(is_idempotent=False)
-def put_file(run: DeployRun, plan: HostPlan, src: Any, dest: str, mode: str | None, sha1: str):
+# One operation per host and job, each check read from the host snapshot: pyinfra registers every
+# operation call of every host with a walk of the call stack and a check of its arguments (~1-2 ms each
+# here), so the wheel's upload and install, and supervisord's config and start, are one operation each.
+
+
+def _put_file(run: DeployRun, plan: HostPlan, src: Any, dest: str, mode: str | None, sha1: str):
     """files.put (create_remote_dir=True), its check (the host's file has this sha1 and mode) read
     from the host snapshot; any other case is files.put's own (it reads its facts again)."""
     seen = run.snapshot(plan)["files"].pop(dest, None)
     if seen is not None and seen[1] == sha1 and (mode is None or seen[0] == int(mode)):
-        current_host.noop(f"file {dest} is already uploaded")
         return
     if hasattr(src, "seek"):
         src.seek(0)
@@ -664,18 +731,22 @@ def put_file(run: DeployRun, plan: HostPlan, src: Any, dest: str, mode: str | No
 
 
 @operation(is_idempotent=False)
-def wheel_installed(run: DeployRun, plan: HostPlan, venv: str, wheel: str, sha256: str, pip_args: list[str]):
-    """pip-install `wheel` (already on the host) into `venv` unless that very file is what is installed
-    (InstalledWheel, read from the host snapshot)."""
-    dist = _dist_of(wheel)
+def wheel_in_venv(run: DeployRun, plan: HostPlan, venv: str, src: str, dest: str, sha1: str, sha256: str,
+                  pip_args: list[str]):
+    """The wheel uploaded to `dest` (_put_file), then pip-installed into `venv` unless that very file
+    is what is installed (InstalledWheel, read from the host snapshot)."""
+    upload = list(_put_file(run, plan, src, dest, None, sha1))
+    yield from upload
+    dist = _dist_of(dest)
     wheels = run.snapshot(plan)["wheels"]
     installed = wheels.pop(dist) if dist in wheels else current_host.get_fact(InstalledWheel, venv=venv, dist=dist)
     if installed == sha256:
-        current_host.noop(f"{Path(wheel).name} is installed in {venv}")
+        if not upload:
+            current_host.noop(f"{Path(dest).name} is on the host and installed in {venv}")
         return
     q = shlex.quote
     yield (f"{q(venv)}/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "
-           f"{shlex.join(pip_args)} {q(wheel)}")
+           f"{shlex.join(pip_args)} {q(dest)}")
 
 
 def supervisord(run: DeployRun, plan: HostPlan) -> None:
@@ -683,24 +754,28 @@ def supervisord(run: DeployRun, plan: HostPlan) -> None:
     if plan.supervisor is None:
         return
     texts = render_supervisord(plan, run.source, run.project.templates_dir)
-    for path in current_host.loop(list(texts)):
+    for path in texts:
         run.want(plan, path=path)
-        put_file(run, plan, io.StringIO(texts[path]), path, "644", hashlib.sha1(texts[path].encode()).hexdigest(),
-                 name=f"knobkeeper: {path}")
     run.want(plan, supervisord=True)
-    supervisord_running(run, plan, name=f"knobkeeper: supervisord of {plan.name} running")
+    supervisord_up(run, plan, texts, name=f"knobkeeper: supervisord of {plan.name}")
 
 
 @operation(is_idempotent=False)
-def supervisord_running(run: DeployRun, plan: HostPlan):
-    """Start supervisord (with a clean environment) unless it answers on its socket (SupervisordPid,
-    read from the host snapshot)."""
+def supervisord_up(run: DeployRun, plan: HostPlan, texts: dict[str, str]):
+    """supervisord's config files uploaded (_put_file), then supervisord started (with a clean
+    environment) unless it answers on its socket (SupervisordPid, read from the host snapshot)."""
+    uploads = [command for path, text in texts.items()
+               for command in _put_file(run, plan, io.StringIO(text), path, "644", _sha1(text))]
+    yield from uploads
     sup = plan.supervisor
     snap = run.snapshot(plan)
     running = snap.pop("supervisord") if "supervisord" in snap else \
         current_host.get_fact(SupervisordPid, pidfile=sup.pidfile, socket=sup.socket)
     if running:
+        if not uploads:
+            current_host.noop(f"supervisord of {plan.name} is configured and running")
         return
+    snap["services"].clear()   # read before supervisord ran: its services' steps look again
     q = shlex.quote
     yield (
         f"mkdir -p {q(sup.root + '/logs')} {q(sup.root + '/conf.d')} && "
@@ -755,7 +830,7 @@ def service_state(run: DeployRun, plan: HostPlan, svc: Service):
     """Bring one service to its rendered state: start it if down, restart it if its files changed
     (or on a co-restart), else nothing; its files are uploaded in this step, right before its
     restart, and only then. Records the decision and when the restart was issued."""
-    observed = current_host.get_fact(ServiceState, svc=svc, ctl=plan.ctl)
+    observed = run.observe(plan, svc)
     action, reason, changes = run.decide(svc, observed)
     if current_state.is_executing:
         run.note_decision(svc, observed, action, reason, changes)
