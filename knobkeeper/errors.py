@@ -1,5 +1,7 @@
 """The one error type a user sees: one line, names what is wrong and what is accepted."""
 
+import os
+
 
 class UserError(Exception):
     """Bad input or a state the command cannot act on. The CLI prints it and exits 2."""
@@ -11,8 +13,6 @@ def code_error(where: str, exc: BaseException, path: object) -> str:
     """One line for an exception that user code (an inventory, group data) raised while it ran:
     `inventory/new.py: line 3: SyntaxError: invalid syntax`, the line being the one in `path` (the
     file that was run) where it happened; without it when the file's own lines are not in it."""
-    import os
-
     target = os.path.realpath(str(path))
     line = None
     text = str(exc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from typing import Any
 
 UNSET = "(unset)"
@@ -108,8 +109,6 @@ _SIGNAL_WORDS = {
 def exit_words(code: int) -> str:
     """A process's exit status as people read it: Python's multiprocessing gives -N for "killed by
     signal N", a shell 128+N. -4 -> 'SIGILL (illegal instruction)'; 1 -> 'exit status 1'."""
-    import signal
-
     number = -code if code < 0 else code - 128 if 128 < code < 160 else None
     if number is None:
         return f"exit status {code}"

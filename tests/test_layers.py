@@ -87,3 +87,54 @@ def test_the_package_imports_nothing_of_the_tests():
             found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
                       if name == "tests" or name.startswith("tests.")]
     assert found == [], found
+
+
+# A function-level import can hide an import circle (Python never trips on it at import time, so
+# nobody sees that two modules need each other), so each one states why it is not at the top: a comment on it or on the line above its group of imports, "imported here" in its
+# function's docstring, or, for a module where every command imports on first use, a paragraph of the
+# module's docstring that starts with LAZY_PARAGRAPH (with the start-up it saves, measured).
+LAZY_PARAGRAPH = "Imports inside functions:"
+
+
+def unexplained_function_imports(path: Path) -> list[int]:
+    """Line numbers of the function-level imports of `path` that give no reason."""
+    text = path.read_text()
+    tree = ast.parse(text, filename=str(path))
+    if LAZY_PARAGRAPH in (ast.get_docstring(tree) or ""):
+        return []
+    lines = text.splitlines()
+
+    def explained(node: ast.stmt, func: ast.AST) -> bool:
+        at = node.lineno - 1
+        while at >= 0 and lines[at].strip().startswith(("import ", "from ")):
+            if "#" in lines[at]:
+                return True
+            at -= 1
+        return (at >= 0 and lines[at].strip().startswith("#")) or "imported here" in (ast.get_docstring(func) or "").lower()
+
+    found: list[int] = []
+
+    def walk(node: ast.AST, func: ast.AST | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+            if func is not None and isinstance(child, (ast.Import, ast.ImportFrom)) and not explained(child, func):
+                found.append(child.lineno)
+            walk(child, inner)
+
+    walk(tree, None)
+    return found
+
+
+def test_every_function_level_import_says_why():
+    bare = {str(p.relative_to(ROOT)): lines for p in sorted((ROOT / "knobkeeper").rglob("*.py"))
+            if (lines := unexplained_function_imports(p))}
+    assert not bare, f"function-level imports without a reason (hoist them, or say why): {bare}"
+
+
+def test_a_bare_function_level_import_is_found(tmp_path):
+    path = tmp_path / "mod.py"
+    path.write_text('"""A module."""\n\nimport os\n\n\ndef f():\n    """Doc."""\n    import json\n\n'
+                    '    # a reason\n    import sys\n    import re\n    return json, sys, re, os\n')
+    assert unexplained_function_imports(path) == [8]
+    path.write_text(path.read_text().replace('"""A module."""', f'"""A module.\n\n{LAZY_PARAGRAPH} why."""'))
+    assert unexplained_function_imports(path) == []

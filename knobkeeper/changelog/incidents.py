@@ -40,20 +40,22 @@ mtime), like entries; the files stay the truth.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
+import tomlkit
+
 from knobkeeper.changelog.entries import find_entry, load_entries
 from knobkeeper.changelog.filecache import find_one, load_folder, plain_file
-from knobkeeper.changelog.store import commit_change, git_author, Message, repo_lock, settle
-from knobkeeper.fmt import short
+from knobkeeper.changelog.store import Message, commit_change, git_author, repo_lock, settle
 from knobkeeper.errors import UserError
+from knobkeeper.fmt import short
 from knobkeeper.project import Project
-from knobkeeper.tomlio import read_toml
 from knobkeeper.timeutil import EARLIEST, file_stem, id_from_stem, iso, new_id, parse_time, utcnow
-
+from knobkeeper.tomlio import read_toml
 
 
 @dataclass
@@ -101,8 +103,6 @@ class Incident:
         return data
 
     def to_toml(self) -> str:
-        import tomlkit
-
         doc = tomlkit.document()
         for key in ("id", "title", "opened", "started", "opened_by"):
             doc[key] = getattr(self, key)
@@ -361,8 +361,6 @@ def resolve_incident(project: Project, ident: str, root_cause: str | None, impli
 
 def snapshot_inventory(project: Project, incident: Incident) -> str | None:
     """The inventory the incident's latest snapshot read (`inventory` in its JSON), or None."""
-    import json
-
     folder = project.incidents_dir / incident.stem
     for path in sorted(folder.glob("snapshot-*.json"), reverse=True) if folder.is_dir() else []:
         try:
@@ -379,9 +377,6 @@ def add_snapshot(project: Project, ident: str, summary: str, data: dict[str, Any
     """Record a snapshot of the stack's gauges in an incident: a note (its one-line `summary`, shown
     by `incident show` and `timeline`) and the full `data` as JSON beside the incident file,
     changelog/incidents/<stem>/snapshot-<time>.json, in one commit."""
-    import json
-
-
     with repo_lock(project):
         incident = find_incident(project, ident)
         when = iso(utcnow())

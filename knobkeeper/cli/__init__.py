@@ -1,8 +1,12 @@
 """The `knobkeeper` (alias `kk`) command: a thin click layer over the library.
 
 Each command parses its options, calls one library function, and prints. Submodules hold the
-commands of one part each; this module only assembles them. Heavy imports (rich, scipy,
-pyinfra) happen inside the commands, so read commands start fast.
+commands of one part each; this module only assembles them.
+
+Imports inside functions (every module here): a command imports the library it drives when it
+runs, so that `knobkeeper --help` and each command's start load click and the CLI alone: 0.08 s
+against 1.60 s with all of them at the top (whole process, 7 runs each, every run within 0.03 s
+of its median, 2026-12-06).
 """
 
 from __future__ import annotations

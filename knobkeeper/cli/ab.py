@@ -1,4 +1,7 @@
-"""`knobkeeper ab`: A/B evidence — run (through the deploy), import (benchmark tools), show, list, rejudge."""
+"""`knobkeeper ab`: A/B evidence — run (through the deploy), import (benchmark tools), show, list, rejudge.
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import sys
 
 import click
 
+from knobkeeper import fmt
 from knobkeeper.cli.common import KKGroup, console, emit_json, example, json_option, repo_option
 from knobkeeper.cli.core import stack_option
 from knobkeeper.errors import UserError
@@ -53,7 +57,6 @@ def _print_doc(doc, *, header: bool = True) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from knobkeeper import fmt
 
     con = console()
     safe = lambda text: escape(fmt.safe(text))  # noqa: E731  (file contents: no markup, no escapes)
@@ -121,7 +124,6 @@ def _print_sweep(doc, con, safe) -> None:
     simultaneous intervals, each arm's fate, the elimination timeline, the pick."""
     from rich.table import Table
 
-    from knobkeeper import fmt
 
     block, plan = doc.sweep, doc.sweep.plan
     table = Table(title=f"sweep of {len(plan.candidates)} candidates vs the control, one family "
@@ -422,7 +424,6 @@ def list_cmd(repo, as_json):
     if as_json:
         emit_json([row.to_json() for row in rows])
         return
-    from knobkeeper import fmt
 
     for row in rows:
         click.echo(fmt.safe(f"{row.created[:19]}Z {row.id} {row.role}: {row.knob} "

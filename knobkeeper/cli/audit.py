@@ -1,4 +1,7 @@
-"""Audit commands: incident open/note/resolve/list/show/snapshot, reclaimable, timeline."""
+"""Audit commands: incident open/note/resolve/list/show/snapshot, reclaimable, timeline.
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import click
 
 from knobkeeper import fmt
 from knobkeeper.cli.common import KKGroup, emit_json, example, json_option, repo_option, warn
-from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
 from knobkeeper.project import find_project
 

@@ -6,6 +6,8 @@
 
 `--abort` and `--print-scrape-config` on the canary itself were the last two; they still work and
 say which command replaced them.
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
 """
 
 from __future__ import annotations
@@ -19,12 +21,10 @@ from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import defaults
 from knobkeeper.project import find_project
-from knobkeeper.timeutil import duration_words
+from knobkeeper.timeutil import duration_words, parse_duration
 
 
 def _seconds(text: str, option: str) -> float:
-    from knobkeeper.timeutil import parse_duration
-
     try:
         return parse_duration(text).total_seconds()
     except ValueError as exc:

@@ -1,5 +1,8 @@
 """The `catalog` command group: list/describe knobs, import an engine's variable registry, diff two
-engine versions. `knobkeeper catalog [KNOB]` (no subcommand) lists or describes, as it always did."""
+engine versions. `knobkeeper catalog [KNOB]` (no subcommand) lists or describes, as it always did.
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 

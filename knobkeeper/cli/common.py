@@ -1,4 +1,7 @@
-"""What every command shares: --repo, --json, and turning a UserError into one line and exit 2."""
+"""What every command shares: --repo, --json, and turning a UserError into one line and exit 2.
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
-"""Knob commands: knobs, set, unset, revert, restore, record, log, show."""
+"""Knob commands: knobs, set, unset, revert, restore, record, log, show.
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import click
@@ -9,7 +13,9 @@ import click
 from knobkeeper import fmt
 from knobkeeper.cli.common import console, emit_json, example, json_option, repo_option, say_abandoned_experiment, warn
 from knobkeeper.errors import UserError
+from knobkeeper.knobs.values import scope
 from knobkeeper.project import find_project
+from knobkeeper.timeutil import parse_time
 
 
 def commit_options(fn: Callable) -> Callable:
@@ -26,8 +32,6 @@ def stack_option(fn: Callable) -> Callable:
 
 
 def _scope(role: str | None, stack: str | None) -> str | None:
-    from knobkeeper.knobs.values import scope
-
     if role is not None and "." in role:
         raise UserError(f"--role {role!r}: a role name holds no '.'; give the stack with --stack")
     return None if role is None else scope(stack, role)
@@ -143,8 +147,6 @@ MAX_VALUE_BYTES = 64 * 1024
 
 def _read_value_file(path: str) -> str:
     """The exact text of PATH (or stdin for '-'): UTF-8, at most 64 KiB, nothing stripped."""
-    import sys
-
     where = "--value-file -" if path == "-" else f"--value-file {path}"
     try:
         if path == "-":
@@ -241,7 +243,6 @@ def log_cmd(knob, role, since, stack, repo, as_json: bool) -> None:
     """The changelog, newest first, with each change's evidence judgement."""
     from knobkeeper.changelog.entries import shown_old
     from knobkeeper.changelog.queries import filter_log
-    from knobkeeper.timeutil import parse_time
 
     project = find_project(repo)
     try:

@@ -1,14 +1,20 @@
 """Deploy commands: `deploy` (pyinfra, ordered and health-gated), `status` (declared vs running) and
-`plan` (what a deploy would restart, and why, changing nothing)."""
+`plan` (what a deploy would restart, and why, changing nothing).
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 
+import json
 
 import click
 
-from knobkeeper.cli.common import emit_json, example, json_option, repo_option
-from knobkeeper.deploy.options import DEFAULT_INVENTORY, RESTART_MODES
+from knobkeeper import fmt
+from knobkeeper.cli.common import console, emit_json, example, json_option, repo_option, say_abandoned_experiment
+from knobkeeper.deploy.options import DEFAULT_INVENTORY, RESTART_MODES, DeployOptions
 from knobkeeper.errors import UserError
+from knobkeeper.project import find_project
 
 
 @click.command("deploy")
@@ -32,8 +38,6 @@ def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[
                rollback: bool, no_record: bool, allow_dirty: bool, repo: str | None, as_json: bool) -> None:
     """Deploy INVENTORY: upload rendered files, restart in dependency order, gate on health, record."""
     from knobkeeper.deploy.api import run_deploy
-    from knobkeeper.deploy.options import DeployOptions
-    from knobkeeper.project import find_project
 
     table: dict[str, dict[str, str]] = {}
     for item in overrides:
@@ -45,7 +49,6 @@ def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[
     options = DeployOptions(restart=restart, only=only, batch=batch, rollback=rollback, knob_overrides=table or None,
                             record=not no_record, allow_dirty=allow_dirty)
     project = find_project(repo)
-    from knobkeeper.cli.common import say_abandoned_experiment
 
     say_abandoned_experiment(project)   # this deploy puts back what it deploys; `ab abort` also keeps the runs
     result = run_deploy(project, inventory, options=options, echo=not as_json)
@@ -59,8 +62,6 @@ def deploy_cmd(inventory: str, restart: str, only: str | None, overrides: tuple[
 
 
 def _summary(result) -> str:
-    from knobkeeper import fmt
-
     if result.record is None:
         return f"deploy failed before it started: {result.error}"
     lines = [f"deploy {result.record.id}: {result.record.result} in {result.seconds:.1f} s"]
@@ -94,9 +95,7 @@ def _summary(result) -> str:
 @example("knobkeeper status inventory/local.py")
 def status_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json: bool) -> None:
     """Per host and service: in sync, drifted (which knobs differ) or down."""
-    from knobkeeper.cli.common import console
     from knobkeeper.deploy.status import stack_status, status_table
-    from knobkeeper.project import find_project
 
     project = find_project(repo)
     rows = stack_status(project, inventory, _data(data))
@@ -117,7 +116,6 @@ def status_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json:
 def plan_cmd(inventory: str, data: tuple[str, ...], repo: str | None, as_json: bool) -> None:
     """The restart plan of a deploy: roles in order, hosts in batches, why each service restarts."""
     from knobkeeper.deploy.plan import plan_text, restart_plan
-    from knobkeeper.project import find_project
 
     project = find_project(repo)
     plan = restart_plan(project, inventory, _data(data))
@@ -139,7 +137,6 @@ def render_cmd(inventory: str, write: bool, repo: str | None, as_json: bool) -> 
     Flux): printed, or with --write written where they belong; `check` fails when the committed ones
     are not what the knobs render."""
     from knobkeeper.deploy import repo_files
-    from knobkeeper.project import find_project
 
     project = find_project(repo)
     files = repo_files.repo_files(project, inventory)
@@ -160,7 +157,6 @@ def render_cmd(inventory: str, write: bool, repo: str | None, as_json: bool) -> 
 def _say_abandoned_canary(project) -> None:
     """`warning: canary X=V on S abandoned at T; put back with ...` on stderr (deploy/canary_state), and
     the same of an abandoned ab run or sweep (deploy/experiment_state)."""
-    from knobkeeper.cli.common import say_abandoned_experiment
     from knobkeeper.deploy.canary_state import abandoned_line
 
     line = abandoned_line(project)
@@ -170,8 +166,6 @@ def _say_abandoned_canary(project) -> None:
 
 
 def _data(items: tuple[str, ...]) -> dict:
-    import json
-
     out = {}
     for item in items:
         key, sep, value = item.partition("=")

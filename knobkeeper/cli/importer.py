@@ -1,10 +1,14 @@
-"""`knobkeeper import srtctl RECIPE`: an srt-slurm recipe as a Slurm inventory plus knobs.toml."""
+"""`knobkeeper import srtctl RECIPE`: an srt-slurm recipe as a Slurm inventory plus knobs.toml.
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 
 import click
 
 from knobkeeper.cli.common import KKGroup, emit_json, example, json_option, repo_option
+from knobkeeper.project import find_project
 
 
 @click.group("import", cls=KKGroup)
@@ -36,7 +40,6 @@ def srtctl_cmd(recipe, name, router, srtslurm, sglang_version, prefix, login, no
     """Write inventory/<name>.py (a Slurm stack) and the recipe's knobs (one entry each) in one commit;
     exit 2, naming the field, on anything that does not map."""
     from knobkeeper.changelog.ops import import_srtctl
-    from knobkeeper.project import find_project
 
     done = import_srtctl(find_project(repo), recipe, name=name, router=router, srtslurm=srtslurm,
                          sglang_version=sglang_version, prefix=prefix, login=login, commit=not no_commit)

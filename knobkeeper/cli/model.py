@@ -1,4 +1,7 @@
-"""`knobkeeper model`: models the tool builds itself (the tiny stand-in for a real engine on any machine)."""
+"""`knobkeeper model`: models the tool builds itself (the tiny stand-in for a real engine on any machine).
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from pathlib import Path
 import click
 
 from knobkeeper.cli.common import KKGroup, example, repo_option
+from knobkeeper.project import find_project
 
 
 @click.group("model", cls=KKGroup)
@@ -30,7 +34,6 @@ def tiny_cmd(directory: Path, seed: int, python: str | None, repo: str | None) -
     It is a STAND-IN for your model (random weights: its output is noise), for a real vLLM on a
     machine without your checkpoint: point an inventory's `model` at DIR."""
     from knobkeeper.engine.tiny_model import build, default_python, digest
-    from knobkeeper.project import find_project
 
     made = build(directory, seed=seed, python=python or default_python(find_project(repo).inventory_dir))
     click.echo(f"built {directory}: {made['what']}")

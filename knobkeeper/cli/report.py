@@ -1,10 +1,14 @@
-"""`knobkeeper report`: the changelog as one self-contained HTML page."""
+"""`knobkeeper report`: the changelog as one self-contained HTML page.
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 
 import click
 
 from knobkeeper.cli.common import example, repo_option
+from knobkeeper.project import find_project
 
 
 @click.command("report")
@@ -19,7 +23,6 @@ from knobkeeper.cli.common import example, repo_option
 @example("knobkeeper report -o report.html --since 2026-11-01 --open")
 def report_cmd(output, since, role, status_json, open_it: bool, repo) -> None:
     """One HTML page (inline CSS and SVG, no network): knobs now, the timeline drawn, evidence plots, knobs over time."""
-    from knobkeeper.project import find_project
     from knobkeeper.report import write_report
 
     written = write_report(find_project(repo), output, since, role, status_json)

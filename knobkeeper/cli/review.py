@@ -1,8 +1,12 @@
-"""Review commands: review (the body of a change-review PR) and check (the CI / pre-commit gate)."""
+"""Review commands: review (the body of a change-review PR) and check (the CI / pre-commit gate).
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -28,8 +32,6 @@ def review(base: str | None, head: str | None, output: str | None, gh: bool, rep
     each restart, and warnings. A --base that is not an ancestor of --head is compared from their
     merge-base, and the body says so.
     """
-    from pathlib import Path
-
     from knobkeeper import review
 
     project = find_project(repo)
@@ -105,8 +107,6 @@ def schema(name: str | None, write: str | None) -> None:
     Each schema is made from the record's one declaration, the same one `check`, `ab import` and
     every reader validate with, so it says exactly what the tool accepts.
     """
-    from pathlib import Path
-
     from knobkeeper.review import schemas
 
     if write:

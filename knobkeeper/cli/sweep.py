@@ -1,4 +1,7 @@
-"""`knobkeeper sweep`: many values of a knob against the one the stack runs; the plan, the pick, its evidence."""
+"""`knobkeeper sweep`: many values of a knob against the one the stack runs; the plan, the pick, its evidence.
+
+Imports inside functions: each command's library, on first use (the measured reason: knobkeeper/cli/__init__.py).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import sys
 
 import click
 
+from knobkeeper.cli.ab import _levels as levels
 from knobkeeper.cli.common import emit_json, example, json_option, repo_option
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.errors import UserError
@@ -14,8 +18,6 @@ from knobkeeper.project import find_project
 
 
 def _levels(text: str) -> list[int]:
-    from knobkeeper.cli.ab import _levels as levels
-
     return levels(text)
 
 

@@ -11,7 +11,9 @@ something (ab run) wrap their work in `terminate_as_interrupt()` so SIGTERM runs
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -68,8 +70,6 @@ def deploy_command(inventory_path: str, options: DeployOptions, extra_data: Mapp
                    limit: list[str] | None = None) -> list[str]:
     """The pyinfra command line of a deploy (every --data value JSON-encoded: pyinfra parses it so);
     `limit`: only these hosts (pyinfra --limit; a canary's hosts)."""
-    import json
-
     data = {**options.to_data(), "inventory_path": inventory_path, **(extra_data or {})}
     cmd = [sys.executable, "-m", "pyinfra", "-y", *[x for h in limit or () for x in ("--limit", h)],
            inventory_path, "deploy.py"]
@@ -183,8 +183,6 @@ def _parent_death_hook():
     watches its parent itself (deploy/parent.py, started from config.py). libc is looked up here, in the parent:
     the child between fork and exec may only call what is already resolved (no imports)."""
     try:
-        import ctypes
-
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None

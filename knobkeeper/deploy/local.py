@@ -5,9 +5,11 @@ that leaves no process behind (used by `make stop`, the demo and the tests); and
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 from knobkeeper.deploy.observe import parse_manager_status
@@ -86,10 +88,6 @@ def start_prometheus(prefix: str | Path, config_text: str, port: int = PROMETHEU
                      timeout: float = 60.0) -> tuple[int, str]:
     """Debian's `prometheus` on 127.0.0.1:`port`, scraping what `config_text` says, its data under
     <prefix>/prometheus; (pid, url). Already running: its config is rewritten and reloaded (SIGHUP)."""
-    import shutil
-    import urllib.request
-
-
     root = prometheus_root(prefix)
     root.mkdir(parents=True, exist_ok=True)
     (root / "prometheus.yml").write_text(config_text)

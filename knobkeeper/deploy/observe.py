@@ -2,6 +2,9 @@
 machine for @local, SSH through pyinfra's own connector otherwise), the state of one service (the
 service manager's view and the files it was started from), and the knobs a launch script on the
 host exports. Used by `status` and `plan` (outside a pyinfra run) and by the deploy's facts.
+
+Imports inside functions: pyinfra (~130 ms, -X importtime) only when `status` or `plan` reach a host
+over SSH; on @local they never load it (inside a deploy it is loaded already).
 """
 
 from __future__ import annotations

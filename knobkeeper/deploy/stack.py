@@ -211,6 +211,8 @@ def _host_data(host: Any) -> dict[str, Any]:
 
 @contextmanager
 def _pyinfra_context() -> Iterator[None]:
+    # pyinfra (~140 ms) when an inventory is read (_make_inventory too), not by every importer of the
+    # stack's model (the CLI's modules, review, the evidence's harness)
     from pyinfra.context import ctx_state
     from pyinfra.api import State
 
@@ -222,8 +224,9 @@ def _pyinfra_context() -> Iterator[None]:
 
 
 def _make_inventory():
-    """pyinfra_cli's make_inventory, imported WITHOUT its package's gevent monkey.patch_all(): that
-    would patch sockets and threads of whatever process merely reads an inventory (tests, status)."""
+    """pyinfra_cli's make_inventory, imported here (~250 ms, only when an inventory is read) and
+    WITHOUT its package's gevent monkey.patch_all(): that would patch sockets and threads of whatever
+    process merely reads an inventory (tests, status)."""
     if "pyinfra_cli" not in sys.modules:
         import gevent.monkey
 

@@ -16,6 +16,7 @@ every inventory out.
 from __future__ import annotations
 
 import os
+import runpy
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -50,8 +51,6 @@ def stack_of(data: dict[str, Any], where: str) -> str:
 
 
 def _module_data(path: Path, rel: str) -> dict[str, Any]:
-    import runpy
-
     try:
         return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("_")}
     except Exception as exc:  # an inventory is user code; its error becomes one line naming its line

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -219,8 +220,6 @@ def parse_launch_args(engine: str, version: str, argvs: list[list[str]], wheel: 
 def prepare(inventory_dir: Path, wheelhouse: Path | None = None) -> list[tuple[str, str, float, str]]:
     """Build the side environment of every (engine, version) the inventories pin whose family has a
     parser; [(engine, version, seconds, "built" | "cached" | "skipped: why")]."""
-    import time
-
     out = []
     for engine, version in sorted({(p.engine, p.version) for p in engine_pins(inventory_dir) if p.version}):
         if family(engine).parser is None:

@@ -16,9 +16,16 @@ without bound (an exponent over 4096, a result over MAX_LITERAL_DIGITS digits).
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import io
+import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import tokenize
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -91,8 +98,6 @@ def normal_name(name: str) -> str:
 
 def open_wheel(wheel: Path, accepted: tuple[str, ...], engine: str) -> EngineSource:
     """An EngineSource over a wheel file whose distribution is one of `accepted` (else one line why)."""
-    import zipfile
-
     if not wheel.is_file():
         raise UserError(f"--wheel {wheel}: no such file")
     try:
@@ -113,8 +118,6 @@ def open_wheel(wheel: Path, accepted: tuple[str, ...], engine: str) -> EngineSou
 
 def installed_source(engine: str, accepted: tuple[str, ...], top: str) -> EngineSource:
     """The engine installed in this environment, read as files (never imported)."""
-    import importlib.metadata
-
     for dist_name in accepted:
         try:
             dist = importlib.metadata.distribution(dist_name)
@@ -150,10 +153,6 @@ def _bounded_run(args: list[str], timeout: float) -> tuple[int | None, str]:
     """(exit status, None past `timeout`; the last OUTPUT_TAIL_BYTES of its stdout+stderr): the
     output goes to a temporary file, never into memory, and a child past its time is killed with
     its process group."""
-    import os
-    import signal
-    import tempfile
-
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -226,9 +225,6 @@ def parse_python(text: str, what: str) -> ast.Module:
 
 def comments(text: str) -> dict[int, str]:
     """{line number: comment text without '#'} of every comment in the file."""
-    import io
-    import tokenize
-
     found: dict[int, str] = {}
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):

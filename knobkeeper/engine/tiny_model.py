@@ -33,10 +33,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
+from knobkeeper.engine import engine_spec, vllm_install
+from knobkeeper.engine.pins import engine_versions
+from knobkeeper.errors import UserError
 from knobkeeper.fsio import replace_dir, temp_dir_beside
+from knobkeeper.project import find_project
 
 # the builder, run as a script in the engine environment (it imports torch: the controller never does)
 CHILD = Path(__file__).resolve().parent / "child" / "tiny_model_build.py"
@@ -62,8 +67,6 @@ def build(out: Path, seed: int = SEED, python: str | None = None, timeout: float
     """Build the tiny model into `out` (created; must be empty or absent) with the engine
     environment's `python` (default: default_python(), the repo above the current directory's);
     returns the provenance dict. Raises UserError with one line on failure."""
-    from knobkeeper.errors import UserError
-
     if python is None:
         python = default_python()
     out = Path(out)
@@ -83,7 +86,6 @@ def build(out: Path, seed: int = SEED, python: str | None = None, timeout: float
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
             raise UserError(f"model tiny: the builder failed in {python}: {tail}")
-        import shutil
 
         shutil.rmtree(work / ".hf", ignore_errors=True)
         missing = [f for f in FILES if not (work / f).is_file()]
@@ -100,8 +102,6 @@ def build(out: Path, seed: int = SEED, python: str | None = None, timeout: float
         raise UserError(f"model tiny: the builder ran past {timeout:g} s") from None
     finally:
         if work.exists():
-            import shutil
-
             shutil.rmtree(work, ignore_errors=True)
     return json.loads((out / "knobkeeper-model.json").read_text())
 
@@ -111,11 +111,6 @@ def default_python(inventory_dir: Path | None = None) -> str:
     (@local: inventory/local_vllm.py's), in the knobkeeper cache where the local deploy's engine step
     installs it (nixl and torch at the step's defaults). `inventory_dir`: the inventory/ of the git
     repository above the current directory unless given."""
-    from knobkeeper.engine import engine_spec, vllm_install
-    from knobkeeper.engine.pins import engine_versions
-    from knobkeeper.errors import UserError
-    from knobkeeper.project import find_project
-
     inventory_dir = inventory_dir if inventory_dir is not None else find_project().inventory_dir
     engine = vllm_install.ENGINES[vllm_install.VLLM_CPU]
     versions = engine_versions(inventory_dir, engine, host="@local")

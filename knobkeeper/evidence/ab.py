@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -42,18 +43,29 @@ from knobkeeper.deploy import api as deploy_api
 from knobkeeper.deploy.api import terminate_as_interrupt
 from knobkeeper.deploy.stack import load_stack, running_stack
 from knobkeeper.deploy.status import started_knobs
+from knobkeeper.deploy.target import target_of
 from knobkeeper.engine.pins import evidence_setup
 from knobkeeper.errors import UserError
-from knobkeeper.evidence import judge
-from knobkeeper.deploy.target import target_of
-from knobkeeper.evidence import metrics, validity
+from knobkeeper.evidence import judge, metrics, validity
 from knobkeeper.evidence.bench import ToolLoad
 from knobkeeper.evidence.defaults import REAL_MAX_REPEATS, REAL_RUN_S, REAL_WARMUP_S
 from knobkeeper.evidence.experiment import Experiment, refuse_if_abandoned
 from knobkeeper.evidence.metrics import ProcessWatch
 from knobkeeper.evidence.model import Arm, Evidence, KnobSeen, Run, Schedule, Sequential, Setup
-from knobkeeper.evidence.search import (CONTROL, Design, Harness, LoadFn, Probes, Rules, Search, Searched, Switch,
-                                        _url, schedule, take_look)
+from knobkeeper.evidence.search import (
+    CONTROL,
+    Design,
+    Harness,
+    LoadFn,
+    Probes,
+    Rules,
+    Search,
+    Searched,
+    Switch,
+    _url,
+    schedule,
+    take_look,
+)
 from knobkeeper.evidence.store import build_doc, parse_knob_spec, write
 from knobkeeper.knobs.state import read_declared, value_of
 from knobkeeper.loadgen import run_load
@@ -338,9 +350,6 @@ def ab_run(project, *, inventory: str, role: str, set_spec: str, design: Design,
     built-in load generator, with `bench_args` appended and `tokenizer` for its --tokenizer; its
     result files are kept beside the evidence.
     """
-    import tempfile
-
-
     refuse_if_abandoned(project)   # an earlier ab run or sweep may have left the stack on an arm
     scope = role
     if harness is None:

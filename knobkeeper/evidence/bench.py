@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,8 +129,6 @@ class ToolLoad:
 
     def __call__(self, endpoint: str, concurrency: int, *, requests: int | None = None, api: str = "chat",
                  model: str | None = None, input_len: int = 128, output_len: int = 64, **_: Any) -> dict:
-        import time
-
         tool = self.located.tool
         if requests is None:
             raise UserError(f"--bench {tool.name}: give --requests (the tools run a number of prompts, not a duration)")

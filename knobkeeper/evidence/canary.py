@@ -54,33 +54,50 @@ import dataclasses
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from knobkeeper.changelog.ops import set_knob
 from knobkeeper.changelog.store import repo_lock
-from knobkeeper.deploy import api, canary_state, status as deploy_status
+from knobkeeper.deploy import api, canary_state
+from knobkeeper.deploy import status as deploy_status
 from knobkeeper.deploy.api import terminate_as_interrupt
 from knobkeeper.deploy.canary_state import CanaryMarker
 from knobkeeper.deploy.options import DEFAULT_INVENTORY
 from knobkeeper.deploy.record import DEPLOY_BUSY, deploy_lock
 from knobkeeper.deploy.stack import load_stack
-from knobkeeper.engine.pins import evidence_setup
 from knobkeeper.deploy.target import target_of
+from knobkeeper.engine.pins import evidence_setup
 from knobkeeper.errors import UserError
 from knobkeeper.evidence import judge, metrics
-from knobkeeper.evidence.canary_design import (CALIBRATION, Plan, candidate_death, choose, decide, errors_test,
-                                              judgement, unjudged_runs, window_runs)
-from knobkeeper.evidence.defaults import (ALPHA, CANARY_DURATION_S, CANARY_INTERVAL_S, IMBALANCE, RESTART_NOISE,
-                                          SCRAPE_INTERVAL_S)
+from knobkeeper.evidence.canary_design import (
+    CALIBRATION,
+    Plan,
+    candidate_death,
+    choose,
+    decide,
+    errors_test,
+    judgement,
+    unjudged_runs,
+    window_runs,
+)
+from knobkeeper.evidence.defaults import (
+    ALPHA,
+    CANARY_DURATION_S,
+    CANARY_INTERVAL_S,
+    IMBALANCE,
+    RESTART_NOISE,
+    SCRAPE_INTERVAL_S,
+)
 from knobkeeper.evidence.metrics import Gone, Target, queries, scrape_queries
+from knobkeeper.evidence.model import CanaryBlock, CanarySource, Evidence, Run, Setup, Window, Workload
 from knobkeeper.evidence.store import build_doc, parse_knob_spec, write
 from knobkeeper.fmt import pct
 from knobkeeper.fsio import lock_file, unlock_file
 from knobkeeper.knobs.state import read_declared, value_of
 from knobkeeper.timeutil import iso, utcnow
-from knobkeeper.evidence.model import CanaryBlock, CanarySource, Evidence, Run, Setup, Window, Workload
 
 # The first window starts at least this long after the canary's deploy: the restarted engine warms up
 # and the router re-spreads the load (health checks every few seconds).
@@ -544,9 +561,6 @@ def deploy_switch(project, inventory: str, plan: Plan, lock_wait: float = Option
 def _wait_for_deploy_lock(project, deadline: float, phase: str, lock_wait: float) -> str | None:
     """Wait until no other deploy of the repo holds the deploy lock, or `deadline` (monotonic) passes;
     None when free (released at once: pyinfra takes it), else why not. Progress on stderr every 10 s."""
-    import sys
-
-
     lock, started, said = deploy_lock(project), time.monotonic(), None
     while True:
         try:

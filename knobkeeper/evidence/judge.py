@@ -204,6 +204,7 @@ class Comparison:
             return None
         if self.se == 0:
             return self.effect, self.effect
+        # scipy on first use (why: in compare())
         from scipy import special
 
         t = float(special.stdtrit(self.df, 1 - one_sided))
@@ -276,6 +277,7 @@ def power(n: int, sd_log: float, mde: float = MDE, alpha: float = ALPHA, unit_no
     delta = abs(math.log1p(mde))
     ncp = delta / math.sqrt(sd_log ** 2 * 2.0 / n + unit_noise ** 2)
     df = n - 1
+    # scipy on first use (why: in compare())
     from scipy import special
 
     t_crit = special.stdtrit(df, 1 - alpha / 2)

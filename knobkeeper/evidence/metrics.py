@@ -57,6 +57,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
 from knobkeeper.engine.family import Metrics, Series
@@ -142,6 +143,8 @@ def parse(text: str) -> dict[str, Any]:
 
     Series of one name are summed over their labels (one engine process: one model_name).
     """
+    # here, not at the top: prometheus_client's parser costs ~28 ms, and most readers of this module
+    # read recorded metrics, never a scrape
     from prometheus_client.parser import text_string_to_metric_families
 
     counters: dict[str, float] = {}
@@ -295,8 +298,6 @@ class Gone:
 
 
 def _clock(t: float) -> str:
-    from datetime import datetime, timezone
-
     return iso(datetime.fromtimestamp(t, timezone.utc))[:19] + "Z"
 
 

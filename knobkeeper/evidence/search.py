@@ -648,6 +648,7 @@ def _url(endpoint: str | Callable[[], str]) -> str:
 def _progress(progress: bool | Any, total: int):
     if not progress:
         return None
+    # rich's console and progress (~25 ms) only when a progress bar is asked for
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

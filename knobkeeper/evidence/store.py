@@ -12,6 +12,7 @@ one. Ids are literal hex prefixes, never patterns.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -21,18 +22,31 @@ from typing import Any, Iterable, Mapping
 from knobkeeper import fmt, gitio
 from knobkeeper.changelog.filecache import plain_file, refusal
 from knobkeeper.changelog.store import Message, commit_change
-from knobkeeper.errors import UserError
 from knobkeeper.declared import Declared, declared, plain
+from knobkeeper.errors import UserError
 from knobkeeper.evidence import importers, judge, schema, search, validity
 from knobkeeper.evidence.importers import evidence_fields
-from knobkeeper.evidence.model import (ACTIONABLE, METRIC, SCHEMA, SCHEMA_1, Arm, CanaryBlock, Evidence, Gain,
-                                       Run, Sequential, Setup, Source, SweepPlan, Workload)
+from knobkeeper.evidence.model import (
+    ACTIONABLE,
+    METRIC,
+    SCHEMA,
+    SCHEMA_1,
+    Arm,
+    CanaryBlock,
+    Evidence,
+    Gain,
+    Run,
+    Sequential,
+    Setup,
+    Source,
+    SweepPlan,
+    Workload,
+)
 from knobkeeper.evidence.schema import validate
 from knobkeeper.knobs.catalog import load_catalog
 from knobkeeper.knobs.pinned import check_stack
 from knobkeeper.project import Project
 from knobkeeper.timeutil import file_stem, iso, new_id, parse_time, utcnow
-
 
 # ---------------------------------------------------------------- building
 
@@ -574,9 +588,6 @@ def import_files(project: Project, *, baseline: list[str], candidate: list[str],
 def _read_files(baseline: list[str], candidate: list[str], fmt: str) -> tuple[list[tuple], list[tuple], list[str]]:
     """Every file of both arms read (path, format, importers.Imported): one tool's files only, the
     same file given twice in an arm counted once (a note says so)."""
-    import hashlib
-
-
     notes: list[str] = []
     digests: dict[tuple[str, str], str] = {}
 

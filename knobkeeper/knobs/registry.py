@@ -20,6 +20,8 @@ variable (knobs.catalog). Import order inside knobs/: values <- registry <- cata
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -90,7 +92,6 @@ def generate(engine: str, version: str | None = None, wheel: Path | None = None,
         source = open_wheel(path, reader.wheels, engine)
         if version is not None and source.version != version:
             raise UserError(f"{path}: holds {engine} {source.version}, not {version}")
-    import hashlib
 
     read = reader.read(source)
     what = f"{source.where}: {reader.file}"
@@ -129,8 +130,6 @@ class Registry:
         return name in self.knobs
 
     def close(self, name: str, n: int = 3) -> list[str]:
-        import difflib
-
         return difflib.get_close_matches(name, self.knobs, n=n, cutoff=0.6)
 
     def label(self) -> str:

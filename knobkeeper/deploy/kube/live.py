@@ -14,7 +14,6 @@ template changed by hand (`kubectl set env`) keeps the annotation but not the en
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 

@@ -30,6 +30,7 @@ cannot be mapped mechanically: one line naming the field, exit 2, nothing writte
 
 from __future__ import annotations
 
+import json
 import pprint
 import re
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class Imported:
 
 
 def _yaml(path: Path) -> dict[str, Any]:
+    # PyYAML (~10 ms) only for `import srtctl`; the Slurm target's other readers never parse YAML
     import yaml
 
     try:
@@ -99,8 +101,6 @@ def _flag_args(where: str, table: Any) -> list[str]:
         elif isinstance(value, (list, tuple)):
             out += [flag, *[str(v) for v in value]]
         elif isinstance(value, Mapping):
-            import json
-
             out += [flag, json.dumps(value, separators=(",", ":"))]
         else:
             out += [flag, str(value)]

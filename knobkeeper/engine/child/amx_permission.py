@@ -33,6 +33,7 @@ KNOBKEEPER_AMX_PERMISSION=0 in the environment skips the request (to reproduce t
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 VARIABLE = "KNOBKEEPER_AMX_PERMISSION"
@@ -46,7 +47,6 @@ def permitted_mask() -> int | None:
     """The process's permitted xstate features (ARCH_GET_XCOMP_PERM), or None where it cannot be read."""
     if not _linux_x86_64():
         return None
-    import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     mask = ctypes.c_uint64(0)
@@ -61,7 +61,6 @@ def request(environ=os.environ) -> str:
         return "off"
     if not _linux_x86_64():
         return "not linux x86-64"
-    import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0:

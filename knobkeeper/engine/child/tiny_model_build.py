@@ -11,11 +11,22 @@ other module of the package to not importing them.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import random
 import sys
+import sysconfig
 import time
 from pathlib import Path
+
+import numpy
+import safetensors
+import tokenizers
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 VOCAB = 4096
 CORPUS_BYTES = 3_000_000     # of stdlib sources: ~10 s of one-thread BPE training
@@ -30,8 +41,6 @@ STAND_IN = ("a stand-in for your model: random weights from seed {seed}, built b
 
 def corpus_files() -> list[Path]:
     """Stdlib .py files of this interpreter, by name, until CORPUS_BYTES (the text that ships with Python)."""
-    import sysconfig
-
     lib = Path(sysconfig.get_paths()["stdlib"])
     picked, total = [], 0
     for path in sorted(lib.glob("*.py")):
@@ -44,8 +53,6 @@ def corpus_files() -> list[Path]:
 
 
 def _train_tokenizer(files: list[Path], work: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -56,15 +63,6 @@ def _train_tokenizer(files: list[Path], work: Path):
 
 
 def _child(out: Path, seed: int) -> None:
-    import random
-
-    import numpy
-    import safetensors
-    import tokenizers
-    import torch
-    import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     started = time.monotonic()
     random.seed(seed)
     numpy.random.seed(seed)
@@ -120,8 +118,6 @@ def _normalise(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    import argparse
-
     parser = argparse.ArgumentParser(description="build the tiny stand-in model (run in the engine environment)")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, required=True)
