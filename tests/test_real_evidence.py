@@ -112,7 +112,12 @@ def judged(real_stack):
     assert doc["arms"]["A"]["knobs"] == {KNOB: BAD} and doc["arms"]["B"]["knobs"] == {KNOB: picked}
     assert doc["setup"]["engine"] == "vllm" and doc["setup"]["engine_version"] == "0.32.0"
     runs = doc["runs"] + block["runs"]
-    assert all(r["errors"] == 0 and r["completed"] > 0 for r in runs)
+    # Every run served, without an error. Not "completed > 0": that counts requests that started and
+    # ended inside the 8-s window, and unbound threads beside the sim half can take longer than the
+    # window for each request (a fresh clone's make test: one nobind run at 8 tokens/s, 0 completed,
+    # its neighbours 73 and 121); its tokens in the window are what the judgement reads.
+    assert all(r["errors"] == 0 and r["output_tokens_per_s"] > 0 for r in runs), \
+        [(r["arm"], r["errors"], r["output_tokens_per_s"]) for r in runs]
     assert {r["knob_seen"]["status"] for r in runs} == {"carried"}, runs[0]["knob_seen"]
     assert all(r["prefill_prompt_tokens"] > 0 for r in runs)     # every run went through prefill (PD)
     assert len(doc["setup"]["schedule"]["warmups"]) == doc["setup"]["schedule"]["blocks"]   # one per restart
